@@ -1,0 +1,81 @@
+# Coxswain developer entry points. `make help` lists them.
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+CARGO ?= cargo
+COXSWAIN = $(CARGO) run --quiet -p coxswain-operator --bin coxswain --
+
+.PHONY: help
+help: ## List the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+##@ Build and generate
+
+.PHONY: build
+build: ## Build every crate and the coxswain binary
+	$(CARGO) build --workspace
+
+.PHONY: manifests
+manifests: ## Regenerate config/crd/bases from the Rust CRD types
+	$(COXSWAIN) crd --out-dir config/crd/bases
+
+.PHONY: generate
+generate: manifests ## Regenerate every generated artifact
+
+##@ Test
+
+.PHONY: test
+test: fmt-check clippy check-proxy-deps k8s-bin ## fmt, clippy, the proxy's dependency guard, then every test (unit and against a real local control plane)
+	$(CARGO) test --workspace
+
+.PHONY: fmt
+fmt: ## Format the code
+	$(CARGO) fmt --all
+
+.PHONY: fmt-check
+fmt-check: ## Fail on unformatted code (skipped, loudly, where rustfmt is not installed)
+	@if $(CARGO) fmt --version >/dev/null 2>&1; then \
+	  $(CARGO) fmt --all -- --check; \
+	else \
+	  echo "!!!!! SKIPPED: rustfmt is not installed on this machine; formatting was NOT checked !!!!!"; \
+	fi
+
+.PHONY: clippy
+clippy: ## Lint with clippy, warnings are errors (skipped, loudly, where clippy is not installed)
+	@if $(CARGO) clippy --version >/dev/null 2>&1; then \
+	  $(CARGO) clippy --workspace --all-targets -- -D warnings; \
+	else \
+	  echo "!!!!! SKIPPED: clippy is not installed on this machine; lints were NOT checked !!!!!"; \
+	fi
+
+.PHONY: check-proxy-deps
+check-proxy-deps: ## Fail if the proxy crate's graph contains kube's client or runtime
+	hack/check-proxy-deps.sh coxswain-proxy
+
+##@ Local Kubernetes control plane (built from Go modules; no Docker needed)
+
+.PHONY: k8s-bin
+k8s-bin: ## Build (or reuse) etcd, kube-apiserver, kube-controller-manager and kubectl
+	hack/cluster/build.sh >/dev/null
+
+.PHONY: cluster-up
+cluster-up: ## Start the local control plane and install the Gateway API and Coxswain CRDs
+	hack/cluster/up.sh
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local control plane and remove its state
+	hack/cluster/down.sh
+
+##@ Not implemented yet
+
+.PHONY: demo
+demo: ## Run Coxswain on a local cluster (arrives with the controller and proxy roles)
+	@echo "make demo: not available yet. The controller (issue 7) and proxy (issue 5) roles have not landed;"
+	@echo "           'make cluster-up' starts the local control plane with every CRD installed."
+	@exit 1
+
+.PHONY: bench
+bench: ## Benchmarks against nginx and HAProxy (arrive with the proxy)
+	@echo "make bench: not available yet: the benchmarks arrive with the proxy (issue 5)."
+	@exit 1

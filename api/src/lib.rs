@@ -1,0 +1,19 @@
+//! Coxswain's contracts, shared by the controller and the data plane.
+//!
+//! - [`crd`]: the custom resources (`CoxswainGatewayParameters`, `CoxswainIngressClassParameters`)
+//!   and the generated CRD manifests, whose only source is these Rust types.
+//! - [`names`]: every well-known name (controller name, labels, Lease, Services, ports, token
+//!   audience, SPIFFE IDs) so no other crate spells one.
+//!
+//! This crate depends on kube's derive and core types only, never on its client: the proxy
+//! links it and must hold no Kubernetes credentials.
+#![forbid(unsafe_code)]
+
+pub mod crd;
+pub mod names;
+
+pub use crd::gateway::{
+    Autoscaling, CoxswainGatewayParameters, CoxswainGatewayParametersSpec,
+    CoxswainGatewayParametersStatus, ServiceType,
+};
+pub use crd::ingress::{CoxswainIngressClassParameters, CoxswainIngressClassParametersSpec};

@@ -1,0 +1,254 @@
+//! Command line of the `coxswain` binary. Every flag can also come from a `COXSWAIN_*`
+//! environment variable, which is how the Deployment manifests configure the roles.
+
+use clap::{ArgGroup, Args, Parser, Subcommand, ValueEnum};
+use coxswain_api::names;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+/// Coxswain: a Kubernetes Ingress and Gateway API controller with a Pingora data plane.
+///
+/// One binary, several roles. `serve controller` is the only role that talks to the
+/// Kubernetes API; `serve proxy` roles receive routing snapshots from it over mTLS and hold no
+/// Kubernetes credentials.
+#[derive(Debug, Parser)]
+#[command(name = "coxswain", version, propagate_version = true)]
+pub struct Cli {
+    #[command(flatten)]
+    pub log: LogArgs,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+// Parsed once at start-up: the variants' size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a role: the controller or a proxy.
+    Serve(Serve),
+    /// Print every Coxswain CRD as multi-document YAML (or write one file per CRD).
+    Crd(CrdArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct LogArgs {
+    /// Log filter, in tracing's EnvFilter syntax (e.g. `info,coxswain_operator=debug`).
+    #[arg(
+        long = "log",
+        env = "COXSWAIN_LOG",
+        default_value = "info",
+        global = true
+    )]
+    pub filter: String,
+
+    /// Log line format.
+    #[arg(long, env = "COXSWAIN_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct CrdArgs {
+    /// Write one `<group>_<plural>.yaml` file per CRD into this directory instead of printing.
+    #[arg(long, env = "COXSWAIN_CRD_OUT_DIR")]
+    pub out_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct Serve {
+    #[command(subcommand)]
+    pub role: ServeRole,
+}
+
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Subcommand)]
+pub enum ServeRole {
+    /// The controller: watches Ingress and Gateway API objects, compiles routing snapshots,
+    /// writes status (leader only), provisions dedicated proxies, and serves discovery
+    /// (:50051, mTLS, leader only) and bootstrap identity (:50052, every replica).
+    Controller(ControllerArgs),
+    /// A Pingora data plane: `--shared` for every Ingress and non-dedicated Gateway, or
+    /// `--dedicated` for a single Gateway. Holds no Kubernetes credentials.
+    Proxy(ProxyArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ControllerArgs {
+    /// Namespace the controller runs in: holds the Lease, the CA Secret and the shared pool.
+    #[arg(long, env = "COXSWAIN_NAMESPACE", default_value = names::DEFAULT_NAMESPACE)]
+    pub namespace: String,
+
+    /// `spec.controllerName` of the GatewayClasses and IngressClasses to serve.
+    #[arg(long, env = "COXSWAIN_CONTROLLER_NAME", default_value = names::CONTROLLER_NAME)]
+    pub controller_name: String,
+
+    /// Name of this pod (downward API): the Lease holder identity and the pod the leader labels.
+    #[arg(long, env = "COXSWAIN_POD_NAME")]
+    pub pod_name: Option<String>,
+
+    /// Discovery stream listener (mTLS mandatory, served by the leader only).
+    #[arg(long, env = "COXSWAIN_DISCOVERY_ADDR", default_value_t = SocketAddr::from(([0, 0, 0, 0], names::DISCOVERY_PORT)))]
+    pub discovery_addr: SocketAddr,
+
+    /// Bootstrap identity listener (server TLS; issues SVIDs after TokenReview).
+    #[arg(long, env = "COXSWAIN_BOOTSTRAP_ADDR", default_value_t = SocketAddr::from(([0, 0, 0, 0], names::BOOTSTRAP_PORT)))]
+    pub bootstrap_addr: SocketAddr,
+
+    /// SPIFFE trust domain of issued SVIDs.
+    #[arg(long, env = "COXSWAIN_TRUST_DOMAIN", default_value = names::DEFAULT_TRUST_DOMAIN)]
+    pub trust_domain: String,
+
+    /// Image of dedicated proxies when CoxswainGatewayParameters sets none.
+    #[arg(long, env = "COXSWAIN_PROXY_IMAGE")]
+    pub proxy_image: Option<String>,
+
+    #[command(flatten)]
+    pub admin: AdminArgs,
+}
+
+#[derive(Debug, Args)]
+#[command(group(ArgGroup::new("mode").required(true).args(["shared", "dedicated"])))]
+pub struct ProxyArgs {
+    /// Serve every Ingress and every Gateway not opted into a dedicated proxy.
+    #[arg(long, env = "COXSWAIN_PROXY_SHARED", conflicts_with_all = ["gateway_name", "gateway_namespace"])]
+    pub shared: bool,
+
+    /// Serve one Gateway only (requires --gateway-name and --gateway-namespace).
+    #[arg(long, env = "COXSWAIN_PROXY_DEDICATED", requires_all = ["gateway_name", "gateway_namespace"])]
+    pub dedicated: bool,
+
+    /// Name of the Gateway a dedicated proxy serves.
+    #[arg(long, env = "COXSWAIN_GATEWAY_NAME", value_name = "NAME")]
+    pub gateway_name: Option<String>,
+
+    /// Namespace of the Gateway a dedicated proxy serves.
+    #[arg(long, env = "COXSWAIN_GATEWAY_NAMESPACE", value_name = "NS")]
+    pub gateway_namespace: Option<String>,
+
+    /// Controller discovery stream endpoint(s), comma-separated, `https://` (mTLS).
+    #[arg(
+        long,
+        env = "COXSWAIN_DISCOVERY_ENDPOINT",
+        value_delimiter = ',',
+        default_value = "https://coxswain-controller-discovery.coxswain-system.svc:50051"
+    )]
+    pub discovery_endpoint: Vec<String>,
+
+    /// Controller bootstrap endpoint that issues this proxy's SVID.
+    #[arg(
+        long,
+        env = "COXSWAIN_DISCOVERY_BOOTSTRAP_ENDPOINT",
+        default_value = "https://coxswain-controller-discovery-bootstrap.coxswain-system.svc:50052"
+    )]
+    pub discovery_bootstrap_endpoint: String,
+
+    /// Projected ServiceAccount token (audience coxswain-discovery) used only for bootstrap.
+    #[arg(
+        long,
+        env = "COXSWAIN_TOKEN_PATH",
+        default_value = "/var/run/secrets/coxswain/token"
+    )]
+    pub token_path: PathBuf,
+
+    #[command(flatten)]
+    pub admin: AdminArgs,
+}
+
+/// Which snapshots a proxy subscribes to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ProxyMode {
+    Shared,
+    Dedicated { name: String, namespace: String },
+}
+
+impl ProxyArgs {
+    /// The mode clap has already validated: exactly one of --shared and --dedicated, and a
+    /// dedicated proxy always has both Gateway coordinates.
+    pub fn mode(&self) -> ProxyMode {
+        match (&self.gateway_name, &self.gateway_namespace) {
+            (Some(name), Some(namespace)) if self.dedicated => ProxyMode::Dedicated {
+                name: name.clone(),
+                namespace: namespace.clone(),
+            },
+            _ => ProxyMode::Shared,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct AdminArgs {
+    /// Health endpoints (`/healthz`, `/readyz`).
+    #[arg(long, env = "COXSWAIN_HEALTH_ADDR", default_value_t = SocketAddr::from(([0, 0, 0, 0], names::HEALTH_PORT)))]
+    pub health_addr: SocketAddr,
+
+    /// Prometheus metrics (`/metrics`).
+    #[arg(long, env = "COXSWAIN_METRICS_ADDR", default_value_t = SocketAddr::from(([0, 0, 0, 0], names::METRICS_PORT)))]
+    pub metrics_addr: SocketAddr,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    fn proxy(args: &[&str]) -> Result<ProxyArgs, clap::Error> {
+        let argv = ["coxswain", "serve", "proxy"].iter().chain(args);
+        let cli = Cli::try_parse_from(argv)?;
+        match cli.command {
+            Command::Serve(Serve {
+                role: ServeRole::Proxy(p),
+            }) => Ok(p),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn dedicated_mode_carries_the_gateway() {
+        let p = proxy(&[
+            "--dedicated",
+            "--gateway-name",
+            "edge",
+            "--gateway-namespace",
+            "web",
+        ])
+        .unwrap();
+        assert_eq!(
+            p.mode(),
+            ProxyMode::Dedicated {
+                name: "edge".into(),
+                namespace: "web".into()
+            }
+        );
+    }
+
+    #[test]
+    fn proxy_mode_is_required_and_exclusive() {
+        assert!(proxy(&[]).is_err());
+        assert!(proxy(&["--shared", "--dedicated"]).is_err());
+        assert!(proxy(&["--shared", "--gateway-name", "edge"]).is_err());
+        assert!(proxy(&["--dedicated", "--gateway-name", "edge"]).is_err());
+        assert_eq!(proxy(&["--shared"]).unwrap().mode(), ProxyMode::Shared);
+    }
+
+    #[test]
+    fn discovery_endpoints_split_on_commas() {
+        let p = proxy(&[
+            "--shared",
+            "--discovery-endpoint",
+            "https://a:1,https://b:2",
+        ])
+        .unwrap();
+        assert_eq!(p.discovery_endpoint, ["https://a:1", "https://b:2"]);
+    }
+}

@@ -1,0 +1,6 @@
+//! The controller role of Coxswain and the wiring of the `coxswain` binary.
+#![forbid(unsafe_code)]
+
+pub mod cli;
+pub mod manifests;
+pub mod telemetry;

@@ -1,0 +1,117 @@
+//! The `coxswain` binary's command-line contract, run as a process.
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn coxswain(args: &[&str]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_coxswain"));
+    // Flags may also come from the environment; the tests must not inherit any.
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("COXSWAIN_") {
+            cmd.env_remove(key);
+        }
+    }
+    cmd.args(args).output().unwrap()
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn help_lists_the_roles() {
+    let out = coxswain(&["--help"]);
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("serve") && help.contains("crd"), "{help}");
+
+    let out = coxswain(&["serve", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("controller") && help.contains("proxy"),
+        "{help}"
+    );
+
+    let out = coxswain(&["serve", "proxy", "--help"]);
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "--shared",
+        "--dedicated",
+        "--gateway-name",
+        "--gateway-namespace",
+    ] {
+        assert!(help.contains(flag), "{flag} missing from:\n{help}");
+    }
+}
+
+#[test]
+fn dedicated_proxy_without_gateway_name_is_a_usage_error() {
+    let out = coxswain(&[
+        "serve",
+        "proxy",
+        "--dedicated",
+        "--gateway-namespace",
+        "web",
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("--gateway-name"), "{err}");
+}
+
+#[test]
+fn proxy_needs_exactly_one_mode() {
+    let out = coxswain(&["serve", "proxy"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("--shared"), "{}", stderr(&out));
+    let out = coxswain(&["serve", "proxy", "--shared", "--dedicated"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn crd_output_is_byte_identical_to_config_crd_bases() {
+    let out = coxswain(&["crd"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let bases = Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/crd/bases");
+    let mut files: Vec<_> = std::fs::read_dir(&bases)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    let committed: String = files
+        .iter()
+        .map(|p| format!("---\n{}", std::fs::read_to_string(p).unwrap()))
+        .collect();
+    assert!(
+        out.stdout == committed.as_bytes(),
+        "`coxswain crd` differs from config/crd/bases; run `make manifests` and commit"
+    );
+}
+
+#[test]
+fn crd_out_dir_writes_one_file_per_crd() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = coxswain(&["crd", "--out-dir", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(out.stdout.is_empty());
+    let mut names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        [
+            "gateway.coxswain-labs.dev_coxswaingatewayparameters.yaml",
+            "ingress.coxswain-labs.dev_coxswainingressclassparameters.yaml"
+        ]
+    );
+}
+
+#[test]
+fn unimplemented_roles_say_so_and_fail() {
+    let out = coxswain(&["serve", "proxy", "--shared"]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not implemented"), "{}", stderr(&out));
+}
