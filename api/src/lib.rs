@@ -4,6 +4,7 @@
 //!   and the generated CRD manifests, whose only source is these Rust types.
 //! - [`names`]: every well-known name (controller name, labels, Lease, Services, ports, token
 //!   audience, SPIFFE IDs) so no other crate spells one.
+//! - [`snapshot`]: the compiled routing snapshot a proxy serves (protobuf).
 //!
 //! This crate depends on kube's derive and core types only, never on its client: the proxy
 //! links it and must hold no Kubernetes credentials.
@@ -11,6 +12,7 @@
 
 pub mod crd;
 pub mod names;
+pub mod snapshot;
 
 pub use crd::gateway::{
     Autoscaling, CoxswainGatewayParameters, CoxswainGatewayParametersSpec,

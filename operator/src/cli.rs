@@ -29,6 +29,51 @@ pub enum Command {
     Serve(Serve),
     /// Print every Coxswain CRD as multi-document YAML (or write one file per CRD).
     Crd(CrdArgs),
+    /// Work with routing snapshots offline: see what Coxswain does with manifests before
+    /// applying them.
+    Snapshot(SnapshotArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct SnapshotArgs {
+    #[command(subcommand)]
+    pub command: SnapshotCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Compile manifests (Gateway API objects, Ingresses, IngressClasses, Services,
+    /// EndpointSlices, Secrets, ReferenceGrants, Namespaces) into the snapshot a proxy scope
+    /// would receive.
+    Compile(CompileArgs),
+    /// Print, for every object Coxswain is responsible for, the status the controller would
+    /// write.
+    Status(CompileArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct CompileArgs {
+    /// YAML files or directories (read recursively); multi-document files and Lists are fine.
+    #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
+    pub files: Vec<PathBuf>,
+
+    /// Which proxy scope: `shared`, or `gateway/NAMESPACE/NAME` for a dedicated Gateway.
+    #[arg(long, default_value = "shared")]
+    pub scope: String,
+
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
+    pub output: OutputFormat,
+
+    /// `spec.controllerName` of the classes to compile for.
+    #[arg(long, env = "COXSWAIN_CONTROLLER_NAME", default_value = names::CONTROLLER_NAME)]
+    pub controller_name: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    Json,
+    Yaml,
 }
 
 #[derive(Debug, Args)]

@@ -2,5 +2,7 @@
 #![forbid(unsafe_code)]
 
 pub mod cli;
+pub mod compile;
 pub mod manifests;
+pub mod snapshot_cmd;
 pub mod telemetry;

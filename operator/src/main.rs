@@ -27,6 +27,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Snapshot(args) => {
+            let skipped = coxswain_operator::snapshot_cmd::run(&args.command)?;
+            if skipped > 0 {
+                eprintln!("coxswain: {skipped} object(s) could not be read; the rest was compiled");
+                return Ok(ExitCode::FAILURE);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Serve(serve) => match serve.role {
             ServeRole::Controller(_) => not_yet("serve controller", 7),
             ServeRole::Proxy(proxy) => match proxy.mode() {

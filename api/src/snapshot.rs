@@ -1,0 +1,102 @@
+//! The routing snapshot: the compiler's output and the discovery stream's payload.
+//!
+//! Generated from `proto/coxswain/snapshot/v1/snapshot.proto`; this module adds the content
+//! version (a SHA-256 of the deterministic encoding) and readable JSON/YAML for enum fields.
+
+#![allow(clippy::large_enum_variant, clippy::doc_lazy_continuation)]
+
+include!(concat!(env!("OUT_DIR"), "/coxswain.snapshot.v1.rs"));
+
+use prost::Message;
+
+impl Snapshot {
+    /// The content version: hex SHA-256 of the encoding with `version` empty.
+    pub fn content_version(&self) -> String {
+        let mut unsealed = self.clone();
+        unsealed.version.clear();
+        let digest = ring::digest::digest(&ring::digest::SHA256, &unsealed.encode_to_vec());
+        digest.as_ref().iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    /// Stamps the content version.
+    pub fn seal(mut self) -> Self {
+        self.version = self.content_version();
+        self
+    }
+
+    /// Whether `version` matches the content: a receiver checks this before swapping in.
+    pub fn is_sealed(&self) -> bool {
+        !self.version.is_empty() && self.version == self.content_version()
+    }
+}
+
+/// serde adapters printing prost's i32 enum fields by their proto names.
+pub(crate) mod serde_enum {
+    macro_rules! by_name {
+        ($module:ident, $enum:ty) => {
+            pub mod $module {
+                use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+                pub fn serialize<S: Serializer>(v: &i32, s: S) -> Result<S::Ok, S::Error> {
+                    match <$enum>::try_from(*v) {
+                        Ok(e) => s.serialize_str(e.as_str_name()),
+                        Err(_) => s.serialize_i32(*v),
+                    }
+                }
+
+                pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<i32, D::Error> {
+                    let name = String::deserialize(d)?;
+                    <$enum>::from_str_name(&name)
+                        .map(|e| e as i32)
+                        .ok_or_else(|| D::Error::custom(format!("unknown value {name:?}")))
+                }
+            }
+        };
+    }
+    by_name!(protocol, super::super::Protocol);
+    by_name!(path_kind, super::super::path_match::Kind);
+    by_name!(header_kind, super::super::header_match::Kind);
+    by_name!(query_kind, super::super::query_param_match::Kind);
+    by_name!(app_protocol, super::super::AppProtocol);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Snapshot {
+        Snapshot {
+            scope: Some(Scope {
+                kind: Some(scope::Kind::SharedPool(SharedPool {})),
+            }),
+            listeners: vec![Listener {
+                port: 80,
+                protocol: Protocol::Http as i32,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn sealing_is_deterministic_and_detects_changes() {
+        let a = sample().seal();
+        let b = sample().seal();
+        assert_eq!(a.version, b.version);
+        assert_eq!(a.version.len(), 64);
+        assert!(a.is_sealed());
+        let mut changed = a.clone();
+        changed.listeners[0].port = 8080;
+        assert!(!changed.is_sealed());
+    }
+
+    #[test]
+    fn json_names_enums_and_round_trips() {
+        let s = sample().seal();
+        let json = serde_json::to_string(&s).unwrap();
+        assert!(json.contains("\"PROTOCOL_HTTP\""), "{json}");
+        assert!(json.contains("\"sharedPool\""), "{json}");
+        let back: Snapshot = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, s);
+    }
+}

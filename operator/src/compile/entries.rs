@@ -1,0 +1,109 @@
+//! Route entries and the order they are tried in.
+
+use super::gateway::ScopeKey;
+use super::hostname;
+use super::status::ObjectKey;
+use coxswain_api::snapshot::{self as snap, Protocol, RouteMatch, path_match};
+use std::cmp::{Ordering, Reverse};
+
+/// One (route, rule, match) on one listener hostname, before virtual hosts are assembled.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    pub scope: ScopeKey,
+    pub port: u32,
+    pub protocol: Protocol,
+    /// Hostname of the listener the route attached through (None: any).
+    pub listener_hostname: Option<String>,
+    /// The hostname the entry serves: route and listener hostnames intersected ("" = any).
+    pub vhost: String,
+    pub key: PrecedenceKey,
+    pub route: snap::Route,
+}
+
+/// Gateway API HTTPRoute precedence (HTTPRouteRule "matches" documentation), in order:
+/// 1. the more specific hostname (exact, then longer wildcard),
+/// 2. Exact path, then the longest prefix (regular expressions after prefixes: their
+///    precedence is implementation-specific; Coxswain orders them by pattern length),
+/// 3. a method match,
+/// 4. more header matches,
+/// 5. more query parameter matches,
+///
+/// then the oldest route, then namespace/name, then rule and match order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrecedenceKey {
+    hostname: String,
+    path_rank: u8,
+    path_len: Reverse<usize>,
+    no_method: bool,
+    headers: Reverse<usize>,
+    query_params: Reverse<usize>,
+    /// None sorts last: objects from files without a creationTimestamp.
+    created: Option<(i64, i32)>,
+    route: ObjectKey,
+    rule: u32,
+    match_index: u32,
+}
+
+impl PrecedenceKey {
+    pub fn new(
+        vhost: &str,
+        m: &RouteMatch,
+        created: Option<jiff_like::Timestamp>,
+        route: &ObjectKey,
+        rule: u32,
+        match_index: u32,
+    ) -> Self {
+        let (path_rank, path_len) = match &m.path {
+            None => (1, 1),
+            Some(p) => match path_match::Kind::try_from(p.kind) {
+                Ok(path_match::Kind::Exact) => (0, p.value.len()),
+                Ok(path_match::Kind::Prefix) => (1, p.value.len()),
+                _ => (2, p.value.len()),
+            },
+        };
+        Self {
+            hostname: vhost.to_owned(),
+            path_rank,
+            path_len: Reverse(path_len),
+            no_method: m.method.is_empty(),
+            headers: Reverse(m.headers.len()),
+            query_params: Reverse(m.query_params.len()),
+            created: created.map(|t| (t.as_second(), t.subsec_nanosecond())),
+            route: route.clone(),
+            rule,
+            match_index,
+        }
+    }
+}
+
+impl Ord for PrecedenceKey {
+    fn cmp(&self, other: &Self) -> Ordering {
+        hostname::specificity(&self.hostname, &other.hostname)
+            .then_with(|| self.path_rank.cmp(&other.path_rank))
+            .then_with(|| self.path_len.cmp(&other.path_len))
+            .then_with(|| self.no_method.cmp(&other.no_method))
+            .then_with(|| self.headers.cmp(&other.headers))
+            .then_with(|| self.query_params.cmp(&other.query_params))
+            .then_with(|| match (self.created, other.created) {
+                (Some(a), Some(b)) => a.cmp(&b),
+                (Some(_), None) => Ordering::Less,
+                (None, Some(_)) => Ordering::Greater,
+                (None, None) => Ordering::Equal,
+            })
+            .then_with(|| self.route.cmp(&other.route))
+            .then_with(|| self.rule.cmp(&other.rule))
+            .then_with(|| self.match_index.cmp(&other.match_index))
+            .then_with(|| self.hostname.cmp(&other.hostname))
+    }
+}
+
+impl PartialOrd for PrecedenceKey {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// k8s-openapi's Time wraps a jiff Timestamp; named here so the key does not care which.
+pub mod jiff_like {
+    pub type Timestamp = k8s_openapi::jiff::Timestamp;
+}

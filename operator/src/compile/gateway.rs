@@ -1,0 +1,620 @@
+//! GatewayClasses and Gateways: acceptance, listener validation and conflicts.
+
+use super::Config;
+use super::refs::{self, GATEWAY_GROUP, Index};
+use super::status::{Condition, GatewayStatus, ListenerStatus, ObjectKey, RouteGroupKind, reason};
+use super::store::Store;
+use coxswain_api::snapshot::Protocol;
+use gateway_api::apis::standard::gateways::{
+    Gateway, GatewayListeners, GatewayListenersAllowedRoutesNamespacesFrom, GatewayListenersTlsMode,
+};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Which proxies serve a Gateway.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ScopeKey {
+    SharedPool,
+    Gateway(ObjectKey),
+}
+
+/// A listener that passed validation, as routes see it.
+#[derive(Debug, Clone)]
+pub struct AcceptedListener {
+    pub name: String,
+    pub port: u32,
+    pub protocol: Protocol,
+    pub hostname: Option<String>,
+    pub allowed_namespaces: AllowedNamespaces,
+    /// Whether HTTPRoute may attach (allowedRoutes.kinds).
+    pub allows_http_route: bool,
+    /// HTTPS: the certificate's name in the snapshot.
+    pub certificate: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub enum AllowedNamespaces {
+    Same,
+    All,
+    /// A label selector, already evaluated: the namespaces it selects.
+    Selected(BTreeSet<String>),
+}
+
+/// A Gateway this controller serves.
+#[derive(Debug, Clone)]
+pub struct ServedGateway {
+    pub key: ObjectKey,
+    pub scope: ScopeKey,
+    pub generation: i64,
+    pub listeners: Vec<AcceptedListener>,
+    /// Every listener name, valid or not, so parentRef.sectionName can be told apart from
+    /// a name that does not exist.
+    pub all_listener_names: BTreeSet<String>,
+    pub all_listener_ports: BTreeSet<u32>,
+}
+
+pub struct GatewayOutput {
+    pub class_status: BTreeMap<String, Vec<Condition>>,
+    pub gateway_status: BTreeMap<ObjectKey, GatewayStatus>,
+    pub served: BTreeMap<ObjectKey, ServedGateway>,
+    /// (name of the certificate, chain PEM, key PEM) for HTTPS listeners.
+    pub certificates: BTreeMap<String, (String, String)>,
+}
+
+fn is_our_params_ref(group: &str, kind: &str) -> bool {
+    group == coxswain_api::names::GATEWAY_GROUP && kind == "CoxswainGatewayParameters"
+}
+
+pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutput {
+    let mut out = GatewayOutput {
+        class_status: BTreeMap::new(),
+        gateway_status: BTreeMap::new(),
+        served: BTreeMap::new(),
+        certificates: BTreeMap::new(),
+    };
+    // GatewayClass: ours when spec.controllerName is our controller name.
+    let mut accepted_classes: BTreeMap<&str, bool> = BTreeMap::new();
+    for class in &store.gateway_classes {
+        if class.spec.controller_name != config.controller_name {
+            continue;
+        }
+        let name = class.metadata.name.as_deref().unwrap_or_default();
+        let generation = class.metadata.generation.unwrap_or(0);
+        let condition = match &class.spec.parameters_ref {
+            None => Condition::new(reason::ACCEPTED, true, reason::ACCEPTED, "", generation),
+            Some(p) if !is_our_params_ref(&p.group, &p.kind) => Condition::new(
+                reason::ACCEPTED,
+                false,
+                reason::INVALID_PARAMETERS,
+                format!(
+                    "parametersRef must be gateway.coxswain-labs.dev/CoxswainGatewayParameters, not {}/{}",
+                    p.group, p.kind
+                ),
+                generation,
+            ),
+            Some(p) => match p.namespace.as_deref() {
+                None => Condition::new(
+                    reason::ACCEPTED,
+                    false,
+                    reason::INVALID_PARAMETERS,
+                    "parametersRef to CoxswainGatewayParameters needs a namespace (the kind is namespaced)",
+                    generation,
+                ),
+                Some(ns) if !params_exist(store, ns, &p.name) => Condition::new(
+                    reason::ACCEPTED,
+                    false,
+                    reason::INVALID_PARAMETERS,
+                    format!("CoxswainGatewayParameters {ns}/{} not found", p.name),
+                    generation,
+                ),
+                Some(_) => Condition::new(reason::ACCEPTED, true, reason::ACCEPTED, "", generation),
+            },
+        };
+        accepted_classes.insert(name, condition.is_true());
+        out.class_status.insert(name.to_owned(), vec![condition]);
+    }
+    let dedicated_classes: BTreeSet<&str> = store
+        .gateway_classes
+        .iter()
+        .filter(|c| {
+            c.spec.controller_name == config.controller_name
+                && c.spec
+                    .parameters_ref
+                    .as_ref()
+                    .is_some_and(|p| is_our_params_ref(&p.group, &p.kind))
+        })
+        .filter_map(|c| c.metadata.name.as_deref())
+        .collect();
+
+    for gateway in &store.gateways {
+        let class = gateway.spec.gateway_class_name.as_str();
+        let Some(&class_accepted) = accepted_classes.get(class) else {
+            continue; // not ours
+        };
+        let key = ObjectKey::new(
+            gateway.metadata.namespace.as_deref().unwrap_or("default"),
+            gateway.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let generation = gateway.metadata.generation.unwrap_or(0);
+        let infra_ref = gateway
+            .spec
+            .infrastructure
+            .as_ref()
+            .and_then(|i| i.parameters_ref.as_ref());
+        let dedicated = dedicated_classes.contains(class)
+            || infra_ref.is_some_and(|p| is_our_params_ref(&p.group, &p.kind));
+        let scope = if dedicated {
+            ScopeKey::Gateway(key.clone())
+        } else {
+            ScopeKey::SharedPool
+        };
+
+        let mut gw_conditions = Vec::new();
+        let mut gateway_problem: Option<(&'static str, String)> = None;
+        if !class_accepted {
+            gateway_problem = Some((
+                reason::INVALID,
+                format!("GatewayClass {class} is not accepted"),
+            ));
+        } else if let Some(p) = infra_ref {
+            if !is_our_params_ref(&p.group, &p.kind) {
+                gateway_problem = Some((
+                    reason::INVALID_PARAMETERS,
+                    format!(
+                        "infrastructure.parametersRef must be gateway.coxswain-labs.dev/CoxswainGatewayParameters, not {}/{}",
+                        p.group, p.kind
+                    ),
+                ));
+            } else if !params_exist(store, &key.namespace, &p.name) {
+                gateway_problem = Some((
+                    reason::INVALID_PARAMETERS,
+                    format!(
+                        "CoxswainGatewayParameters {}/{} not found",
+                        key.namespace, p.name
+                    ),
+                ));
+            }
+        }
+        if gateway_problem.is_none()
+            && gateway
+                .spec
+                .addresses
+                .as_ref()
+                .is_some_and(|a| !a.is_empty())
+        {
+            gateway_problem = Some((
+                reason::UNSUPPORTED_ADDRESS,
+                "spec.addresses is not supported yet; remove it to let the Service assign addresses"
+                    .into(),
+            ));
+        }
+
+        let (listener_statuses, accepted) = compile_listeners(
+            store,
+            index,
+            gateway,
+            &key,
+            generation,
+            &mut out.certificates,
+        );
+        let valid = accepted.len();
+        let total = gateway.spec.listeners.len();
+        let (accepted_cond, programmed_cond) = match &gateway_problem {
+            Some((r, msg)) => (
+                Condition::new(reason::ACCEPTED, false, r, msg.clone(), generation),
+                Condition::new(
+                    reason::PROGRAMMED,
+                    false,
+                    reason::INVALID,
+                    msg.clone(),
+                    generation,
+                ),
+            ),
+            None if valid == 0 => (
+                Condition::new(
+                    reason::ACCEPTED,
+                    false,
+                    reason::LISTENERS_NOT_VALID,
+                    "no listener is valid",
+                    generation,
+                ),
+                Condition::new(
+                    reason::PROGRAMMED,
+                    false,
+                    reason::INVALID,
+                    "no listener is valid",
+                    generation,
+                ),
+            ),
+            None => (
+                if valid < total {
+                    Condition::new(
+                        reason::ACCEPTED,
+                        true,
+                        reason::LISTENERS_NOT_VALID,
+                        format!("{} of {total} listeners are not valid", total - valid),
+                        generation,
+                    )
+                } else {
+                    Condition::new(reason::ACCEPTED, true, reason::ACCEPTED, "", generation)
+                },
+                Condition::new(
+                    reason::PROGRAMMED,
+                    false,
+                    reason::PENDING,
+                    "waiting for a proxy to bind the listeners and acknowledge the configuration",
+                    generation,
+                ),
+            ),
+        };
+        gw_conditions.push(accepted_cond);
+        gw_conditions.push(programmed_cond);
+        out.gateway_status.insert(
+            key.clone(),
+            GatewayStatus {
+                conditions: gw_conditions,
+                listeners: listener_statuses,
+                dedicated,
+            },
+        );
+        if gateway_problem.is_none() {
+            out.served.insert(
+                key.clone(),
+                ServedGateway {
+                    key,
+                    scope,
+                    generation,
+                    listeners: accepted,
+                    all_listener_names: gateway
+                        .spec
+                        .listeners
+                        .iter()
+                        .map(|l| l.name.clone())
+                        .collect(),
+                    all_listener_ports: gateway
+                        .spec
+                        .listeners
+                        .iter()
+                        .filter_map(|l| u32::try_from(l.port).ok())
+                        .collect(),
+                },
+            );
+        }
+    }
+    out
+}
+
+fn params_exist(store: &Store, namespace: &str, name: &str) -> bool {
+    store.gateway_parameters.iter().any(|p| {
+        p.metadata.namespace.as_deref() == Some(namespace)
+            && p.metadata.name.as_deref() == Some(name)
+    })
+}
+
+fn http_route_kind() -> RouteGroupKind {
+    RouteGroupKind {
+        group: GATEWAY_GROUP.into(),
+        kind: "HTTPRoute".into(),
+    }
+}
+
+/// Validates each listener and finds conflicts between them (Gateway API: listeners on one
+/// port must agree on protocol, and HTTP(S) listeners sharing a port need distinct hostnames).
+fn compile_listeners(
+    store: &Store,
+    index: &Index<'_>,
+    gateway: &Gateway,
+    key: &ObjectKey,
+    generation: i64,
+    certificates: &mut BTreeMap<String, (String, String)>,
+) -> (Vec<ListenerStatus>, Vec<AcceptedListener>) {
+    let listeners = &gateway.spec.listeners;
+    // Conflicts first: they depend on all listeners together.
+    let mut conflicts: BTreeMap<&str, (&'static str, String)> = BTreeMap::new();
+    for (i, a) in listeners.iter().enumerate() {
+        for (j, b) in listeners.iter().enumerate() {
+            if i == j || a.port != b.port {
+                continue;
+            }
+            let pa = normalized_protocol(&a.protocol);
+            let pb = normalized_protocol(&b.protocol);
+            if pa != pb {
+                conflicts.entry(&a.name).or_insert((
+                    reason::PROTOCOL_CONFLICT,
+                    format!(
+                        "port {} is also used by listener {} with protocol {}",
+                        a.port, b.name, b.protocol
+                    ),
+                ));
+            } else if a.hostname.as_deref().unwrap_or("") == b.hostname.as_deref().unwrap_or("") {
+                conflicts.entry(&a.name).or_insert((
+                    reason::HOSTNAME_CONFLICT,
+                    format!(
+                        "listener {} uses the same port {} and hostname {:?}",
+                        b.name,
+                        b.port,
+                        b.hostname.as_deref().unwrap_or("")
+                    ),
+                ));
+            }
+        }
+    }
+
+    let mut statuses = Vec::new();
+    let mut accepted = Vec::new();
+    for l in listeners {
+        let mut conditions = Vec::new();
+        let protocol = match normalized_protocol(&l.protocol).as_str() {
+            "HTTP" => Some(Protocol::Http),
+            "HTTPS" => Some(Protocol::Https),
+            _ => None,
+        };
+        let (supported_kinds, kinds_ok) = supported_kinds(l, protocol.is_some());
+        let port = u32::try_from(l.port)
+            .ok()
+            .filter(|p| (1..=65535).contains(p));
+
+        let mut accepted_problem: Option<(&'static str, String)> = None;
+        if protocol.is_none() {
+            accepted_problem = Some((
+                reason::UNSUPPORTED_PROTOCOL,
+                format!(
+                    "protocol {} is not supported; use HTTP or HTTPS",
+                    l.protocol
+                ),
+            ));
+        } else if port.is_none() {
+            accepted_problem = Some((
+                reason::UNSUPPORTED_VALUE,
+                format!("port {} is out of range", l.port),
+            ));
+        } else if protocol == Some(Protocol::Https)
+            && l.tls
+                .as_ref()
+                .and_then(|t| t.mode.as_ref())
+                .is_some_and(|m| *m == GatewayListenersTlsMode::Passthrough)
+        {
+            accepted_problem = Some((
+                reason::UNSUPPORTED_VALUE,
+                "HTTPS listeners terminate TLS; tls.mode Passthrough needs protocol TLS".into(),
+            ));
+        }
+
+        // ResolvedRefs: route kinds and certificates.
+        let mut resolved_problem: Option<(&'static str, String)> = None;
+        if !kinds_ok {
+            resolved_problem = Some((
+                reason::INVALID_ROUTE_KINDS,
+                "allowedRoutes.kinds lists a kind this listener cannot serve; only HTTPRoute is supported".into(),
+            ));
+        }
+        let mut certificate = None;
+        if protocol == Some(Protocol::Https) && accepted_problem.is_none() {
+            match resolve_certificate(store, index, l, key) {
+                Ok((name, pair)) => {
+                    certificates.insert(name.clone(), pair);
+                    certificate = Some(name);
+                }
+                Err(problem) => resolved_problem = resolved_problem.or(Some(problem)),
+            }
+        }
+
+        let conflict = conflicts.get(l.name.as_str());
+        conditions.push(match &accepted_problem {
+            Some((r, m)) => Condition::new(reason::ACCEPTED, false, r, m.clone(), generation),
+            None => Condition::new(reason::ACCEPTED, true, reason::ACCEPTED, "", generation),
+        });
+        conditions.push(match &resolved_problem {
+            Some((r, m)) => Condition::new(reason::RESOLVED_REFS, false, r, m.clone(), generation),
+            None => Condition::new(
+                reason::RESOLVED_REFS,
+                true,
+                reason::RESOLVED_REFS,
+                "",
+                generation,
+            ),
+        });
+        conditions.push(match conflict {
+            Some((r, m)) => Condition::new(reason::CONFLICTED, true, r, m.clone(), generation),
+            None => Condition::new(
+                reason::CONFLICTED,
+                false,
+                reason::NO_CONFLICTS,
+                "",
+                generation,
+            ),
+        });
+        let usable = accepted_problem.is_none() && resolved_problem.is_none() && conflict.is_none();
+        conditions.push(if usable {
+            Condition::new(
+                reason::PROGRAMMED,
+                false,
+                reason::PENDING,
+                "waiting for a proxy to bind the port",
+                generation,
+            )
+        } else {
+            Condition::new(
+                reason::PROGRAMMED,
+                false,
+                reason::INVALID,
+                "the listener is not valid",
+                generation,
+            )
+        });
+        statuses.push(ListenerStatus {
+            name: l.name.clone(),
+            supported_kinds,
+            attached_routes: 0,
+            conditions,
+        });
+        if let (true, Some(port), Some(protocol)) = (usable, port, protocol) {
+            accepted.push(AcceptedListener {
+                name: l.name.clone(),
+                port,
+                protocol,
+                hostname: l.hostname.clone().filter(|h| !h.is_empty()),
+                allowed_namespaces: allowed_namespaces(store, l),
+                allows_http_route: true,
+                certificate,
+            });
+        }
+    }
+    (statuses, accepted)
+}
+
+fn normalized_protocol(p: &str) -> String {
+    p.to_ascii_uppercase()
+}
+
+/// supportedKinds and whether every listed kind is one we serve.
+fn supported_kinds(l: &GatewayListeners, protocol_ok: bool) -> (Vec<RouteGroupKind>, bool) {
+    let listed = l.allowed_routes.as_ref().and_then(|a| a.kinds.as_ref());
+    match listed {
+        None => (
+            if protocol_ok {
+                vec![http_route_kind()]
+            } else {
+                vec![]
+            },
+            true,
+        ),
+        Some(kinds) if kinds.is_empty() => (
+            if protocol_ok {
+                vec![http_route_kind()]
+            } else {
+                vec![]
+            },
+            true,
+        ),
+        Some(kinds) => {
+            let mut supported = Vec::new();
+            let mut all_ok = true;
+            for k in kinds {
+                let group = k.group.as_deref().unwrap_or(GATEWAY_GROUP);
+                if group == GATEWAY_GROUP && k.kind == "HTTPRoute" && protocol_ok {
+                    if !supported.contains(&http_route_kind()) {
+                        supported.push(http_route_kind());
+                    }
+                } else {
+                    all_ok = false;
+                }
+            }
+            (supported, all_ok)
+        }
+    }
+}
+
+fn allowed_namespaces(store: &Store, l: &GatewayListeners) -> AllowedNamespaces {
+    let Some(ns) = l
+        .allowed_routes
+        .as_ref()
+        .and_then(|a| a.namespaces.as_ref())
+    else {
+        return AllowedNamespaces::Same;
+    };
+    match ns.from {
+        None | Some(GatewayListenersAllowedRoutesNamespacesFrom::Same) => AllowedNamespaces::Same,
+        Some(GatewayListenersAllowedRoutesNamespacesFrom::All) => AllowedNamespaces::All,
+        Some(GatewayListenersAllowedRoutesNamespacesFrom::Selector) => {
+            let selector = ns.selector.as_ref();
+            let selected = store
+                .namespaces
+                .iter()
+                .filter(|n| {
+                    let labels = n.metadata.labels.clone().unwrap_or_default();
+                    selector.is_some_and(|s| {
+                        s.match_labels
+                            .iter()
+                            .flatten()
+                            .all(|(k, v)| labels.get(k) == Some(v))
+                            && s.match_expressions.iter().flatten().all(|e| {
+                                let value = labels.get(&e.key);
+                                let values = e.values.clone().unwrap_or_default();
+                                match e.operator.as_str() {
+                                    "In" => value.is_some_and(|v| values.contains(v)),
+                                    "NotIn" => value.is_none_or(|v| !values.contains(v)),
+                                    "Exists" => value.is_some(),
+                                    "DoesNotExist" => value.is_none(),
+                                    _ => false,
+                                }
+                            })
+                    })
+                })
+                .filter_map(|n| n.metadata.name.clone())
+                .collect();
+            AllowedNamespaces::Selected(selected)
+        }
+    }
+}
+
+impl AllowedNamespaces {
+    pub fn allows(&self, gateway_ns: &str, route_ns: &str) -> bool {
+        match self {
+            Self::Same => gateway_ns == route_ns,
+            Self::All => true,
+            Self::Selected(set) => set.contains(route_ns),
+        }
+    }
+}
+
+/// A certificate chain and private key, PEM.
+type KeyPair = (String, String);
+
+/// The first certificateRef of an HTTPS listener, resolved to a key pair.
+fn resolve_certificate(
+    store: &Store,
+    index: &Index<'_>,
+    l: &GatewayListeners,
+    gateway: &ObjectKey,
+) -> Result<(String, KeyPair), (&'static str, String)> {
+    let refs = l.tls.as_ref().and_then(|t| t.certificate_refs.as_ref());
+    let Some(r) = refs.and_then(|r| r.first()) else {
+        return Err((
+            reason::INVALID_CERTIFICATE_REF,
+            "an HTTPS listener needs tls.certificateRefs".into(),
+        ));
+    };
+    let group = r.group.as_deref().unwrap_or("");
+    let kind = r.kind.as_deref().unwrap_or("Secret");
+    if !group.is_empty() || kind != "Secret" {
+        return Err((
+            reason::INVALID_CERTIFICATE_REF,
+            format!(
+                "certificateRef {group}/{kind} {} is not a core Secret",
+                r.name
+            ),
+        ));
+    }
+    let ns = r.namespace.as_deref().unwrap_or(&gateway.namespace);
+    if !refs::permitted(
+        store,
+        GATEWAY_GROUP,
+        "Gateway",
+        &gateway.namespace,
+        "",
+        "Secret",
+        ns,
+        &r.name,
+    ) {
+        return Err((
+            reason::REF_NOT_PERMITTED,
+            format!(
+                "no ReferenceGrant in {ns} allows Gateways in {} to use Secret {}",
+                gateway.namespace, r.name
+            ),
+        ));
+    }
+    let Some(secret) = index.secret(ns, &r.name) else {
+        return Err((
+            reason::INVALID_CERTIFICATE_REF,
+            format!("Secret {ns}/{} not found", r.name),
+        ));
+    };
+    let pair = refs::tls_key_pair(secret).map_err(|m| {
+        (
+            reason::INVALID_CERTIFICATE_REF,
+            format!("Secret {ns}/{}: {m}", r.name),
+        )
+    })?;
+    Ok((format!("{ns}/{}", r.name), pair))
+}

@@ -1,0 +1,788 @@
+//! HTTPRoutes: attachment to Gateway listeners, rules to snapshot routes, and the
+//! `status.parents` entries this controller owns.
+
+use super::Config;
+use super::entries::{Entry, PrecedenceKey};
+use super::gateway::{AcceptedListener, ServedGateway};
+use super::hostname;
+use super::refs::{self, GATEWAY_GROUP, Index};
+use super::status::{Condition, ObjectKey, ParentRef, RouteParentStatus, reason};
+use super::store::Store;
+use coxswain_api::snapshot::{
+    self as snap, Filter, HeaderMatch, PathMatch, QueryParamMatch, RouteMatch, RouteSource,
+    WeightedBackend, filter,
+};
+use gateway_api::apis::standard::httproutes::{
+    HttpRoute, HttpRouteRules, HttpRouteRulesFilters, HttpRouteRulesMatches,
+    HttpRouteRulesMatchesHeadersType, HttpRouteRulesMatchesPathType,
+    HttpRouteRulesMatchesQueryParamsType,
+};
+use std::collections::BTreeMap;
+
+pub struct RouteOutput {
+    pub entries: Vec<Entry>,
+    pub status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    /// (gateway, listener name) -> number of attached routes
+    pub attached: BTreeMap<(ObjectKey, String), i32>,
+    pub clusters: Vec<snap::Cluster>,
+}
+
+/// A rule compiled once, shared by every listener the route attaches to.
+struct CompiledRule {
+    index: u32,
+    name: String,
+    matches: Vec<RouteMatch>,
+    filters: Vec<Filter>,
+    backends: Vec<WeightedBackend>,
+    timeouts: Option<snap::Timeouts>,
+    direct_status: u32,
+}
+
+pub fn compile(
+    store: &Store,
+    index: &Index<'_>,
+    served: &BTreeMap<ObjectKey, ServedGateway>,
+    config: &Config,
+) -> RouteOutput {
+    let mut out = RouteOutput {
+        entries: Vec::new(),
+        status: BTreeMap::new(),
+        attached: BTreeMap::new(),
+        clusters: Vec::new(),
+    };
+    for route in &store.http_routes {
+        let key = ObjectKey::new(
+            route.metadata.namespace.as_deref().unwrap_or("default"),
+            route.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let generation = route.metadata.generation.unwrap_or(0);
+        let parent_refs = route.spec.parent_refs.clone().unwrap_or_default();
+        // Only parents that are Gateways this controller serves are ours to report on.
+        let ours: Vec<_> = parent_refs
+            .iter()
+            .filter_map(|p| {
+                let group = p.group.as_deref().unwrap_or(GATEWAY_GROUP);
+                let kind = p.kind.as_deref().unwrap_or("Gateway");
+                if group != GATEWAY_GROUP || kind != "Gateway" {
+                    return None;
+                }
+                let ns = p.namespace.as_deref().unwrap_or(&key.namespace);
+                let gw = served.get(&ObjectKey::new(ns, &p.name))?;
+                Some((p, gw))
+            })
+            .collect();
+        if ours.is_empty() {
+            continue;
+        }
+
+        let (rules, resolved, route_problem) =
+            compile_rules(store, index, route, &key, &mut out.clusters);
+        let hostnames = route.spec.hostnames.clone().unwrap_or_default();
+        let mut parents = Vec::new();
+        for (p, gw) in ours {
+            let parent_ref = ParentRef {
+                group: GATEWAY_GROUP.into(),
+                kind: "Gateway".into(),
+                namespace: gw.key.namespace.clone(),
+                name: gw.key.name.clone(),
+                section_name: p.section_name.clone(),
+                port: p.port,
+            };
+            let attach = attach(
+                gw,
+                p.section_name.as_deref(),
+                p.port,
+                &key.namespace,
+                &hostnames,
+            );
+            let accepted = match (&route_problem, &attach) {
+                (Some((r, m)), _) => {
+                    Condition::new(reason::ACCEPTED, false, r, m.clone(), generation)
+                }
+                (None, Err((r, m))) => {
+                    Condition::new(reason::ACCEPTED, false, r, m.clone(), generation)
+                }
+                (None, Ok(_)) => {
+                    Condition::new(reason::ACCEPTED, true, reason::ACCEPTED, "", generation)
+                }
+            };
+            let resolved_cond = match &resolved {
+                Ok(()) => Condition::new(
+                    reason::RESOLVED_REFS,
+                    true,
+                    reason::RESOLVED_REFS,
+                    "",
+                    generation,
+                ),
+                Err((r, m)) => {
+                    Condition::new(reason::RESOLVED_REFS, false, r, m.clone(), generation)
+                }
+            };
+            if let (None, Ok(attachments)) = (&route_problem, attach) {
+                for (listener, hosts) in attachments {
+                    *out.attached
+                        .entry((gw.key.clone(), listener.name.clone()))
+                        .or_default() += 1;
+                    for host in hosts {
+                        for rule in &rules {
+                            for (match_index, m) in rule.matches.iter().enumerate() {
+                                out.entries.push(Entry {
+                                    scope: gw.scope.clone(),
+                                    port: listener.port,
+                                    protocol: listener.protocol,
+                                    listener_hostname: listener.hostname.clone(),
+                                    vhost: host.clone(),
+                                    key: PrecedenceKey::new(
+                                        &host,
+                                        m,
+                                        route.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                                        &key,
+                                        rule.index,
+                                        match_index as u32,
+                                    ),
+                                    route: snap::Route {
+                                        source: Some(RouteSource {
+                                            kind: "HTTPRoute".into(),
+                                            namespace: key.namespace.clone(),
+                                            name: key.name.clone(),
+                                            rule: rule.index,
+                                            rule_name: rule.name.clone(),
+                                        }),
+                                        r#match: Some(m.clone()),
+                                        filters: rule.filters.clone(),
+                                        backends: rule.backends.clone(),
+                                        timeouts: rule.timeouts,
+                                        direct_status: rule.direct_status,
+                                    },
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+            parents.push(RouteParentStatus {
+                parent_ref,
+                controller_name: config.controller_name.clone(),
+                conditions: vec![accepted, resolved_cond],
+            });
+        }
+        parents.sort_by(|a, b| a.parent_ref.cmp(&b.parent_ref));
+        out.status.insert(key, parents);
+    }
+    out
+}
+
+type Problem = (&'static str, String);
+
+/// The listeners of `gw` a route attaches to through one parentRef, with the hostnames it
+/// serves on each (Gateway API: sectionName and port narrow the listeners; allowedRoutes and
+/// hostname intersection decide).
+fn attach<'g>(
+    gw: &'g ServedGateway,
+    section: Option<&str>,
+    port: Option<i32>,
+    route_ns: &str,
+    hostnames: &[String],
+) -> Result<Vec<(&'g AcceptedListener, Vec<String>)>, Problem> {
+    if let Some(s) = section
+        && !gw.all_listener_names.contains(s)
+    {
+        return Err((
+            reason::NO_MATCHING_PARENT,
+            format!("Gateway {} has no listener named {s}", gw.key),
+        ));
+    }
+    if let Some(p) = port
+        && !u32::try_from(p).is_ok_and(|p| gw.all_listener_ports.contains(&p))
+    {
+        return Err((
+            reason::NO_MATCHING_PARENT,
+            format!("Gateway {} has no listener on port {p}", gw.key),
+        ));
+    }
+    let candidates: Vec<&AcceptedListener> = gw
+        .listeners
+        .iter()
+        .filter(|l| section.is_none_or(|s| l.name == s))
+        .filter(|l| port.is_none_or(|p| i64::from(l.port) == i64::from(p)))
+        .collect();
+    if candidates.is_empty() {
+        return Err((
+            reason::NO_MATCHING_PARENT,
+            format!(
+                "no valid listener of Gateway {} matches the parentRef",
+                gw.key
+            ),
+        ));
+    }
+    let allowed: Vec<_> = candidates
+        .into_iter()
+        .filter(|l| l.allows_http_route && l.allowed_namespaces.allows(&gw.key.namespace, route_ns))
+        .collect();
+    if allowed.is_empty() {
+        return Err((
+            reason::NOT_ALLOWED_BY_LISTENERS,
+            format!(
+                "the listeners of Gateway {} do not allow HTTPRoutes from namespace {route_ns}",
+                gw.key
+            ),
+        ));
+    }
+    let mut result = Vec::new();
+    for l in allowed {
+        let hosts: Vec<String> = if hostnames.is_empty() {
+            vec![l.hostname.clone().unwrap_or_default()]
+        } else {
+            let mut h: Vec<String> = hostnames
+                .iter()
+                .filter_map(|r| hostname::intersect(l.hostname.as_deref(), r))
+                .collect();
+            h.sort();
+            h.dedup();
+            h
+        };
+        if !hosts.is_empty() {
+            result.push((l, hosts));
+        }
+    }
+    if result.is_empty() {
+        return Err((
+            reason::NO_MATCHING_LISTENER_HOSTNAME,
+            "no hostname of the route matches a listener hostname".into(),
+        ));
+    }
+    Ok(result)
+}
+
+/// Compiles the rules once. Returns the rules, the route's ResolvedRefs verdict, and a problem
+/// that makes the whole route unacceptable (UnsupportedValue).
+fn compile_rules(
+    store: &Store,
+    index: &Index<'_>,
+    route: &HttpRoute,
+    key: &ObjectKey,
+    clusters: &mut Vec<snap::Cluster>,
+) -> (Vec<CompiledRule>, Result<(), Problem>, Option<Problem>) {
+    let mut rules = Vec::new();
+    let mut resolved: Result<(), Problem> = Ok(());
+    let mut problem = None;
+    // The API server defaults an absent rules list to one rule matching every path; objects
+    // read from files get the same default here.
+    let default_rules = [HttpRouteRules::default()];
+    let spec_rules = route.spec.rules.as_deref().unwrap_or(&default_rules);
+    for (i, rule) in spec_rules.iter().enumerate() {
+        let index_u32 = i as u32;
+        match compile_rule(store, index, rule, key, clusters) {
+            Ok((compiled_matches, filters, backends, timeouts, direct_status, rule_resolved)) => {
+                if let (Ok(()), Err(e)) = (&resolved, rule_resolved) {
+                    resolved = Err(e);
+                }
+                rules.push(CompiledRule {
+                    index: index_u32,
+                    name: rule.name.clone().unwrap_or_default(),
+                    matches: compiled_matches,
+                    filters,
+                    backends,
+                    timeouts,
+                    direct_status,
+                });
+            }
+            Err(p) => {
+                problem.get_or_insert(p);
+            }
+        }
+    }
+    (rules, resolved, problem)
+}
+
+type RuleParts = (
+    Vec<RouteMatch>,
+    Vec<Filter>,
+    Vec<WeightedBackend>,
+    Option<snap::Timeouts>,
+    u32,
+    Result<(), Problem>,
+);
+
+fn compile_rule(
+    store: &Store,
+    index: &Index<'_>,
+    rule: &HttpRouteRules,
+    key: &ObjectKey,
+    clusters: &mut Vec<snap::Cluster>,
+) -> Result<RuleParts, Problem> {
+    let matches: Vec<RouteMatch> = match rule.matches.as_deref() {
+        None | Some([]) => vec![default_match()],
+        Some(ms) => ms.iter().map(compile_match).collect::<Result<_, _>>()?,
+    };
+    let mut resolved = Ok(());
+    let mut filters = Vec::new();
+    for f in rule.filters.iter().flatten() {
+        filters.push(compile_filter(
+            store,
+            index,
+            f,
+            key,
+            clusters,
+            &mut resolved,
+        )?);
+    }
+    let mut backends = Vec::new();
+    for b in rule.backend_refs.iter().flatten() {
+        let weight = u32::try_from(b.weight.unwrap_or(1)).unwrap_or(0);
+        let target = resolve_backend(
+            store,
+            index,
+            key,
+            b.group.as_deref(),
+            b.kind.as_deref(),
+            b.namespace.as_deref(),
+            &b.name,
+            b.port,
+            clusters,
+        );
+        let cluster = match target {
+            Ok(name) => name,
+            Err(p) => {
+                if resolved.is_ok() {
+                    resolved = Err(p);
+                }
+                String::new()
+            }
+        };
+        let mut backend_filters = Vec::new();
+        for f in b.filters.iter().flatten() {
+            // The backend-level filter type has the same shape as the rule-level one.
+            let as_rule: HttpRouteRulesFilters = serde_json::to_value(f)
+                .and_then(serde_json::from_value)
+                .map_err(|e| (reason::UNSUPPORTED_VALUE, format!("backendRef filter: {e}")))?;
+            backend_filters.push(compile_filter(
+                store,
+                index,
+                &as_rule,
+                key,
+                clusters,
+                &mut resolved,
+            )?);
+        }
+        backends.push(WeightedBackend {
+            cluster,
+            weight,
+            filters: backend_filters,
+        });
+    }
+    let answers_itself = filters
+        .iter()
+        .any(|f| matches!(f.kind, Some(filter::Kind::RequestRedirect(_))));
+    let has_valid_backend = backends
+        .iter()
+        .any(|b| !b.cluster.is_empty() && b.weight > 0);
+    // Gateway API: a rule whose backends are all invalid (or that has none and no filter that
+    // answers) gets 500s.
+    let direct_status = if answers_itself || has_valid_backend {
+        0
+    } else {
+        500
+    };
+    let timeouts = match &rule.timeouts {
+        None => None,
+        Some(t) => {
+            let parse = |v: &Option<String>, field: &str| -> Result<u64, Problem> {
+                v.as_deref().map_or(Ok(0), |s| {
+                    parse_duration_ms(s).ok_or_else(|| {
+                        (
+                            reason::UNSUPPORTED_VALUE,
+                            format!("timeouts.{field}: {s:?} is not a Gateway API duration"),
+                        )
+                    })
+                })
+            };
+            Some(snap::Timeouts {
+                request_ms: parse(&t.request, "request")?,
+                backend_request_ms: parse(&t.backend_request, "backendRequest")?,
+            })
+        }
+    };
+    Ok((
+        matches,
+        filters,
+        backends,
+        timeouts,
+        direct_status,
+        resolved,
+    ))
+}
+
+fn default_match() -> RouteMatch {
+    RouteMatch {
+        path: Some(PathMatch {
+            kind: snap::path_match::Kind::Prefix as i32,
+            value: "/".into(),
+        }),
+        ..Default::default()
+    }
+}
+
+fn compile_match(m: &HttpRouteRulesMatches) -> Result<RouteMatch, Problem> {
+    let path = match &m.path {
+        None => default_match().path,
+        Some(p) => {
+            let value = p.value.clone().unwrap_or_else(|| "/".into());
+            let kind = match p.r#type {
+                None | Some(HttpRouteRulesMatchesPathType::PathPrefix) => {
+                    snap::path_match::Kind::Prefix
+                }
+                Some(HttpRouteRulesMatchesPathType::Exact) => snap::path_match::Kind::Exact,
+                Some(HttpRouteRulesMatchesPathType::RegularExpression) => {
+                    check_regex(&value, "path")?;
+                    snap::path_match::Kind::Regex
+                }
+            };
+            if kind != snap::path_match::Kind::Regex && !value.starts_with('/') {
+                return Err((
+                    reason::UNSUPPORTED_VALUE,
+                    format!("path {value:?} must start with /"),
+                ));
+            }
+            // A trailing slash on a prefix does not change what it matches ("/foo/" == "/foo").
+            let value = if kind == snap::path_match::Kind::Prefix && value.len() > 1 {
+                value.trim_end_matches('/').to_owned()
+            } else {
+                value
+            };
+            Some(PathMatch {
+                kind: kind as i32,
+                value,
+            })
+        }
+    };
+    let mut headers = Vec::new();
+    for h in m.headers.iter().flatten() {
+        let kind = match h.r#type {
+            None | Some(HttpRouteRulesMatchesHeadersType::Exact) => snap::header_match::Kind::Exact,
+            Some(HttpRouteRulesMatchesHeadersType::RegularExpression) => {
+                check_regex(&h.value, "header")?;
+                snap::header_match::Kind::Regex
+            }
+        };
+        headers.push(HeaderMatch {
+            kind: kind as i32,
+            name: h.name.to_ascii_lowercase(),
+            value: h.value.clone(),
+        });
+    }
+    // Gateway API: when a header name repeats, only the first match counts.
+    let mut seen = std::collections::BTreeSet::new();
+    headers.retain(|h| seen.insert(h.name.clone()));
+    let mut query_params = Vec::new();
+    for q in m.query_params.iter().flatten() {
+        let kind = match q.r#type {
+            None | Some(HttpRouteRulesMatchesQueryParamsType::Exact) => {
+                snap::query_param_match::Kind::Exact
+            }
+            Some(HttpRouteRulesMatchesQueryParamsType::RegularExpression) => {
+                check_regex(&q.value, "query parameter")?;
+                snap::query_param_match::Kind::Regex
+            }
+        };
+        query_params.push(QueryParamMatch {
+            kind: kind as i32,
+            name: q.name.clone(),
+            value: q.value.clone(),
+        });
+    }
+    let method = match &m.method {
+        None => String::new(),
+        Some(method) => serde_json::to_value(method)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default(),
+    };
+    Ok(RouteMatch {
+        path,
+        headers,
+        query_params,
+        method,
+    })
+}
+
+fn check_regex(value: &str, what: &str) -> Result<(), Problem> {
+    regex::Regex::new(value).map(|_| ()).map_err(|e| {
+        (
+            reason::UNSUPPORTED_VALUE,
+            format!("{what} regular expression {value:?}: {e}"),
+        )
+    })
+}
+
+fn compile_filter(
+    store: &Store,
+    index: &Index<'_>,
+    f: &HttpRouteRulesFilters,
+    key: &ObjectKey,
+    clusters: &mut Vec<snap::Cluster>,
+    resolved: &mut Result<(), Problem>,
+) -> Result<Filter, Problem> {
+    let header_modifier =
+        |set: Vec<(String, String)>, add: Vec<(String, String)>, remove: Vec<String>| {
+            snap::HeaderModifier {
+                set: set
+                    .into_iter()
+                    .map(|(name, value)| snap::Header { name, value })
+                    .collect(),
+                add: add
+                    .into_iter()
+                    .map(|(name, value)| snap::Header { name, value })
+                    .collect(),
+                remove: remove.into_iter().map(|r| r.to_ascii_lowercase()).collect(),
+            }
+        };
+    let kind = if let Some(m) = &f.request_header_modifier {
+        filter::Kind::RequestHeaderModifier(header_modifier(
+            m.set
+                .iter()
+                .flatten()
+                .map(|h| (h.name.clone(), h.value.clone()))
+                .collect(),
+            m.add
+                .iter()
+                .flatten()
+                .map(|h| (h.name.clone(), h.value.clone()))
+                .collect(),
+            m.remove.clone().unwrap_or_default(),
+        ))
+    } else if let Some(m) = &f.response_header_modifier {
+        filter::Kind::ResponseHeaderModifier(header_modifier(
+            m.set
+                .iter()
+                .flatten()
+                .map(|h| (h.name.clone(), h.value.clone()))
+                .collect(),
+            m.add
+                .iter()
+                .flatten()
+                .map(|h| (h.name.clone(), h.value.clone()))
+                .collect(),
+            m.remove.clone().unwrap_or_default(),
+        ))
+    } else if let Some(r) = &f.request_redirect {
+        let path = match &r.path {
+            None => None,
+            Some(p) => Some(path_modifier(
+                p.replace_full_path.clone(),
+                p.replace_prefix_match.clone(),
+            )?),
+        };
+        let scheme = r
+            .scheme
+            .as_ref()
+            .and_then(|s| serde_json::to_value(s).ok())
+            .and_then(|v| v.as_str().map(str::to_owned))
+            .unwrap_or_default();
+        filter::Kind::RequestRedirect(snap::RequestRedirect {
+            scheme,
+            hostname: r.hostname.clone().unwrap_or_default(),
+            path,
+            port: r.port.and_then(|p| u32::try_from(p).ok()).unwrap_or(0),
+            status_code: match r.status_code {
+                None => 302,
+                Some(c @ (301 | 302 | 303 | 307 | 308)) => c as u32,
+                Some(c) => {
+                    return Err((
+                        reason::UNSUPPORTED_VALUE,
+                        format!("redirect status code {c} is not supported"),
+                    ));
+                }
+            },
+        })
+    } else if let Some(u) = &f.url_rewrite {
+        let path = match &u.path {
+            None => None,
+            Some(p) => Some(path_modifier(
+                p.replace_full_path.clone(),
+                p.replace_prefix_match.clone(),
+            )?),
+        };
+        filter::Kind::UrlRewrite(snap::UrlRewrite {
+            hostname: u.hostname.clone().unwrap_or_default(),
+            path,
+        })
+    } else if let Some(m) = &f.request_mirror {
+        let b = &m.backend_ref;
+        let cluster = match resolve_backend(
+            store,
+            index,
+            key,
+            b.group.as_deref(),
+            b.kind.as_deref(),
+            b.namespace.as_deref(),
+            &b.name,
+            b.port,
+            clusters,
+        ) {
+            Ok(c) => c,
+            Err(p) => {
+                if resolved.is_ok() {
+                    *resolved = Err(p);
+                }
+                String::new()
+            }
+        };
+        let (numerator, denominator) = match (&m.fraction, m.percent) {
+            (Some(f), _) => (
+                u32::try_from(f.numerator).unwrap_or(0),
+                f.denominator
+                    .and_then(|d| u32::try_from(d).ok())
+                    .unwrap_or(100),
+            ),
+            (None, Some(p)) => (u32::try_from(p).unwrap_or(0), 100),
+            (None, None) => (1, 1),
+        };
+        filter::Kind::RequestMirror(snap::RequestMirror {
+            cluster,
+            numerator,
+            denominator,
+        })
+    } else if f.cors.is_some() {
+        return Err((
+            reason::UNSUPPORTED_VALUE,
+            "the CORS filter is not supported yet".into(),
+        ));
+    } else if f.extension_ref.is_some() {
+        return Err((
+            reason::UNSUPPORTED_VALUE,
+            "ExtensionRef filters are not supported".into(),
+        ));
+    } else {
+        return Err((reason::UNSUPPORTED_VALUE, "a filter of unknown type".into()));
+    };
+    Ok(Filter { kind: Some(kind) })
+}
+
+fn path_modifier(
+    full: Option<String>,
+    prefix: Option<String>,
+) -> Result<snap::PathModifier, Problem> {
+    let kind = match (full, prefix) {
+        (Some(f), None) => snap::path_modifier::Kind::ReplaceFullPath(f),
+        (None, Some(p)) => snap::path_modifier::Kind::ReplacePrefixMatch(p),
+        _ => {
+            return Err((
+                reason::UNSUPPORTED_VALUE,
+                "a path modifier sets exactly one of replaceFullPath and replacePrefixMatch".into(),
+            ));
+        }
+    };
+    Ok(snap::PathModifier { kind: Some(kind) })
+}
+
+/// Resolves a backendRef (or mirror backendRef) to a cluster name, adding the cluster.
+#[allow(clippy::too_many_arguments)]
+fn resolve_backend(
+    store: &Store,
+    index: &Index<'_>,
+    route: &ObjectKey,
+    group: Option<&str>,
+    kind: Option<&str>,
+    namespace: Option<&str>,
+    name: &str,
+    port: Option<i32>,
+    clusters: &mut Vec<snap::Cluster>,
+) -> Result<String, Problem> {
+    let group = group.unwrap_or("");
+    let kind = kind.unwrap_or("Service");
+    if !group.is_empty() || kind != "Service" {
+        return Err((
+            reason::INVALID_KIND,
+            format!("backendRef {group}/{kind} {name} is not a Service"),
+        ));
+    }
+    let ns = namespace.unwrap_or(&route.namespace);
+    if !refs::permitted(
+        store,
+        GATEWAY_GROUP,
+        "HTTPRoute",
+        &route.namespace,
+        "",
+        "Service",
+        ns,
+        name,
+    ) {
+        return Err((
+            reason::REF_NOT_PERMITTED,
+            format!(
+                "no ReferenceGrant in {ns} allows HTTPRoutes in {} to use Service {name}",
+                route.namespace
+            ),
+        ));
+    }
+    let Some(port) = port else {
+        return Err((
+            reason::UNSUPPORTED_VALUE,
+            format!("backendRef to Service {ns}/{name} needs a port"),
+        ));
+    };
+    if index.service(ns, name).is_none() {
+        return Err((
+            reason::BACKEND_NOT_FOUND,
+            format!("Service {ns}/{name} not found"),
+        ));
+    }
+    let Some(cluster) = index.cluster(ns, name, port) else {
+        return Err((
+            reason::BACKEND_NOT_FOUND,
+            format!("Service {ns}/{name} has no port {port}"),
+        ));
+    };
+    let name = cluster.name.clone();
+    clusters.push(cluster);
+    Ok(name)
+}
+
+/// Gateway API durations (GEP-2257): one or more `<number><unit>` with units h, m, s, ms.
+pub fn parse_duration_ms(s: &str) -> Option<u64> {
+    if s.is_empty() {
+        return None;
+    }
+    let mut total: u64 = 0;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return None;
+        }
+        let n: u64 = rest[..digits].parse().ok()?;
+        rest = &rest[digits..];
+        let (unit_ms, len) = if rest.starts_with("ms") {
+            (1, 2)
+        } else if rest.starts_with('h') {
+            (3_600_000, 1)
+        } else if rest.starts_with('m') {
+            (60_000, 1)
+        } else if rest.starts_with('s') {
+            (1_000, 1)
+        } else {
+            return None;
+        };
+        total = total.checked_add(n.checked_mul(unit_ms)?)?;
+        rest = &rest[len..];
+    }
+    Some(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration_ms;
+
+    // GEP-2257: "1h", "30m", "10s", "500ms" and combinations such as "1h30m".
+    #[test]
+    fn gateway_api_durations() {
+        assert_eq!(parse_duration_ms("10s"), Some(10_000));
+        assert_eq!(parse_duration_ms("500ms"), Some(500));
+        assert_eq!(parse_duration_ms("1h30m"), Some(5_400_000));
+        assert_eq!(parse_duration_ms("0s"), Some(0));
+        assert_eq!(parse_duration_ms("1.5s"), None);
+        assert_eq!(parse_duration_ms("10"), None);
+        assert_eq!(parse_duration_ms(""), None);
+    }
+}

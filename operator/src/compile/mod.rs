@@ -1,0 +1,274 @@
+//! The compiler: Kubernetes objects in, routing snapshots per proxy scope and status decisions
+//! out. A pure function of its input: no I/O, no clock, and the same objects in any order give
+//! byte-identical snapshots.
+//!
+//! Pipeline: GatewayClasses and Gateways ([`gateway`]) decide which listeners exist;
+//! HTTPRoutes ([`httproute`]) and Ingresses ([`ingress`]) become route [`entries`] on those
+//! listeners; [`assemble`] groups entries into virtual hosts in precedence order per port and
+//! scope, and seals each snapshot with its content hash.
+
+pub mod entries;
+pub mod gateway;
+pub mod hostname;
+pub mod httproute;
+pub mod ingress;
+pub mod refs;
+pub mod status;
+pub mod store;
+#[cfg(test)]
+mod tests;
+
+use coxswain_api::names;
+use coxswain_api::snapshot::{self as snap, Snapshot};
+use entries::Entry;
+pub use gateway::ScopeKey;
+use status::{ObjectKey, StatusDecisions};
+use std::collections::{BTreeMap, BTreeSet};
+pub use store::Store;
+
+/// What the compiler needs besides the objects.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// GatewayClass / IngressClass `spec.controller` this controller serves.
+    pub controller_name: String,
+    /// Ports the shared pool serves Ingresses on.
+    pub ingress_http_port: u32,
+    pub ingress_https_port: u32,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            controller_name: names::CONTROLLER_NAME.to_owned(),
+            ingress_http_port: 80,
+            ingress_https_port: 443,
+        }
+    }
+}
+
+/// The compiler's output.
+#[derive(Debug, Clone, Default)]
+pub struct Compiled {
+    /// One sealed snapshot per scope. The shared pool always has one (possibly empty), so
+    /// shared proxies have something to serve.
+    pub snapshots: BTreeMap<ScopeKey, Snapshot>,
+    pub status: StatusDecisions,
+}
+
+pub fn compile(store: &Store, config: &Config) -> Compiled {
+    let index = refs::Index::new(store);
+    let gateways = gateway::compile(store, &index, config);
+    let routes = httproute::compile(store, &index, &gateways.served, config);
+    let ingresses = ingress::compile(store, &index, config);
+
+    let mut status = StatusDecisions {
+        gateway_classes: gateways.class_status,
+        gateways: gateways.gateway_status,
+        http_routes: routes.status,
+        ingresses: ingresses.status,
+    };
+    for ((gw, listener), count) in &routes.attached {
+        if let Some(l) = status
+            .gateways
+            .get_mut(gw)
+            .and_then(|g| g.listeners.iter_mut().find(|l| &l.name == listener))
+        {
+            l.attached_routes = *count;
+        }
+    }
+
+    // Every listener becomes a slot on its port, even with no routes: a request for its
+    // hostname must not fall through to a less specific listener (listener isolation).
+    let mut slots: Vec<Slot> = Vec::new();
+    for gw in gateways.served.values() {
+        for l in &gw.listeners {
+            slots.push(Slot {
+                scope: gw.scope.clone(),
+                port: l.port,
+                protocol: l.protocol,
+                hostname: l.hostname.clone(),
+                source: format!("Gateway/{}/{}", gw.key, l.name),
+                certificate: l
+                    .certificate
+                    .clone()
+                    .map(|c| (l.hostname.clone().unwrap_or_default(), c)),
+            });
+        }
+    }
+    slots.extend(ingresses.slots);
+
+    let mut certificates = gateways.certificates;
+    certificates.extend(ingresses.certificates);
+    let mut entries = routes.entries;
+    entries.extend(ingresses.entries);
+    let mut clusters = routes.clusters;
+    clusters.extend(ingresses.clusters);
+
+    let snapshots = assemble(slots, entries, clusters, &certificates, &gateways.served);
+    Compiled { snapshots, status }
+}
+
+/// A listener as the assembler sees it.
+#[derive(Debug, Clone)]
+pub struct Slot {
+    pub scope: ScopeKey,
+    pub port: u32,
+    pub protocol: snap::Protocol,
+    pub hostname: Option<String>,
+    pub source: String,
+    /// HTTPS: (SNI name, "" for the default; certificate name).
+    pub certificate: Option<(String, String)>,
+}
+
+fn assemble(
+    slots: Vec<Slot>,
+    entries: Vec<Entry>,
+    clusters: Vec<snap::Cluster>,
+    certificates: &BTreeMap<String, (String, String)>,
+    served: &BTreeMap<ObjectKey, gateway::ServedGateway>,
+) -> BTreeMap<ScopeKey, Snapshot> {
+    let cluster_by_name: BTreeMap<String, snap::Cluster> =
+        clusters.into_iter().map(|c| (c.name.clone(), c)).collect();
+    let mut scopes: BTreeSet<ScopeKey> = served.values().map(|g| g.scope.clone()).collect();
+    scopes.insert(ScopeKey::SharedPool);
+
+    let mut out = BTreeMap::new();
+    for scope in scopes {
+        let scope_slots: Vec<&Slot> = slots.iter().filter(|s| s.scope == scope).collect();
+        let scope_entries: Vec<&Entry> = entries.iter().filter(|e| e.scope == scope).collect();
+        let ports: BTreeSet<u32> = scope_slots.iter().map(|s| s.port).collect();
+        let mut listeners = Vec::new();
+        let mut used_clusters = BTreeSet::new();
+        let mut used_certs = BTreeSet::new();
+        for port in ports {
+            let port_slots: Vec<&Slot> = scope_slots
+                .iter()
+                .copied()
+                .filter(|s| s.port == port)
+                .collect();
+            // Slots on one port agree on protocol within a Gateway (conflicts were rejected);
+            // across Gateways of the shared pool the first, in key order, decides.
+            let protocol = port_slots[0].protocol;
+            let port_slots: Vec<&Slot> = port_slots
+                .into_iter()
+                .filter(|s| s.protocol == protocol)
+                .collect();
+            let port_entries: Vec<&Entry> = scope_entries
+                .iter()
+                .copied()
+                .filter(|e| e.port == port && e.protocol == protocol)
+                .collect();
+
+            let mut vhost_names: BTreeSet<String> =
+                port_entries.iter().map(|e| e.vhost.clone()).collect();
+            vhost_names.extend(
+                port_slots
+                    .iter()
+                    .map(|s| s.hostname.clone().unwrap_or_default()),
+            );
+
+            let mut virtual_hosts = Vec::new();
+            for vhost in vhost_names {
+                // The most specific listener hostname covering this host owns it.
+                let owner = port_slots
+                    .iter()
+                    .map(|s| s.hostname.clone().unwrap_or_default())
+                    .filter(|h| {
+                        hostname::listener_covers(
+                            Some(h).filter(|h| !h.is_empty()).map(String::as_str),
+                            &vhost,
+                        )
+                    })
+                    .min_by(|a, b| hostname::specificity(a, b));
+                let Some(owner) = owner else { continue };
+                let mut chosen: Vec<&Entry> = port_entries
+                    .iter()
+                    .copied()
+                    .filter(|e| e.listener_hostname.clone().unwrap_or_default() == owner)
+                    .filter(|e| e.vhost.is_empty() || hostname::covers(&e.vhost, &vhost))
+                    .collect();
+                chosen.sort_by(|a, b| a.key.cmp(&b.key));
+                let routes: Vec<snap::Route> = chosen.iter().map(|e| e.route.clone()).collect();
+                for r in &routes {
+                    for b in &r.backends {
+                        used_clusters.insert(b.cluster.clone());
+                    }
+                    collect_filter_clusters(&r.filters, &mut used_clusters);
+                    for b in &r.backends {
+                        collect_filter_clusters(&b.filters, &mut used_clusters);
+                    }
+                }
+                virtual_hosts.push(snap::VirtualHost {
+                    hostname: vhost,
+                    routes,
+                });
+            }
+
+            let mut sni: Vec<snap::SniCertificate> = Vec::new();
+            if protocol == snap::Protocol::Https {
+                for s in &port_slots {
+                    if let Some((name, cert)) = &s.certificate
+                        && !sni.iter().any(|c| &c.sni == name)
+                    {
+                        sni.push(snap::SniCertificate {
+                            sni: name.clone(),
+                            certificate: cert.clone(),
+                        });
+                        used_certs.insert(cert.clone());
+                    }
+                }
+                sni.sort_by(|a, b| a.sni.cmp(&b.sni));
+            }
+            let mut sources: Vec<String> = port_slots.iter().map(|s| s.source.clone()).collect();
+            sources.sort();
+            sources.dedup();
+            listeners.push(snap::Listener {
+                port,
+                protocol: protocol as i32,
+                sources,
+                virtual_hosts,
+                certificates: sni,
+            });
+        }
+        let snapshot = Snapshot {
+            version: String::new(),
+            scope: Some(snap::Scope {
+                kind: Some(match &scope {
+                    ScopeKey::SharedPool => snap::scope::Kind::SharedPool(snap::SharedPool {}),
+                    ScopeKey::Gateway(k) => snap::scope::Kind::Gateway(snap::ObjectRef {
+                        namespace: k.namespace.clone(),
+                        name: k.name.clone(),
+                    }),
+                }),
+            }),
+            listeners,
+            clusters: used_clusters
+                .iter()
+                .filter_map(|c| cluster_by_name.get(c).cloned())
+                .collect(),
+            certificates: used_certs
+                .iter()
+                .filter_map(|name| {
+                    certificates
+                        .get(name)
+                        .map(|(chain, key)| snap::Certificate {
+                            name: name.clone(),
+                            cert_chain_pem: chain.clone(),
+                            private_key_pem: key.clone(),
+                        })
+                })
+                .collect(),
+        }
+        .seal();
+        out.insert(scope, snapshot);
+    }
+    out
+}
+
+fn collect_filter_clusters(filters: &[snap::Filter], used: &mut BTreeSet<String>) {
+    for f in filters {
+        if let Some(snap::filter::Kind::RequestMirror(m)) = &f.kind {
+            used.insert(m.cluster.clone());
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! Status decisions: what the compiler says every object's status should be. Pure data with
+//! no timestamps; the status writer adds lastTransitionTime and skips no-op patches.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum ConditionStatus {
+    True,
+    False,
+    Unknown,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    #[serde(rename = "type")]
+    pub type_: &'static str,
+    pub status: ConditionStatus,
+    pub reason: &'static str,
+    pub message: String,
+    pub observed_generation: i64,
+}
+
+impl Condition {
+    pub fn new(
+        type_: &'static str,
+        ok: bool,
+        reason: &'static str,
+        message: impl Into<String>,
+        generation: i64,
+    ) -> Self {
+        Self {
+            type_,
+            status: if ok {
+                ConditionStatus::True
+            } else {
+                ConditionStatus::False
+            },
+            reason,
+            message: message.into(),
+            observed_generation: generation,
+        }
+    }
+
+    pub fn is_true(&self) -> bool {
+        self.status == ConditionStatus::True
+    }
+}
+
+/// Namespace and name of an object. Serializes as "namespace/name" so it can key a map.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjectKey {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl Serialize for ObjectKey {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl std::fmt::Display for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteGroupKind {
+    pub group: String,
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerStatus {
+    pub name: String,
+    pub supported_kinds: Vec<RouteGroupKind>,
+    pub attached_routes: i32,
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayStatus {
+    pub conditions: Vec<Condition>,
+    pub listeners: Vec<ListenerStatus>,
+    /// Whether a dedicated proxy serves this Gateway (it or its class has a parametersRef).
+    pub dedicated: bool,
+}
+
+/// A parentRef as written in `status.parents[].parentRef`, defaults filled in.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ParentRef {
+    pub group: String,
+    pub kind: String,
+    pub namespace: String,
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub section_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<i32>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteParentStatus {
+    pub parent_ref: ParentRef,
+    pub controller_name: String,
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IngressStatus {
+    /// Why the Ingress is not served, when it is ours but cannot be.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<String>,
+}
+
+/// Every status the controller should write, keyed by object.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct StatusDecisions {
+    pub gateway_classes: BTreeMap<String, Vec<Condition>>,
+    pub gateways: BTreeMap<ObjectKey, GatewayStatus>,
+    /// Only the parents this controller is responsible for.
+    pub http_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    pub ingresses: BTreeMap<ObjectKey, IngressStatus>,
+}
+
+/// Condition types and reasons, spelled as the Gateway API spells them.
+pub mod reason {
+    pub const ACCEPTED: &str = "Accepted";
+    pub const RESOLVED_REFS: &str = "ResolvedRefs";
+    pub const PROGRAMMED: &str = "Programmed";
+    pub const CONFLICTED: &str = "Conflicted";
+    pub const PENDING: &str = "Pending";
+    pub const INVALID: &str = "Invalid";
+    pub const INVALID_PARAMETERS: &str = "InvalidParameters";
+    pub const LISTENERS_NOT_VALID: &str = "ListenersNotValid";
+    pub const UNSUPPORTED_ADDRESS: &str = "UnsupportedAddress";
+    pub const NO_CONFLICTS: &str = "NoConflicts";
+    pub const HOSTNAME_CONFLICT: &str = "HostnameConflict";
+    pub const PROTOCOL_CONFLICT: &str = "ProtocolConflict";
+    pub const UNSUPPORTED_PROTOCOL: &str = "UnsupportedProtocol";
+    pub const INVALID_CERTIFICATE_REF: &str = "InvalidCertificateRef";
+    pub const INVALID_ROUTE_KINDS: &str = "InvalidRouteKinds";
+    pub const REF_NOT_PERMITTED: &str = "RefNotPermitted";
+    pub const NOT_ALLOWED_BY_LISTENERS: &str = "NotAllowedByListeners";
+    pub const NO_MATCHING_LISTENER_HOSTNAME: &str = "NoMatchingListenerHostname";
+    pub const NO_MATCHING_PARENT: &str = "NoMatchingParent";
+    pub const UNSUPPORTED_VALUE: &str = "UnsupportedValue";
+    pub const INVALID_KIND: &str = "InvalidKind";
+    pub const BACKEND_NOT_FOUND: &str = "BackendNotFound";
+}

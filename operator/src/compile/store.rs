@@ -1,0 +1,193 @@
+//! The compiler's input: plain lists of Kubernetes objects, as the reflector's caches hold
+//! them, or as `coxswain snapshot` reads them from YAML files.
+
+use coxswain_api::{CoxswainGatewayParameters, CoxswainIngressClassParameters};
+use gateway_api::apis::standard::gatewayclasses::GatewayClass;
+use gateway_api::apis::standard::gateways::Gateway;
+use gateway_api::apis::standard::httproutes::HttpRoute;
+use gateway_api::apis::standard::referencegrants::ReferenceGrant;
+use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use serde::de::DeserializeOwned;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone, Default)]
+pub struct Store {
+    pub gateway_classes: Vec<GatewayClass>,
+    pub gateways: Vec<Gateway>,
+    pub http_routes: Vec<HttpRoute>,
+    pub reference_grants: Vec<ReferenceGrant>,
+    pub services: Vec<Service>,
+    pub endpoint_slices: Vec<EndpointSlice>,
+    pub secrets: Vec<Secret>,
+    pub namespaces: Vec<Namespace>,
+    pub ingresses: Vec<Ingress>,
+    pub ingress_classes: Vec<IngressClass>,
+    pub ingress_class_parameters: Vec<CoxswainIngressClassParameters>,
+    pub gateway_parameters: Vec<CoxswainGatewayParameters>,
+}
+
+/// A document that could not be loaded. The rest of the input still compiles.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: document {index}: not YAML: {message}")]
+    Yaml {
+        path: PathBuf,
+        index: usize,
+        message: String,
+    },
+    #[error("{path}: {kind} {name}: {message}")]
+    Object {
+        path: PathBuf,
+        kind: String,
+        name: String,
+        message: String,
+    },
+}
+
+/// What happened to one document.
+enum Loaded {
+    Stored,
+    /// A kind the compiler does not read (Deployments, ConfigMaps...): not an error.
+    Ignored,
+}
+
+impl Store {
+    /// Loads every `.yaml`/`.yml` file under the given files and directories (recursively,
+    /// in name order). `List` objects are unpacked. Errors are collected, not fatal.
+    pub fn load_paths(paths: &[PathBuf]) -> (Self, Vec<LoadError>) {
+        let mut store = Self::default();
+        let mut errors = Vec::new();
+        let mut files = Vec::new();
+        for p in paths {
+            collect_files(p, &mut files, &mut errors);
+        }
+        for file in files {
+            match std::fs::read_to_string(&file) {
+                Ok(text) => store.load_yaml(&file, &text, &mut errors),
+                Err(source) => errors.push(LoadError::Read { path: file, source }),
+            }
+        }
+        (store, errors)
+    }
+
+    /// Loads a multi-document YAML text; `path` is only for error messages.
+    pub fn load_yaml(&mut self, path: &Path, text: &str, errors: &mut Vec<LoadError>) {
+        for (index, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
+            let value = match serde_json::Value::deserialize_yaml(doc) {
+                Ok(v) => v,
+                Err(message) => {
+                    errors.push(LoadError::Yaml {
+                        path: path.to_owned(),
+                        index,
+                        message,
+                    });
+                    // The parser cannot resynchronise after a syntax error; it would repeat it.
+                    break;
+                }
+            };
+            if value.is_null() {
+                continue;
+            }
+            self.load_value(path, value, errors);
+        }
+    }
+
+    fn load_value(&mut self, path: &Path, value: serde_json::Value, errors: &mut Vec<LoadError>) {
+        let kind = value["kind"].as_str().unwrap_or("").to_owned();
+        let api_version = value["apiVersion"].as_str().unwrap_or("").to_owned();
+        if kind.ends_with("List") && value["items"].is_array() {
+            if let serde_json::Value::Array(items) = value["items"].clone() {
+                for item in items {
+                    self.load_value(path, item, errors);
+                }
+            }
+            return;
+        }
+        let name = value["metadata"]["name"]
+            .as_str()
+            .unwrap_or("<unnamed>")
+            .to_owned();
+        let group = api_version.rsplit_once('/').map_or("", |(g, _)| g);
+        let result = match (group, kind.as_str()) {
+            ("gateway.networking.k8s.io", "GatewayClass") => push(&mut self.gateway_classes, value),
+            ("gateway.networking.k8s.io", "Gateway") => push(&mut self.gateways, value),
+            ("gateway.networking.k8s.io", "HTTPRoute") => push(&mut self.http_routes, value),
+            ("gateway.networking.k8s.io", "ReferenceGrant") => {
+                push(&mut self.reference_grants, value)
+            }
+            ("", "Service") => push(&mut self.services, value),
+            ("discovery.k8s.io", "EndpointSlice") => push(&mut self.endpoint_slices, value),
+            ("", "Secret") => push(&mut self.secrets, value),
+            ("", "Namespace") => push(&mut self.namespaces, value),
+            ("networking.k8s.io", "Ingress") => push(&mut self.ingresses, value),
+            ("networking.k8s.io", "IngressClass") => push(&mut self.ingress_classes, value),
+            ("ingress.coxswain-labs.dev", "CoxswainIngressClassParameters") => {
+                push(&mut self.ingress_class_parameters, value)
+            }
+            ("gateway.coxswain-labs.dev", "CoxswainGatewayParameters") => {
+                push(&mut self.gateway_parameters, value)
+            }
+            _ => Ok(Loaded::Ignored),
+        };
+        if let Err(message) = result {
+            errors.push(LoadError::Object {
+                path: path.to_owned(),
+                kind,
+                name,
+                message,
+            });
+        }
+    }
+}
+
+fn push<T: DeserializeOwned>(
+    list: &mut Vec<T>,
+    value: serde_json::Value,
+) -> Result<Loaded, String> {
+    let obj = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    list.push(obj);
+    Ok(Loaded::Stored)
+}
+
+trait FromYamlDoc: Sized {
+    fn deserialize_yaml(doc: serde_yaml::Deserializer<'_>) -> Result<Self, String>;
+}
+
+impl FromYamlDoc for serde_json::Value {
+    fn deserialize_yaml(doc: serde_yaml::Deserializer<'_>) -> Result<Self, String> {
+        serde::Deserialize::deserialize(doc).map_err(|e| e.to_string())
+    }
+}
+
+fn collect_files(path: &Path, out: &mut Vec<PathBuf>, errors: &mut Vec<LoadError>) {
+    if path.is_dir() {
+        let entries = match std::fs::read_dir(path) {
+            Ok(e) => e,
+            Err(source) => {
+                errors.push(LoadError::Read {
+                    path: path.to_owned(),
+                    source,
+                });
+                return;
+            }
+        };
+        let mut children: Vec<PathBuf> = entries.filter_map(|e| e.ok().map(|e| e.path())).collect();
+        children.sort();
+        for child in children {
+            let is_yaml = child.extension().is_some_and(|e| e == "yaml" || e == "yml");
+            if child.is_dir() || is_yaml {
+                collect_files(&child, out, errors);
+            }
+        }
+    } else {
+        out.push(path.to_owned());
+    }
+}

@@ -1,0 +1,907 @@
+//! Fixture-driven tests of the compiler. Each fixture is the YAML a user would apply; each test
+//! names the Gateway API (or Ingress) rule it checks.
+
+use super::status::{Condition, ConditionStatus, ObjectKey};
+use super::*;
+use coxswain_api::snapshot::{Route, Snapshot, path_match};
+use std::path::Path;
+
+/// A GatewayClass of ours, and a Service "echo" (port 8080, two endpoints) in namespace web.
+const BASE: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: coxswain, generation: 1}
+spec: {controllerName: coxswain-labs.dev/gateway-controller}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: web, labels: {team: web}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: other}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: web}
+spec:
+  ports: [{name: http, port: 8080, targetPort: 3000}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: echo-1
+  namespace: web
+  labels: {kubernetes.io/service-name: echo}
+addressType: IPv4
+ports: [{name: http, port: 3000}]
+endpoints:
+- addresses: [10.1.0.2]
+  conditions: {ready: true}
+- addresses: [10.1.0.1]
+  conditions: {ready: false, serving: true, terminating: true}
+"#;
+
+const GATEWAY: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: web, generation: 2}
+spec:
+  gatewayClassName: coxswain
+  listeners:
+  - {name: http, port: 80, protocol: HTTP}
+"#;
+
+fn compile_yaml(docs: &[&str]) -> Compiled {
+    let mut store = Store::default();
+    let mut errors = Vec::new();
+    for d in docs {
+        store.load_yaml(Path::new("fixture.yaml"), d, &mut errors);
+    }
+    assert!(errors.is_empty(), "{errors:?}");
+    compile(&store, &Config::default())
+}
+
+fn shared(c: &Compiled) -> &Snapshot {
+    &c.snapshots[&ScopeKey::SharedPool]
+}
+
+fn key(ns: &str, name: &str) -> ObjectKey {
+    ObjectKey::new(ns, name)
+}
+
+fn find<'a>(conditions: &'a [Condition], type_: &str) -> &'a Condition {
+    conditions
+        .iter()
+        .find(|c| c.type_ == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {conditions:?}"))
+}
+
+fn route_condition<'a>(c: &'a Compiled, route: &str, type_: &str) -> &'a Condition {
+    let parents = &c.status.http_routes[&key("web", route)];
+    assert_eq!(parents.len(), 1, "{parents:?}");
+    find(&parents[0].conditions, type_)
+}
+
+fn listener_condition<'a>(c: &'a Compiled, gw: &str, listener: &str, type_: &str) -> &'a Condition {
+    let status = &c.status.gateways[&key("web", gw)];
+    let l = status
+        .listeners
+        .iter()
+        .find(|l| l.name == listener)
+        .unwrap();
+    find(&l.conditions, type_)
+}
+
+/// Routes of the vhost a request for `host` lands on, on `port`, as "route/rule" strings.
+fn routes_for(s: &Snapshot, port: u32, host: &str) -> Vec<String> {
+    let l = s.listeners.iter().find(|l| l.port == port).unwrap();
+    // The proxy's choice: exact, then the longest covering wildcard, then "".
+    let mut candidates: Vec<&str> = l
+        .virtual_hosts
+        .iter()
+        .map(|v| v.hostname.as_str())
+        .filter(|h| h.is_empty() || hostname::covers(h, host))
+        .collect();
+    candidates.sort_by(|a, b| hostname::specificity(a, b));
+    let Some(chosen) = candidates.first() else {
+        return vec![];
+    };
+    let vhost = l
+        .virtual_hosts
+        .iter()
+        .find(|v| v.hostname == *chosen)
+        .unwrap();
+    vhost.routes.iter().map(describe).collect()
+}
+
+fn describe(r: &Route) -> String {
+    let s = r.source.as_ref().unwrap();
+    format!("{}/{}", s.name, s.rule)
+}
+
+fn route(name: &str, body: &str) -> String {
+    format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: HTTPRoute\nmetadata: {{name: {name}, namespace: web, generation: 3}}\nspec:\n{body}"
+    )
+}
+
+#[test]
+fn gateway_class_acceptance_follows_controller_name() {
+    // GatewayClass: a controller accepts only classes whose controllerName is its own.
+    let other = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: someone-else}
+spec: {controllerName: example.com/other}
+"#;
+    let c = compile_yaml(&[BASE, other]);
+    assert!(find(&c.status.gateway_classes["coxswain"], "Accepted").is_true());
+    assert!(!c.status.gateway_classes.contains_key("someone-else"));
+}
+
+#[test]
+fn gateway_class_with_missing_parameters_is_not_accepted() {
+    let class = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: dedicated}
+spec:
+  controllerName: coxswain-labs.dev/gateway-controller
+  parametersRef: {group: gateway.coxswain-labs.dev, kind: CoxswainGatewayParameters, name: nope, namespace: web}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: web}
+spec:
+  gatewayClassName: dedicated
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+"#;
+    let c = compile_yaml(&[BASE, class]);
+    let cond = find(&c.status.gateway_classes["dedicated"], "Accepted");
+    assert_eq!(
+        (cond.status, cond.reason),
+        (ConditionStatus::False, "InvalidParameters")
+    );
+    assert!(cond.message.contains("web/nope"), "{}", cond.message);
+    let gw = find(
+        &c.status.gateways[&key("web", "edge")].conditions,
+        "Accepted",
+    );
+    assert_eq!(gw.status, ConditionStatus::False);
+}
+
+#[test]
+fn parameters_ref_gives_a_gateway_its_own_scope() {
+    let yaml = r#"
+apiVersion: gateway.coxswain-labs.dev/v1alpha1
+kind: CoxswainGatewayParameters
+metadata: {name: big, namespace: web}
+spec: {replicas: 3}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: dedicated, namespace: web}
+spec:
+  gatewayClassName: coxswain
+  infrastructure:
+    parametersRef: {group: gateway.coxswain-labs.dev, kind: CoxswainGatewayParameters, name: big}
+  listeners: [{name: http, port: 8080, protocol: HTTP}]
+"#;
+    let c = compile_yaml(&[BASE, GATEWAY, yaml]);
+    let scope = ScopeKey::Gateway(key("web", "dedicated"));
+    let dedicated = &c.snapshots[&scope];
+    assert_eq!(
+        dedicated
+            .listeners
+            .iter()
+            .map(|l| l.port)
+            .collect::<Vec<_>>(),
+        [8080]
+    );
+    assert_eq!(
+        shared(&c)
+            .listeners
+            .iter()
+            .map(|l| l.port)
+            .collect::<Vec<_>>(),
+        [80]
+    );
+    assert!(c.status.gateways[&key("web", "dedicated")].dedicated);
+    assert!(dedicated.is_sealed() && shared(&c).is_sealed());
+}
+
+#[test]
+fn listeners_sharing_a_port_conflict_on_protocol_or_hostname() {
+    // Gateway API Listener: same port needs compatible protocols (ProtocolConflict) and
+    // distinct hostnames (HostnameConflict).
+    let gw = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: web}
+spec:
+  gatewayClassName: coxswain
+  listeners:
+  - {name: a, port: 80, protocol: HTTP, hostname: a.example.com}
+  - {name: b, port: 80, protocol: HTTP, hostname: a.example.com}
+  - {name: c, port: 443, protocol: HTTP}
+  - {name: d, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: missing}]}}
+  - {name: e, port: 80, protocol: HTTP, hostname: b.example.com}
+"#;
+    let c = compile_yaml(&[BASE, gw]);
+    assert_eq!(
+        listener_condition(&c, "edge", "a", "Conflicted").reason,
+        "HostnameConflict"
+    );
+    assert_eq!(
+        listener_condition(&c, "edge", "b", "Conflicted").reason,
+        "HostnameConflict"
+    );
+    assert_eq!(
+        listener_condition(&c, "edge", "c", "Conflicted").reason,
+        "ProtocolConflict"
+    );
+    assert_eq!(
+        listener_condition(&c, "edge", "d", "Conflicted").reason,
+        "ProtocolConflict"
+    );
+    let e = listener_condition(&c, "edge", "e", "Conflicted");
+    assert_eq!(
+        (e.status, e.reason),
+        (ConditionStatus::False, "NoConflicts")
+    );
+    let gw = find(
+        &c.status.gateways[&key("web", "edge")].conditions,
+        "Accepted",
+    );
+    assert_eq!(
+        (gw.status, gw.reason),
+        (ConditionStatus::True, "ListenersNotValid")
+    );
+    // Only the unconflicted listener is served.
+    let l = &shared(&c).listeners;
+    assert_eq!(l.len(), 1);
+    assert_eq!(l[0].sources, ["Gateway/web/edge/e"]);
+}
+
+#[test]
+fn unsupported_protocols_and_route_kinds_are_reported_on_the_listener() {
+    let gw = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: web}
+spec:
+  gatewayClassName: coxswain
+  listeners:
+  - {name: tcp, port: 9000, protocol: TCP}
+  - name: kinds
+    port: 80
+    protocol: HTTP
+    allowedRoutes: {kinds: [{kind: HTTPRoute}, {kind: TCPRoute}]}
+"#;
+    let c = compile_yaml(&[BASE, gw]);
+    let tcp = listener_condition(&c, "edge", "tcp", "Accepted");
+    assert_eq!(
+        (tcp.status, tcp.reason),
+        (ConditionStatus::False, "UnsupportedProtocol")
+    );
+    // ListenerConditionResolvedRefs: InvalidRouteKinds, and supportedKinds lists only the
+    // kinds that are supported.
+    let kinds = listener_condition(&c, "edge", "kinds", "ResolvedRefs");
+    assert_eq!(
+        (kinds.status, kinds.reason),
+        (ConditionStatus::False, "InvalidRouteKinds")
+    );
+    let status = &c.status.gateways[&key("web", "edge")];
+    let l = status.listeners.iter().find(|l| l.name == "kinds").unwrap();
+    assert_eq!(l.supported_kinds.len(), 1);
+    assert_eq!(l.supported_kinds[0].kind, "HTTPRoute");
+    let gw = find(&status.conditions, "Accepted");
+    assert_eq!(
+        (gw.status, gw.reason),
+        (ConditionStatus::False, "ListenersNotValid")
+    );
+}
+
+const TLS_SECRET: &str = r#"
+apiVersion: v1
+kind: Secret
+metadata: {name: cert, namespace: certs}
+type: kubernetes.io/tls
+stringData:
+  tls.crt: "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+  tls.key: "-----BEGIN PRIVATE KEY-----\nMIIE\n-----END PRIVATE KEY-----\n"
+"#;
+
+fn https_gateway(cert_ns: &str) -> String {
+    format!(
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: secure, namespace: web}}
+spec:
+  gatewayClassName: coxswain
+  listeners:
+  - name: https
+    port: 443
+    protocol: HTTPS
+    hostname: "*.example.com"
+    tls: {{certificateRefs: [{{name: cert, namespace: {cert_ns}}}]}}
+"#
+    )
+}
+
+#[test]
+fn https_certificate_refs_resolve_only_with_a_reference_grant() {
+    // stringData is what kubectl accepts; the API server turns it into data.
+    let secret = TLS_SECRET
+        .replace("stringData:", "data:")
+        .replace(
+            "\"-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----\\n\"",
+            "LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUIKLS0tLS1FTkQgQ0VSVElGSUNBVEUtLS0tLQo=",
+        )
+        .replace(
+            "\"-----BEGIN PRIVATE KEY-----\\nMIIE\\n-----END PRIVATE KEY-----\\n\"",
+            "LS0tLS1CRUdJTiBQUklWQVRFIEtFWS0tLS0tCk1JSUUKLS0tLS1FTkQgUFJJVkFURSBLRVktLS0tLQo=",
+        );
+    let gw = https_gateway("certs");
+    // ReferenceGrant: a Gateway may use a Secret in another namespace only when a grant in the
+    // Secret's namespace allows it.
+    let c = compile_yaml(&[BASE, &gw, &secret]);
+    let cond = listener_condition(&c, "secure", "https", "ResolvedRefs");
+    assert_eq!(
+        (cond.status, cond.reason),
+        (ConditionStatus::False, "RefNotPermitted")
+    );
+    assert!(shared(&c).listeners.is_empty());
+
+    let grant = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: ReferenceGrant
+metadata: {name: gateways-may-use-certs, namespace: certs}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: Gateway, namespace: web}]
+  to: [{group: "", kind: Secret}]
+"#;
+    let c = compile_yaml(&[BASE, &gw, &secret, grant]);
+    assert!(listener_condition(&c, "secure", "https", "ResolvedRefs").is_true());
+    let s = shared(&c);
+    assert_eq!(s.listeners[0].certificates.len(), 1);
+    assert_eq!(s.listeners[0].certificates[0].sni, "*.example.com");
+    assert_eq!(s.certificates[0].name, "certs/cert");
+    assert!(
+        s.certificates[0]
+            .cert_chain_pem
+            .contains("BEGIN CERTIFICATE")
+    );
+
+    // A missing Secret is an InvalidCertificateRef.
+    let c = compile_yaml(&[BASE, &https_gateway("web")]);
+    let cond = listener_condition(&c, "secure", "https", "ResolvedRefs");
+    assert_eq!(cond.reason, "InvalidCertificateRef");
+}
+
+#[test]
+fn allowed_routes_namespaces_same_all_and_selector() {
+    let gw = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: other}
+spec:
+  gatewayClassName: coxswain
+  listeners:
+  - {name: same, port: 80, protocol: HTTP, hostname: same.example.com}
+  - name: all
+    port: 80
+    protocol: HTTP
+    hostname: all.example.com
+    allowedRoutes: {namespaces: {from: All}}
+  - name: selected
+    port: 80
+    protocol: HTTP
+    hostname: selected.example.com
+    allowedRoutes: {namespaces: {from: Selector, selector: {matchLabels: {team: web}}}}
+  - name: not-selected
+    port: 80
+    protocol: HTTP
+    hostname: nope.example.com
+    allowedRoutes: {namespaces: {from: Selector, selector: {matchLabels: {team: ops}}}}
+"#;
+    let r = |section: &str| {
+        route(
+            &format!("r-{section}"),
+            &format!(
+                "  parentRefs: [{{name: edge, namespace: other, sectionName: {section}}}]\n  rules: [{{backendRefs: [{{name: echo, port: 8080}}]}}]\n"
+            ),
+        )
+    };
+    let (same, all, selected, not_selected) =
+        (r("same"), r("all"), r("selected"), r("not-selected"));
+    let c = compile_yaml(&[BASE, gw, &same, &all, &selected, &not_selected]);
+    assert_eq!(
+        route_condition(&c, "r-same", "Accepted").reason,
+        "NotAllowedByListeners"
+    );
+    assert!(route_condition(&c, "r-all", "Accepted").is_true());
+    assert!(route_condition(&c, "r-selected", "Accepted").is_true());
+    assert_eq!(
+        route_condition(&c, "r-not-selected", "Accepted").reason,
+        "NotAllowedByListeners"
+    );
+    let listeners = &c.status.gateways[&key("other", "edge")].listeners;
+    let attached: Vec<i32> = listeners.iter().map(|l| l.attached_routes).collect();
+    assert_eq!(attached, [0, 1, 1, 0]);
+}
+
+#[test]
+fn parent_refs_must_name_an_existing_section_and_port() {
+    let gw = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: web}
+spec:
+  gatewayClassName: coxswain
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+"#;
+    let wrong_section = route(
+        "wrong-section",
+        "  parentRefs: [{name: edge, sectionName: nope}]\n",
+    );
+    let wrong_port = route("wrong-port", "  parentRefs: [{name: edge, port: 81}]\n");
+    let right = route(
+        "right",
+        "  parentRefs: [{name: edge, sectionName: http, port: 80}]\n",
+    );
+    let c = compile_yaml(&[BASE, gw, &wrong_section, &wrong_port, &right]);
+    assert_eq!(
+        route_condition(&c, "wrong-section", "Accepted").reason,
+        "NoMatchingParent"
+    );
+    assert_eq!(
+        route_condition(&c, "wrong-port", "Accepted").reason,
+        "NoMatchingParent"
+    );
+    assert!(route_condition(&c, "right", "Accepted").is_true());
+    // A rule with no backendRefs and no redirect answers 500.
+    let r = &shared(&c).listeners[0].virtual_hosts[0].routes[0];
+    assert_eq!(r.direct_status, 500);
+}
+
+#[test]
+fn route_hostnames_intersect_listener_hostnames() {
+    // HTTPRoute.spec.hostnames and Listener.hostname intersect; no intersection with any
+    // listener gives NoMatchingListenerHostname.
+    let gw = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: web}
+spec:
+  gatewayClassName: coxswain
+  listeners: [{name: http, port: 80, protocol: HTTP, hostname: "*.example.com"}]
+"#;
+    let narrow = route(
+        "narrow",
+        "  parentRefs: [{name: edge}]\n  hostnames: [a.example.com, other.org]\n  rules: [{backendRefs: [{name: echo, port: 8080}]}]\n",
+    );
+    let broad = route(
+        "broad",
+        "  parentRefs: [{name: edge}]\n  rules: [{backendRefs: [{name: echo, port: 8080}]}]\n",
+    );
+    let none = route(
+        "none",
+        "  parentRefs: [{name: edge}]\n  hostnames: [other.org]\n",
+    );
+    let c = compile_yaml(&[BASE, gw, &narrow, &broad, &none]);
+    assert_eq!(
+        route_condition(&c, "none", "Accepted").reason,
+        "NoMatchingListenerHostname"
+    );
+    let hosts: Vec<&str> = shared(&c).listeners[0]
+        .virtual_hosts
+        .iter()
+        .map(|v| v.hostname.as_str())
+        .collect();
+    assert_eq!(hosts, ["*.example.com", "a.example.com"]);
+    // a.example.com: the narrow route first, then the broad one (same listener).
+    assert_eq!(
+        routes_for(shared(&c), 80, "a.example.com"),
+        ["narrow/0", "broad/0"]
+    );
+    assert_eq!(routes_for(shared(&c), 80, "b.example.com"), ["broad/0"]);
+    assert!(routes_for(shared(&c), 80, "other.org").is_empty());
+}
+
+#[test]
+fn listener_isolation_keeps_requests_on_the_most_specific_listener() {
+    // GEP-1713 / HTTPListenerIsolation: a request is matched only against routes of the most
+    // specific listener whose hostname matches it.
+    let gw = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: web}
+spec:
+  gatewayClassName: coxswain
+  listeners:
+  - {name: any, port: 80, protocol: HTTP}
+  - {name: wild, port: 80, protocol: HTTP, hostname: "*.example.com"}
+  - {name: exact, port: 80, protocol: HTTP, hostname: a.example.com}
+"#;
+    let mk = |name: &str, section: &str| {
+        route(
+            name,
+            &format!(
+                "  parentRefs: [{{name: edge, sectionName: {section}}}]\n  rules: [{{backendRefs: [{{name: echo, port: 8080}}]}}]\n"
+            ),
+        )
+    };
+    let (any, wild, exact) = (mk("any", "any"), mk("wild", "wild"), mk("exact", "exact"));
+    let c = compile_yaml(&[BASE, gw, &any, &wild, &exact]);
+    let s = shared(&c);
+    assert_eq!(routes_for(s, 80, "a.example.com"), ["exact/0"]);
+    assert_eq!(routes_for(s, 80, "b.example.com"), ["wild/0"]);
+    assert_eq!(routes_for(s, 80, "example.org"), ["any/0"]);
+}
+
+#[test]
+fn rule_precedence_across_routes() {
+    // HTTPRouteRule precedence: exact path, longest prefix, method, most headers, most query
+    // params, then the oldest route, then namespace/name.
+    let a = route(
+        "a",
+        r#"  parentRefs: [{name: edge}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /}}]
+  - matches: [{path: {type: PathPrefix, value: /foo}}]
+  - matches: [{path: {type: Exact, value: /foo}}]
+  - matches: [{path: {type: PathPrefix, value: /foo}, method: GET}]
+  - matches: [{path: {type: PathPrefix, value: /foo}, headers: [{name: X-A, value: "1"}]}]
+  - matches: [{path: {type: PathPrefix, value: /foo}, headers: [{name: x-a, value: "1"}, {name: x-b, value: "2"}]}]
+  - matches: [{path: {type: PathPrefix, value: /foo}, queryParams: [{name: q, value: "1"}]}]
+"#,
+    );
+    let older = route("z-older", "  parentRefs: [{name: edge}]\n  rules: [{matches: [{path: {type: PathPrefix, value: /foo/bar}}]}]\n")
+        .replace("generation: 3}", "generation: 3, creationTimestamp: \"2020-01-01T00:00:00Z\"}");
+    let newer = route("b-newer", "  parentRefs: [{name: edge}]\n  rules: [{matches: [{path: {type: PathPrefix, value: /foo/bar}}]}]\n")
+        .replace("generation: 3}", "generation: 3, creationTimestamp: \"2024-01-01T00:00:00Z\"}");
+    let c = compile_yaml(&[BASE, GATEWAY, &a, &newer, &older]);
+    assert_eq!(
+        routes_for(shared(&c), 80, "any.host"),
+        [
+            "a/2",
+            "z-older/0",
+            "b-newer/0",
+            "a/3",
+            "a/5",
+            "a/4",
+            "a/6",
+            "a/1",
+            "a/0"
+        ]
+    );
+}
+
+#[test]
+fn backend_refs_resolve_or_say_why_not() {
+    // HTTPRoute ResolvedRefs reasons: BackendNotFound, InvalidKind, RefNotPermitted.
+    let missing = route(
+        "missing",
+        "  parentRefs: [{name: edge}]\n  rules: [{backendRefs: [{name: nope, port: 80}]}]\n",
+    );
+    let kind = route(
+        "kind",
+        "  parentRefs: [{name: edge}]\n  rules: [{backendRefs: [{group: example.com, kind: Bucket, name: b}]}]\n",
+    );
+    let cross = route(
+        "cross",
+        "  parentRefs: [{name: edge}]\n  rules: [{backendRefs: [{name: api, namespace: other, port: 80}]}]\n",
+    );
+    let mixed = route(
+        "mixed",
+        "  parentRefs: [{name: edge}]\n  hostnames: [mixed.example]\n  rules: [{backendRefs: [{name: echo, port: 8080, weight: 3}, {name: nope, port: 80, weight: 1}]}]\n",
+    );
+    let api = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: api, namespace: other}
+spec: {ports: [{port: 80}]}
+"#;
+    let c = compile_yaml(&[BASE, GATEWAY, &missing, &kind, &cross, &mixed, api]);
+    for (r, reason) in [
+        ("missing", "BackendNotFound"),
+        ("kind", "InvalidKind"),
+        ("cross", "RefNotPermitted"),
+        ("mixed", "BackendNotFound"),
+    ] {
+        let cond = route_condition(&c, r, "ResolvedRefs");
+        assert_eq!(
+            (cond.status, cond.reason),
+            (ConditionStatus::False, reason),
+            "{r}"
+        );
+        // An unresolved backend does not make the route unacceptable.
+        assert!(route_condition(&c, r, "Accepted").is_true(), "{r}");
+    }
+    let s = shared(&c);
+    let vhost = s.listeners[0]
+        .virtual_hosts
+        .iter()
+        .find(|v| v.hostname == "mixed.example")
+        .unwrap();
+    let r = &vhost.routes[0];
+    // The invalid backend keeps its share of requests (answered 500 by the proxy).
+    assert_eq!(r.direct_status, 0);
+    assert_eq!(
+        r.backends
+            .iter()
+            .map(|b| (b.cluster.as_str(), b.weight))
+            .collect::<Vec<_>>(),
+        [("web/echo:8080", 3), ("", 1)]
+    );
+    let cluster = &s.clusters[0];
+    assert_eq!(cluster.name, "web/echo:8080");
+    let eps: Vec<_> = cluster
+        .endpoints
+        .iter()
+        .map(|e| (e.address.as_str(), e.port, e.ready, e.terminating))
+        .collect();
+    assert_eq!(
+        eps,
+        [
+            ("10.1.0.1", 3000, false, true),
+            ("10.1.0.2", 3000, true, false)
+        ]
+    );
+
+    // With a ReferenceGrant the cross-namespace backend resolves.
+    let grant = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: ReferenceGrant
+metadata: {name: web-routes, namespace: other}
+spec:
+  from: [{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: web}]
+  to: [{group: "", kind: Service, name: api}]
+"#;
+    let c = compile_yaml(&[BASE, GATEWAY, &cross, api, grant]);
+    assert!(route_condition(&c, "cross", "ResolvedRefs").is_true());
+}
+
+#[test]
+fn filters_compile_and_unsupported_ones_make_the_route_unacceptable() {
+    let filtered = route(
+        "filtered",
+        r#"  parentRefs: [{name: edge}]
+  rules:
+  - filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier: {set: [{name: X-Set, value: a}], add: [{name: X-Add, value: b}], remove: [X-Remove]}
+    - type: URLRewrite
+      urlRewrite: {hostname: internal, path: {type: ReplacePrefixMatch, replacePrefixMatch: /v2}}
+    - type: RequestMirror
+      requestMirror: {backendRef: {name: echo, port: 8080}, percent: 25}
+    backendRefs: [{name: echo, port: 8080}]
+    timeouts: {request: 10s, backendRequest: 500ms}
+  - matches: [{path: {type: Exact, value: /old}}]
+    filters:
+    - type: RequestRedirect
+      requestRedirect: {scheme: https, statusCode: 301}
+"#,
+    );
+    let cors = route(
+        "cors",
+        "  parentRefs: [{name: edge}]\n  rules: [{filters: [{type: CORS, cors: {allowOrigins: [\"*\"]}}], backendRefs: [{name: echo, port: 8080}]}]\n",
+    );
+    let c = compile_yaml(&[BASE, GATEWAY, &filtered, &cors]);
+    let cond = route_condition(&c, "cors", "Accepted");
+    assert_eq!(
+        (cond.status, cond.reason),
+        (ConditionStatus::False, "UnsupportedValue")
+    );
+    assert!(route_condition(&c, "filtered", "Accepted").is_true());
+    let routes = &shared(&c).listeners[0].virtual_hosts[0].routes;
+    let redirect = routes
+        .iter()
+        .find(|r| r.source.as_ref().unwrap().rule == 1)
+        .unwrap();
+    assert_eq!(redirect.direct_status, 0, "a redirect answers by itself");
+    let json = serde_json::to_value(routes).unwrap().to_string();
+    for needle in [
+        r#""requestHeaderModifier""#,
+        r#""remove":["x-remove"]"#,
+        r#""replacePrefixMatch":"/v2""#,
+        r#""denominator":100,"numerator":25"#,
+        r#""backendRequestMs":500,"requestMs":10000"#,
+        r#""statusCode":301"#,
+    ] {
+        assert!(json.contains(needle), "{needle} not in {json}");
+    }
+}
+
+#[test]
+fn snapshots_do_not_depend_on_input_order() {
+    let r1 = route(
+        "r1",
+        "  parentRefs: [{name: edge}]\n  hostnames: [a.example]\n  rules: [{backendRefs: [{name: echo, port: 8080}]}]\n",
+    );
+    let r2 = route(
+        "r2",
+        "  parentRefs: [{name: edge}]\n  rules: [{matches: [{path: {value: /x}}], backendRefs: [{name: echo, port: 8080}]}]\n",
+    );
+    let forward = compile_yaml(&[BASE, GATEWAY, &r1, &r2]);
+    let backward = compile_yaml(&[&r2, &r1, GATEWAY, BASE]);
+    use prost::Message;
+    assert_eq!(
+        shared(&forward).encode_to_vec(),
+        shared(&backward).encode_to_vec()
+    );
+    assert_eq!(shared(&forward).version, shared(&backward).version);
+    assert_eq!(forward.status, backward.status);
+}
+
+const INGRESS_CLASS: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata:
+  name: coxswain
+  annotations: {ingressclass.kubernetes.io/is-default-class: "true"}
+spec:
+  controller: coxswain-labs.dev/gateway-controller
+  parameters: {apiGroup: ingress.coxswain-labs.dev, kind: CoxswainIngressClassParameters, name: defaults, namespace: web, scope: Namespace}
+---
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: nginx}
+spec: {controller: k8s.io/ingress-nginx}
+"#;
+
+fn ingress(name: &str, class: &str, spec: &str) -> String {
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: {name}, namespace: web{class}}}\nspec:\n{spec}"
+    )
+}
+
+#[test]
+fn ingresses_of_our_class_become_routes() {
+    let spec = r#"  rules:
+  - host: shop.example
+    http:
+      paths:
+      - {path: /cart, pathType: Exact, backend: {service: {name: echo, port: {name: http}}}}
+      - {path: /, pathType: Prefix, backend: {service: {name: echo, port: {number: 8080}}}}
+  defaultBackend: {service: {name: echo, port: {number: 8080}}}
+"#;
+    let by_name = ingress(
+        "by-name",
+        "",
+        &format!("  ingressClassName: coxswain\n{spec}"),
+    );
+    let legacy = ingress(
+        "legacy",
+        ", annotations: {kubernetes.io/ingress.class: coxswain}",
+        "  rules: [{host: legacy.example, http: {paths: [{path: /, pathType: ImplementationSpecific, backend: {service: {name: echo, port: {number: 8080}}}}]}}]\n",
+    );
+    let default = ingress(
+        "default",
+        "",
+        "  rules: [{host: default.example, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: echo, port: {number: 8080}}}}]}}]\n",
+    );
+    let nginx = ingress(
+        "nginx",
+        "",
+        "  ingressClassName: nginx\n  rules: [{host: nginx.example, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: echo, port: {number: 8080}}}}]}}]\n",
+    );
+    let broken = ingress(
+        "broken",
+        "",
+        "  ingressClassName: coxswain\n  rules: [{host: broken.example, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: gone, port: {number: 80}}}}]}}]\n",
+    );
+    let c = compile_yaml(&[
+        BASE,
+        INGRESS_CLASS,
+        &by_name,
+        &legacy,
+        &default,
+        &nginx,
+        &broken,
+    ]);
+    let s = shared(&c);
+    assert_eq!(s.listeners.len(), 1);
+    assert_eq!(s.listeners[0].port, 80);
+    let hosts: Vec<&str> = s.listeners[0]
+        .virtual_hosts
+        .iter()
+        .map(|v| v.hostname.as_str())
+        .collect();
+    assert_eq!(
+        hosts,
+        [
+            "",
+            "broken.example",
+            "default.example",
+            "legacy.example",
+            "shop.example"
+        ]
+    );
+    // Exact /cart before Prefix /, and the default backend last.
+    let shop = routes_for(s, 80, "shop.example");
+    assert_eq!(shop, ["by-name/0", "by-name/1", "by-name/4294967295"]);
+    // Hosts without a rule of their own get the default backend.
+    assert_eq!(routes_for(s, 80, "unknown.example"), ["by-name/4294967295"]);
+    let vhost = s.listeners[0]
+        .virtual_hosts
+        .iter()
+        .find(|v| v.hostname == "shop.example")
+        .unwrap();
+    let kinds: Vec<i32> = vhost
+        .routes
+        .iter()
+        .map(|r| r.r#match.as_ref().unwrap().path.as_ref().unwrap().kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            path_match::Kind::Exact as i32,
+            path_match::Kind::Prefix as i32,
+            path_match::Kind::Prefix as i32
+        ]
+    );
+    assert!(!c.status.ingresses.contains_key(&key("web", "nginx")));
+    assert!(
+        c.status.ingresses[&key("web", "by-name")]
+            .problems
+            .is_empty()
+    );
+    let problems = &c.status.ingresses[&key("web", "broken")].problems;
+    assert_eq!(problems, &["Service web/gone not found"]);
+    let broken_route = &s.listeners[0].virtual_hosts[1].routes[0];
+    assert_eq!(broken_route.direct_status, 500);
+}
+
+#[test]
+fn class_default_annotations_sit_under_the_ingress_own() {
+    let params = r#"
+apiVersion: ingress.coxswain-labs.dev/v1alpha1
+kind: CoxswainIngressClassParameters
+metadata: {name: defaults, namespace: web}
+spec:
+  defaultAnnotations: {ingress.coxswain-labs.dev/read-timeout: 30s, ingress.coxswain-labs.dev/ssl-redirect: "true"}
+"#;
+    let ing = ingress(
+        "mine",
+        ", annotations: {ingress.coxswain-labs.dev/read-timeout: 5s}",
+        "  ingressClassName: coxswain\n",
+    );
+    let mut store = Store::default();
+    let mut errors = Vec::new();
+    for d in [BASE, INGRESS_CLASS, params, &ing] {
+        store.load_yaml(Path::new("f.yaml"), d, &mut errors);
+    }
+    let effective =
+        ingress::effective_annotations(&store, &store.ingress_classes[0], &store.ingresses[0]);
+    assert_eq!(effective["ingress.coxswain-labs.dev/read-timeout"], "5s");
+    assert_eq!(effective["ingress.coxswain-labs.dev/ssl-redirect"], "true");
+}
+
+#[test]
+fn malformed_objects_are_reported_and_the_rest_compiles() {
+    let bad = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: broken, namespace: web}
+spec: {rules: "not a list"}
+---
+: not yaml [
+"#;
+    let mut store = Store::default();
+    let mut errors = Vec::new();
+    for d in [BASE, GATEWAY, bad] {
+        store.load_yaml(Path::new("input.yaml"), d, &mut errors);
+    }
+    let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+    assert!(
+        text.iter()
+            .any(|e| e.starts_with("input.yaml: HTTPRoute broken:")),
+        "{text:?}"
+    );
+    let c = compile(&store, &Config::default());
+    assert_eq!(shared(&c).listeners.len(), 1);
+}
