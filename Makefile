@@ -67,7 +67,7 @@ cluster-up: ## Start the local control plane and install the Gateway API and Cox
 cluster-down: ## Stop the local control plane and remove its state
 	hack/cluster/down.sh
 
-##@ Not implemented yet
+##@ Run
 
 .PHONY: demo
 demo: ## Run Coxswain on a local cluster (arrives with the controller and proxy roles)
@@ -76,6 +76,5 @@ demo: ## Run Coxswain on a local cluster (arrives with the controller and proxy 
 	@exit 1
 
 .PHONY: bench
-bench: ## Benchmarks against nginx and HAProxy (arrive with the proxy)
-	@echo "make bench: not available yet: the benchmarks arrive with the proxy (issue 5)."
-	@exit 1
+bench: ## Benchmarks (criterion): the compiler on 10k HTTPRoutes; proxy vs nginx/HAProxy arrives with the proxy
+	$(CARGO) bench -p coxswain-operator --bench compile

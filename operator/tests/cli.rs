@@ -115,3 +115,69 @@ fn unimplemented_roles_say_so_and_fail() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("not implemented"), "{}", stderr(&out));
 }
+
+const MANIFESTS: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: coxswain}
+spec: {controllerName: coxswain-labs.dev/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: web}
+spec:
+  gatewayClassName: coxswain
+  listeners: [{name: http, port: 8080, protocol: HTTP}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: broken, namespace: web}
+spec: {parentRefs: "edge"}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: fine, namespace: web}
+spec:
+  parentRefs: [{name: edge}]
+  rules: [{backendRefs: [{name: missing, port: 80}]}]
+"#;
+
+#[test]
+fn snapshot_compile_reports_bad_objects_and_compiles_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("app.yaml");
+    std::fs::write(&file, MANIFESTS).unwrap();
+    let path = file.to_str().unwrap();
+
+    let out = coxswain(&["snapshot", "compile", "-f", path, "-o", "json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("app.yaml: HTTPRoute broken:"), "{err}");
+    let snapshot: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(snapshot["version"].as_str().unwrap().len(), 64);
+    assert_eq!(snapshot["listeners"][0]["port"], 8080);
+    assert_eq!(snapshot["listeners"][0]["protocol"], "PROTOCOL_HTTP");
+
+    let out = coxswain(&["snapshot", "status", "-f", path, "-o", "json"]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let conditions = &status["httpRoutes"]["web/fine"][0]["conditions"];
+    assert_eq!(conditions[1]["type"], "ResolvedRefs");
+    assert_eq!(conditions[1]["reason"], "BackendNotFound");
+
+    let out = coxswain(&[
+        "snapshot",
+        "compile",
+        "-f",
+        path,
+        "--scope",
+        "gateway/web/nope",
+    ]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("no snapshot for scope gateway/web/nope"),
+        "{}",
+        stderr(&out)
+    );
+    let out = coxswain(&["snapshot", "compile", "-f", path, "--scope", "dedicated"]);
+    assert!(stderr(&out).contains("expected `shared` or `gateway/NAMESPACE/NAME`"));
+}

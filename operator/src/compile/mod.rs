@@ -159,6 +159,16 @@ fn assemble(
                 .filter(|e| e.port == port && e.protocol == protocol)
                 .collect();
 
+            // Entries by (listener hostname, entry hostname), so each virtual host looks up
+            // only the names that can cover it instead of scanning every entry.
+            let mut by_host: BTreeMap<(String, &str), Vec<&Entry>> = BTreeMap::new();
+            for e in &port_entries {
+                let owner = e.listener_hostname.clone().unwrap_or_default();
+                by_host
+                    .entry((owner, e.vhost.as_str()))
+                    .or_default()
+                    .push(e);
+            }
             let mut vhost_names: BTreeSet<String> =
                 port_entries.iter().map(|e| e.vhost.clone()).collect();
             vhost_names.extend(
@@ -166,27 +176,32 @@ fn assemble(
                     .iter()
                     .map(|s| s.hostname.clone().unwrap_or_default()),
             );
+            let listener_hosts: BTreeSet<String> = port_slots
+                .iter()
+                .map(|s| s.hostname.clone().unwrap_or_default())
+                .collect();
 
             let mut virtual_hosts = Vec::new();
             for vhost in vhost_names {
                 // The most specific listener hostname covering this host owns it.
-                let owner = port_slots
+                let Some(owner) = listener_hosts
                     .iter()
-                    .map(|s| s.hostname.clone().unwrap_or_default())
                     .filter(|h| {
                         hostname::listener_covers(
-                            Some(h).filter(|h| !h.is_empty()).map(String::as_str),
+                            Some(h.as_str()).filter(|h| !h.is_empty()),
                             &vhost,
                         )
                     })
-                    .min_by(|a, b| hostname::specificity(a, b));
-                let Some(owner) = owner else { continue };
-                let mut chosen: Vec<&Entry> = port_entries
-                    .iter()
-                    .copied()
-                    .filter(|e| e.listener_hostname.clone().unwrap_or_default() == owner)
-                    .filter(|e| e.vhost.is_empty() || hostname::covers(&e.vhost, &vhost))
-                    .collect();
+                    .min_by(|a, b| hostname::specificity(a, b))
+                else {
+                    continue;
+                };
+                let mut chosen: Vec<&Entry> = Vec::new();
+                for name in covering_names(&vhost) {
+                    if let Some(list) = by_host.get(&(owner.clone(), name.as_str())) {
+                        chosen.extend(list.iter().copied());
+                    }
+                }
                 chosen.sort_by(|a, b| a.key.cmp(&b.key));
                 let routes: Vec<snap::Route> = chosen.iter().map(|e| e.route.clone()).collect();
                 for r in &routes {
@@ -263,6 +278,23 @@ fn assemble(
         out.insert(scope, snapshot);
     }
     out
+}
+
+/// The names whose entries can serve `host`: itself, every wildcard above it, and "".
+/// "a.b.c" -> ["a.b.c", "*.b.c", "*.c", ""]; "*.b.c" -> ["*.b.c", "*.c", ""].
+fn covering_names(host: &str) -> Vec<String> {
+    let mut names = vec![host.to_owned()];
+    if !host.is_empty() {
+        let bare = host.strip_prefix("*.").unwrap_or(host);
+        let mut rest = bare;
+        while let Some((_, parent)) = rest.split_once('.') {
+            names.push(format!("*.{parent}"));
+            rest = parent;
+        }
+        names.push(String::new());
+    }
+    names.dedup();
+    names
 }
 
 fn collect_filter_clusters(filters: &[snap::Filter], used: &mut BTreeSet<String>) {

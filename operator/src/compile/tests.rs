@@ -3,7 +3,7 @@
 
 use super::status::{Condition, ConditionStatus, ObjectKey};
 use super::*;
-use coxswain_api::snapshot::{Route, Snapshot, path_match};
+use coxswain_api::snapshot::{self as snap, Route, Snapshot, path_match};
 use std::path::Path;
 
 /// A GatewayClass of ours, and a Service "echo" (port 8080, two endpoints) in namespace web.
@@ -904,4 +904,75 @@ spec: {rules: "not a list"}
     );
     let c = compile(&store, &Config::default());
     assert_eq!(shared(&c).listeners.len(), 1);
+}
+
+#[test]
+fn ingress_tls_hosts_get_their_certificates_on_the_https_port() {
+    let secret = r#"
+apiVersion: v1
+kind: Secret
+metadata: {name: shop-tls, namespace: web}
+type: kubernetes.io/tls
+data:
+  tls.crt: LS0tLS1CRUdJTiBDRVJUSUZJQ0FURS0tLS0tCk1JSUIKLS0tLS1FTkQgQ0VSVElGSUNBVEUtLS0tLQo=
+  tls.key: LS0tLS1CRUdJTiBQUklWQVRFIEtFWS0tLS0tCk1JSUUKLS0tLS1FTkQgUFJJVkFURSBLRVktLS0tLQo=
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: opaque, namespace: web}
+type: Opaque
+"#;
+    let tls = ingress(
+        "tls",
+        "",
+        "  ingressClassName: coxswain\n  tls: [{hosts: [shop.example], secretName: shop-tls}, {hosts: [bad.example], secretName: opaque}]\n  rules: [{host: shop.example, http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: echo, port: {number: 8080}}}}]}}]\n",
+    );
+    let c = compile_yaml(&[BASE, INGRESS_CLASS, secret, &tls]);
+    let s = shared(&c);
+    let ports: Vec<(u32, i32)> = s.listeners.iter().map(|l| (l.port, l.protocol)).collect();
+    assert_eq!(
+        ports,
+        [
+            (80, snap::Protocol::Http as i32),
+            (443, snap::Protocol::Https as i32)
+        ]
+    );
+    let https = &s.listeners[1];
+    assert_eq!(https.certificates.len(), 1);
+    assert_eq!(
+        (
+            https.certificates[0].sni.as_str(),
+            https.certificates[0].certificate.as_str()
+        ),
+        ("shop.example", "web/shop-tls")
+    );
+    assert_eq!(routes_for(s, 443, "shop.example"), ["tls/0"]);
+    let problems = &c.status.ingresses[&key("web", "tls")].problems;
+    assert_eq!(problems.len(), 1);
+    assert!(
+        problems[0].contains("not kubernetes.io/tls"),
+        "{problems:?}"
+    );
+}
+
+#[test]
+fn invalid_regular_expressions_make_the_route_unacceptable() {
+    // HTTPRoute: an implementation that cannot honour a match sets Accepted=False with
+    // UnsupportedValue rather than serving something else.
+    let bad = route(
+        "bad-regex",
+        "  parentRefs: [{name: edge}]\n  rules: [{matches: [{path: {type: RegularExpression, value: \"/(unclosed\"}}]}]\n",
+    );
+    let c = compile_yaml(&[BASE, GATEWAY, &bad]);
+    let cond = route_condition(&c, "bad-regex", "Accepted");
+    assert_eq!(
+        (cond.status, cond.reason),
+        (ConditionStatus::False, "UnsupportedValue")
+    );
+    assert!(
+        cond.message.contains("regular expression"),
+        "{}",
+        cond.message
+    );
+    assert!(routes_for(shared(&c), 80, "any").is_empty());
 }
