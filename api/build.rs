@@ -12,6 +12,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // serde so snapshots print as JSON/YAML for `coxswain snapshot compile -o json`.
         .type_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]")
         .type_attribute(".", "#[serde(rename_all = \"camelCase\")]")
+        // Absent fields take their proto3 defaults, as on the wire.
+        .message_attribute(".", "#[serde(default)]")
         // Enum fields are i32 on the wire; print them by name.
         .field_attribute(
             "Listener.protocol",

@@ -30,6 +30,24 @@ impl Snapshot {
     }
 }
 
+impl Snapshot {
+    /// Parses a snapshot written as JSON or YAML (`coxswain snapshot compile -o json|yaml`).
+    /// oneof fields are single-key maps in both (`{requestRedirect: {...}}`), not YAML tags.
+    pub fn from_yaml(text: &str) -> Result<Self, serde_yaml::Error> {
+        serde_yaml::with::singleton_map_recursive::deserialize(serde_yaml::Deserializer::from_str(
+            text,
+        ))
+    }
+}
+
+/// YAML with enums as single-key maps, the same shape as JSON.
+pub fn to_yaml<T: serde::Serialize>(value: &T) -> Result<String, serde_yaml::Error> {
+    let mut out = Vec::new();
+    let mut ser = serde_yaml::Serializer::new(&mut out);
+    serde_yaml::with::singleton_map_recursive::serialize(value, &mut ser)?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
 /// serde adapters printing prost's i32 enum fields by their proto names.
 pub(crate) mod serde_enum {
     macro_rules! by_name {
@@ -98,5 +116,9 @@ mod tests {
         assert!(json.contains("\"sharedPool\""), "{json}");
         let back: Snapshot = serde_json::from_str(&json).unwrap();
         assert_eq!(back, s);
+        let yaml = to_yaml(&s).unwrap();
+        assert!(yaml.contains("sharedPool: {}"), "{yaml}");
+        assert_eq!(Snapshot::from_yaml(&yaml).unwrap(), s);
+        assert_eq!(Snapshot::from_yaml(&json).unwrap(), s, "JSON is YAML");
     }
 }

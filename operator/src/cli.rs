@@ -49,6 +49,31 @@ pub enum SnapshotCommand {
     /// Print, for every object Coxswain is responsible for, the status the controller would
     /// write.
     Status(CompileArgs),
+    /// Ask a snapshot's routing table what the proxy does with one request.
+    Match(MatchArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MatchArgs {
+    /// A snapshot written by `coxswain snapshot compile` (JSON or YAML).
+    #[arg(long)]
+    pub snapshot: PathBuf,
+    /// The port the request arrives on.
+    #[arg(long)]
+    pub port: u16,
+    /// Host header.
+    #[arg(long)]
+    pub host: String,
+    /// Path, optionally with a query (`/a?b=c`).
+    #[arg(long)]
+    pub path: String,
+    #[arg(long, default_value = "GET")]
+    pub method: String,
+    /// A request header; repeat for more.
+    #[arg(long = "header", value_name = "NAME:VALUE")]
+    pub headers: Vec<String>,
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Json)]
+    pub output: OutputFormat,
 }
 
 #[derive(Debug, Args)]

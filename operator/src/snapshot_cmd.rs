@@ -1,7 +1,9 @@
 //! `coxswain snapshot compile|status`: the compiler, offline.
 
-use crate::cli::{CompileArgs, OutputFormat, SnapshotCommand};
+use crate::cli::{CompileArgs, MatchArgs, OutputFormat, SnapshotCommand};
 use crate::compile::{self, ScopeKey, Store, status::ObjectKey};
+use coxswain_api::snapshot::Snapshot;
+use coxswain_proxy::router::{Request, Router};
 use std::io::Write;
 
 #[derive(Debug, thiserror::Error)]
@@ -12,6 +14,10 @@ pub enum SnapshotCmdError {
         "no snapshot for scope {0}: no accepted Gateway of ours with a dedicated proxy has that name"
     )]
     NoSuchScope(String),
+    #[error("reading snapshot {path}: {message}")]
+    ReadSnapshot { path: String, message: String },
+    #[error("--header {0:?}: expected NAME:VALUE")]
+    Header(String),
     #[error("encoding output: {0}")]
     Encode(String),
     #[error("writing output: {0}")]
@@ -20,7 +26,28 @@ pub enum SnapshotCmdError {
 
 /// Runs the command; returns how many input objects could not be loaded (reported on stderr).
 pub fn run(command: &SnapshotCommand) -> Result<usize, SnapshotCmdError> {
-    let (SnapshotCommand::Compile(args) | SnapshotCommand::Status(args)) = command;
+    let (text, skipped) = match command {
+        SnapshotCommand::Compile(args) => {
+            let (compiled, skipped) = load_and_compile(args);
+            let scope = parse_scope(&args.scope)?;
+            let snapshot = compiled
+                .snapshots
+                .get(&scope)
+                .ok_or_else(|| SnapshotCmdError::NoSuchScope(args.scope.clone()))?;
+            (encode(snapshot, args.output)?, skipped)
+        }
+        SnapshotCommand::Status(args) => {
+            let (compiled, skipped) = load_and_compile(args);
+            (encode(&compiled.status, args.output)?, skipped)
+        }
+        SnapshotCommand::Match(args) => (match_request(args)?, 0),
+    };
+    std::io::stdout().lock().write_all(text.as_bytes())?;
+    Ok(skipped)
+}
+
+/// Loads the files (reporting what cannot be read on stderr) and compiles them.
+fn load_and_compile(args: &CompileArgs) -> (compile::Compiled, usize) {
     let (store, errors) = Store::load_paths(&args.files);
     for e in &errors {
         eprintln!("coxswain: skipped: {e}");
@@ -29,30 +56,69 @@ pub fn run(command: &SnapshotCommand) -> Result<usize, SnapshotCmdError> {
         controller_name: args.controller_name.clone(),
         ..Default::default()
     };
-    let compiled = compile::compile(&store, &config);
-    let text = match command {
-        SnapshotCommand::Compile(_) => {
-            let scope = parse_scope(&args.scope)?;
-            let snapshot = compiled
-                .snapshots
-                .get(&scope)
-                .ok_or_else(|| SnapshotCmdError::NoSuchScope(args.scope.clone()))?;
-            encode(snapshot, args)?
-        }
-        SnapshotCommand::Status(_) => encode(&compiled.status, args)?,
-    };
-    std::io::stdout().lock().write_all(text.as_bytes())?;
-    Ok(errors.len())
+    (compile::compile(&store, &config), errors.len())
 }
 
-fn encode<T: serde::Serialize>(value: &T, args: &CompileArgs) -> Result<String, SnapshotCmdError> {
-    match args.output {
+/// `snapshot match`: the proxy's routing decision for one request, from the same router code.
+fn match_request(args: &MatchArgs) -> Result<String, SnapshotCmdError> {
+    let read_err = |message: String| SnapshotCmdError::ReadSnapshot {
+        path: args.snapshot.display().to_string(),
+        message,
+    };
+    let text = std::fs::read_to_string(&args.snapshot).map_err(|e| read_err(e.to_string()))?;
+    let snapshot = Snapshot::from_yaml(&text).map_err(|e| read_err(e.to_string()))?;
+    let router = Router::build(&snapshot).map_err(|e| read_err(e.to_string()))?;
+    let headers = args
+        .headers
+        .iter()
+        .map(|h| {
+            h.split_once(':')
+                .map(|(n, v)| (n.trim().to_owned(), v.trim().to_owned()))
+                .ok_or_else(|| SnapshotCmdError::Header(h.clone()))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let req = Request {
+        host: &args.host,
+        path_and_query: &args.path,
+        method: &args.method,
+        headers: headers.as_slice(),
+    };
+    let route = router.route(args.port, &req);
+    let outcome = router.outcome(route);
+    let source = route.and_then(|r| r.route.source.as_ref());
+    let backends: Vec<serde_json::Value> = route
+        .map(|r| r.route.backends.as_slice())
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|b| {
+            // Cluster names are "<namespace>/<service>:<port>".
+            let (service, port) = b.cluster.rsplit_once(':')?;
+            Some(serde_json::json!({
+                "service": service,
+                "port": port.parse::<u32>().ok()?,
+                "weight": b.weight,
+            }))
+        })
+        .collect();
+    let answer = serde_json::json!({
+        "status": outcome.status(),
+        "route": source.map(|s| format!("{}/{}/{}", s.kind, s.namespace, s.name)),
+        "rule": source.map(|s| s.rule),
+        "backends": backends,
+    });
+    encode(&answer, args.output)
+}
+
+fn encode<T: serde::Serialize>(
+    value: &T,
+    output: OutputFormat,
+) -> Result<String, SnapshotCmdError> {
+    match output {
         OutputFormat::Json => serde_json::to_string_pretty(value)
             .map(|s| s + "\n")
             .map_err(|e| SnapshotCmdError::Encode(e.to_string())),
-        OutputFormat::Yaml => {
-            serde_yaml::to_string(value).map_err(|e| SnapshotCmdError::Encode(e.to_string()))
-        }
+        OutputFormat::Yaml => coxswain_api::snapshot::to_yaml(value)
+            .map_err(|e| SnapshotCmdError::Encode(e.to_string())),
     }
 }
 

@@ -181,3 +181,92 @@ fn snapshot_compile_reports_bad_objects_and_compiles_the_rest() {
     let out = coxswain(&["snapshot", "compile", "-f", path, "--scope", "dedicated"]);
     assert!(stderr(&out).contains("expected `shared` or `gateway/NAMESPACE/NAME`"));
 }
+
+#[test]
+fn snapshot_match_answers_from_a_compiled_snapshot() {
+    let manifests = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: coxswain}
+spec: {controllerName: coxswain-labs.dev/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: web}
+spec:
+  gatewayClassName: coxswain
+  listeners: [{name: http, port: 8080, protocol: HTTP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: echo, namespace: web}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: echo-x, namespace: web, labels: {kubernetes.io/service-name: echo}}
+addressType: IPv4
+ports: [{port: 3000}]
+endpoints: [{addresses: [127.0.0.1]}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: app, namespace: web}
+spec:
+  parentRefs: [{name: edge}]
+  hostnames: [app.example]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /api}, headers: [{name: x-env, value: canary}]}]
+    backendRefs: [{name: echo, port: 80, weight: 5}]
+  - matches: [{path: {type: PathPrefix, value: /api}}]
+    backendRefs: [{name: missing, port: 80}]
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("app.yaml");
+    std::fs::write(&input, manifests).unwrap();
+    for format in ["json", "yaml"] {
+        let out = coxswain(&[
+            "snapshot",
+            "compile",
+            "-f",
+            input.to_str().unwrap(),
+            "-o",
+            format,
+        ]);
+        assert!(out.status.success(), "{}", stderr(&out));
+        let snapshot = dir.path().join(format!("snapshot.{format}"));
+        std::fs::write(&snapshot, &out.stdout).unwrap();
+        let ask = |extra: &[&str]| -> serde_json::Value {
+            let mut args = vec![
+                "snapshot",
+                "match",
+                "--snapshot",
+                snapshot.to_str().unwrap(),
+                "--port",
+                "8080",
+                "--host",
+                "app.example",
+            ];
+            args.extend_from_slice(extra);
+            let out = coxswain(&args);
+            assert!(out.status.success(), "{}", stderr(&out));
+            serde_json::from_slice(&out.stdout).unwrap()
+        };
+        let canary = ask(&["--path", "/api/x", "--header", "X-Env: canary"]);
+        assert_eq!(canary["status"], 200, "{canary}");
+        assert_eq!(canary["route"], "HTTPRoute/web/app");
+        assert_eq!(canary["rule"], 0);
+        assert_eq!(
+            canary["backends"],
+            serde_json::json!([{"service": "web/echo", "port": 80, "weight": 5}])
+        );
+        let broken = ask(&["--path", "/api/x"]);
+        assert_eq!(
+            (broken["status"].clone(), broken["rule"].clone()),
+            (500.into(), 1.into())
+        );
+        let none = ask(&["--path", "/other"]);
+        assert_eq!(none["status"], 404);
+        assert!(none["route"].is_null() && none["rule"].is_null());
+    }
+}

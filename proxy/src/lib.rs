@@ -1,6 +1,11 @@
 //! Coxswain's data plane: a Pingora proxy that serves routing snapshots pushed by the
 //! controller over the mTLS discovery stream.
 //!
+//! - [`router`]: the routing table built from a snapshot once, answering "which route serves
+//!   this request" with one host lookup and a scan of that host's routes in precedence order.
+//!
 //! This crate holds no Kubernetes credentials by construction: it must never depend on kube's
 //! client or runtime (`hack/check-proxy-deps.sh`, run by `make test`, enforces it).
 #![forbid(unsafe_code)]
+
+pub mod router;

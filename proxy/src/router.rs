@@ -1,0 +1,395 @@
+//! The routing table: built once per snapshot, read by every request.
+//!
+//! Building does all the work that does not depend on the request: hosts go into hash maps
+//! (exact names, wildcard suffixes), regexes are compiled, header names lower-cased, routes
+//! already sit in precedence order (the compiler sorted them). A lookup is then a host lookup
+//! (one hash probe per label at most) and a scan of that host's routes, with no allocation
+//! unless the Host header has upper-case letters.
+
+use coxswain_api::snapshot::{self as snap, Snapshot, header_match, path_match, query_param_match};
+use regex::Regex;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Why a snapshot cannot be turned into a routing table. The proxy then keeps the table it has.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("snapshot version {0:?} does not match its content")]
+    Unsealed(String),
+    #[error("listener port {0} is out of range")]
+    Port(u32),
+    #[error("route {route}: invalid {what} regular expression {pattern:?}: {source}")]
+    Regex {
+        route: String,
+        what: &'static str,
+        pattern: String,
+        #[source]
+        source: regex::Error,
+    },
+}
+
+/// Routing for every port of a snapshot.
+#[derive(Debug, Default)]
+pub struct Router {
+    ports: HashMap<u16, PortRouter>,
+    clusters: HashMap<Box<str>, Arc<snap::Cluster>>,
+    version: String,
+}
+
+/// What the proxy does with a request, decided from the table alone (no upstream I/O): the
+/// answer `coxswain snapshot match` prints and the proxy's first step.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// No route: 404.
+    NotFound,
+    /// Answer without forwarding: a redirect, or 500 for a rule without valid backends.
+    Respond(u16),
+    /// Forward to one of the route's backends (those with a cluster and weight > 0).
+    Forward,
+    /// Backends resolve, but none has an endpoint that can take traffic: 503.
+    Unavailable,
+}
+
+impl Outcome {
+    /// The status the proxy answers (200 standing for "forwarded").
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::NotFound => 404,
+            Self::Respond(s) => *s,
+            Self::Forward => 200,
+            Self::Unavailable => 503,
+        }
+    }
+}
+
+/// Routing for one port.
+#[derive(Debug, Default)]
+pub struct PortRouter {
+    exact: HashMap<Box<str>, usize>,
+    /// Keyed by the suffix after "*.".
+    wildcard: HashMap<Box<str>, usize>,
+    any: Option<usize>,
+    hosts: Vec<Vec<CompiledRoute>>,
+    pub protocol: snap::Protocol,
+}
+
+/// A route with its matchers compiled. The action is shared: several hosts may list the same
+/// route.
+#[derive(Debug)]
+pub struct CompiledRoute {
+    path: PathMatcher,
+    headers: Vec<ValueMatcher>,
+    query_params: Vec<ValueMatcher>,
+    method: Option<Box<str>>,
+    pub route: Arc<snap::Route>,
+}
+
+#[derive(Debug)]
+enum PathMatcher {
+    Exact(Box<str>),
+    /// Element-wise prefix; "/" (stored as "") matches everything.
+    Prefix(Box<str>),
+    Regex(Regex),
+}
+
+#[derive(Debug)]
+struct ValueMatcher {
+    name: Box<str>,
+    value: StrMatcher,
+}
+
+#[derive(Debug)]
+enum StrMatcher {
+    Exact(Box<str>),
+    Regex(Regex),
+}
+
+impl StrMatcher {
+    fn matches(&self, v: &str) -> bool {
+        match self {
+            Self::Exact(e) => **e == *v,
+            Self::Regex(r) => r.is_match(v),
+        }
+    }
+}
+
+/// Request headers, however the caller stores them.
+pub trait Headers {
+    /// The first value of a header; `name` is lower-case.
+    fn get(&self, name: &str) -> Option<&str>;
+}
+
+impl Headers for [(String, String)] {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// What the router needs to know about a request.
+pub struct Request<'a, H: Headers + ?Sized> {
+    /// Host header or :authority, possibly with a port.
+    pub host: &'a str,
+    /// The request target's path and query ("/a/b?x=1").
+    pub path_and_query: &'a str,
+    pub method: &'a str,
+    pub headers: &'a H,
+}
+
+impl Router {
+    /// Builds the table. Fails on an unsealed snapshot or a regex that does not compile (the
+    /// compiler checks regexes too; this guards against a snapshot from elsewhere).
+    pub fn build(snapshot: &Snapshot) -> Result<Self, BuildError> {
+        if !snapshot.is_sealed() {
+            return Err(BuildError::Unsealed(snapshot.version.clone()));
+        }
+        let mut ports = HashMap::new();
+        for l in &snapshot.listeners {
+            let port = u16::try_from(l.port).map_err(|_| BuildError::Port(l.port))?;
+            let mut pr = PortRouter {
+                protocol: snap::Protocol::try_from(l.protocol).unwrap_or(snap::Protocol::Http),
+                ..Default::default()
+            };
+            // A route listed under several hosts is compiled once per host; that is build
+            // time, not request time.
+            for vhost in &l.virtual_hosts {
+                let idx = pr.hosts.len();
+                let routes = vhost
+                    .routes
+                    .iter()
+                    .map(compile_route)
+                    .collect::<Result<Vec<_>, _>>()?;
+                pr.hosts.push(routes);
+                let name = vhost.hostname.to_ascii_lowercase();
+                if name.is_empty() {
+                    pr.any = Some(idx);
+                } else if let Some(suffix) = name.strip_prefix("*.") {
+                    pr.wildcard.insert(suffix.into(), idx);
+                } else {
+                    pr.exact.insert(name.into(), idx);
+                }
+            }
+            ports.insert(port, pr);
+        }
+        let clusters = snapshot
+            .clusters
+            .iter()
+            .map(|c| (c.name.as_str().into(), Arc::new(c.clone())))
+            .collect();
+        Ok(Self {
+            ports,
+            clusters,
+            version: snapshot.version.clone(),
+        })
+    }
+
+    pub fn cluster(&self, name: &str) -> Option<&Arc<snap::Cluster>> {
+        self.clusters.get(name)
+    }
+
+    /// What happens to a request that `route` (None: no route) serves.
+    pub fn outcome(&self, route: Option<&CompiledRoute>) -> Outcome {
+        let Some(route) = route else {
+            return Outcome::NotFound;
+        };
+        let r = &route.route;
+        if let Some(code) = r.filters.iter().find_map(|f| match &f.kind {
+            Some(snap::filter::Kind::RequestRedirect(rr)) => Some(rr.status_code),
+            _ => None,
+        }) {
+            return Outcome::Respond(u16::try_from(code).unwrap_or(302));
+        }
+        if r.direct_status != 0 {
+            return Outcome::Respond(u16::try_from(r.direct_status).unwrap_or(500));
+        }
+        let mut valid = r
+            .backends
+            .iter()
+            .filter(|b| b.weight > 0 && !b.cluster.is_empty())
+            .peekable();
+        if valid.peek().is_none() {
+            return Outcome::Respond(500);
+        }
+        // Ready endpoints take traffic; serving-but-terminating ones only when nothing is ready.
+        let usable = valid.any(|b| {
+            self.cluster(&b.cluster)
+                .is_some_and(|c| c.endpoints.iter().any(|e| e.ready || e.serving))
+        });
+        if usable {
+            Outcome::Forward
+        } else {
+            Outcome::Unavailable
+        }
+    }
+
+    pub fn version(&self) -> &str {
+        &self.version
+    }
+
+    pub fn port(&self, port: u16) -> Option<&PortRouter> {
+        self.ports.get(&port)
+    }
+
+    /// Ports the snapshot asks the proxy to listen on.
+    pub fn ports(&self) -> impl Iterator<Item = (u16, snap::Protocol)> + '_ {
+        self.ports.iter().map(|(p, r)| (*p, r.protocol))
+    }
+
+    /// The route serving a request on `port`, if any.
+    pub fn route<H: Headers + ?Sized>(
+        &self,
+        port: u16,
+        req: &Request<'_, H>,
+    ) -> Option<&CompiledRoute> {
+        self.ports.get(&port)?.route(req)
+    }
+}
+
+impl PortRouter {
+    pub fn route<H: Headers + ?Sized>(&self, req: &Request<'_, H>) -> Option<&CompiledRoute> {
+        let routes = &self.hosts[self.host_index(req.host)?];
+        let (path, query) = match req.path_and_query.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (req.path_and_query, None),
+        };
+        routes.iter().find(|r| r.matches(path, query, req))
+    }
+
+    /// The most specific host: exact name, then the longest wildcard suffix, then any.
+    fn host_index(&self, host: &str) -> Option<usize> {
+        let host = strip_port(host);
+        let host = host.strip_suffix('.').unwrap_or(host);
+        let lowered;
+        let host = if host.bytes().any(|b| b.is_ascii_uppercase()) {
+            lowered = host.to_ascii_lowercase();
+            lowered.as_str()
+        } else {
+            host
+        };
+        if let Some(i) = self.exact.get(host) {
+            return Some(*i);
+        }
+        if !self.wildcard.is_empty() {
+            let mut rest = host;
+            while let Some((_, parent)) = rest.split_once('.') {
+                if let Some(i) = self.wildcard.get(parent) {
+                    return Some(*i);
+                }
+                rest = parent;
+            }
+        }
+        self.any
+    }
+}
+
+/// "example.com:8080" -> "example.com"; "[::1]:80" -> "[::1]".
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host
+            .split_once(']')
+            .map_or(host, |(h, _)| &host[..=h.len()]);
+    }
+    match host.rsplit_once(':') {
+        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    }
+}
+
+impl CompiledRoute {
+    fn matches<H: Headers + ?Sized>(
+        &self,
+        path: &str,
+        query: Option<&str>,
+        req: &Request<'_, H>,
+    ) -> bool {
+        let path_ok = match &self.path {
+            PathMatcher::Exact(p) => **p == *path,
+            PathMatcher::Prefix(p) => {
+                p.is_empty()
+                    || (path.starts_with(&**p)
+                        && (path.len() == p.len() || path.as_bytes()[p.len()] == b'/'))
+            }
+            PathMatcher::Regex(r) => r.is_match(path),
+        };
+        path_ok
+            && self.method.as_deref().is_none_or(|m| m == req.method)
+            && self
+                .headers
+                .iter()
+                .all(|h| req.headers.get(&h.name).is_some_and(|v| h.value.matches(v)))
+            && self
+                .query_params
+                .iter()
+                .all(|q| query_param(query, &q.name).is_some_and(|v| q.value.matches(v)))
+    }
+}
+
+/// The first value of a query parameter (names are case-sensitive).
+fn query_param<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
+    query?.split('&').find_map(|pair| {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        (k == name).then_some(v)
+    })
+}
+
+fn compile_route(r: &snap::Route) -> Result<CompiledRoute, BuildError> {
+    let describe = || {
+        r.source
+            .as_ref()
+            .map(|s| format!("{}/{}/{}#{}", s.kind, s.namespace, s.name, s.rule))
+            .unwrap_or_default()
+    };
+    let regex = |what: &'static str, pattern: &str| {
+        // Gateway API regex matches are full matches.
+        Regex::new(&format!("^(?:{pattern})$")).map_err(|source| BuildError::Regex {
+            route: describe(),
+            what,
+            pattern: pattern.to_owned(),
+            source,
+        })
+    };
+    let m = r.r#match.clone().unwrap_or_default();
+    let path = match &m.path {
+        None => PathMatcher::Prefix("".into()),
+        Some(p) => match path_match::Kind::try_from(p.kind) {
+            Ok(path_match::Kind::Exact) => PathMatcher::Exact(p.value.as_str().into()),
+            Ok(path_match::Kind::Regex) => PathMatcher::Regex(regex("path", &p.value)?),
+            _ => PathMatcher::Prefix(p.value.trim_end_matches('/').into()),
+        },
+    };
+    let mut headers = Vec::new();
+    for h in &m.headers {
+        let value = match header_match::Kind::try_from(h.kind) {
+            Ok(header_match::Kind::Regex) => StrMatcher::Regex(regex("header", &h.value)?),
+            _ => StrMatcher::Exact(h.value.as_str().into()),
+        };
+        headers.push(ValueMatcher {
+            name: h.name.to_ascii_lowercase().into(),
+            value,
+        });
+    }
+    let mut query_params = Vec::new();
+    for q in &m.query_params {
+        let value = match query_param_match::Kind::try_from(q.kind) {
+            Ok(query_param_match::Kind::Regex) => {
+                StrMatcher::Regex(regex("query parameter", &q.value)?)
+            }
+            _ => StrMatcher::Exact(q.value.as_str().into()),
+        };
+        query_params.push(ValueMatcher {
+            name: q.name.as_str().into(),
+            value,
+        });
+    }
+    Ok(CompiledRoute {
+        path,
+        headers,
+        query_params,
+        method: (!m.method.is_empty()).then(|| m.method.as_str().into()),
+        route: Arc::new(r.clone()),
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,255 @@
+//! Router tests over snapshot fixtures written as YAML (the form `coxswain snapshot compile`
+//! prints).
+
+use super::*;
+
+const SNAPSHOT: &str = r#"
+listeners:
+- port: 80
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: web, name: any, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /}}
+  - hostname: "*.example.com"
+    routes:
+    - source: {kind: HTTPRoute, namespace: web, name: wild, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /}}
+  - hostname: "*.api.example.com"
+    routes:
+    - source: {kind: HTTPRoute, namespace: web, name: api-wild, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /}}
+  - hostname: shop.example.com
+    routes:
+    - source: {kind: HTTPRoute, namespace: web, name: shop, rule: 0}
+      match: {path: {kind: KIND_EXACT, value: /cart}}
+    - source: {kind: HTTPRoute, namespace: web, name: shop, rule: 1}
+      match:
+        path: {kind: KIND_PREFIX, value: /v1}
+        method: POST
+    - source: {kind: HTTPRoute, namespace: web, name: shop, rule: 2}
+      match:
+        path: {kind: KIND_PREFIX, value: /v1}
+        headers: [{kind: KIND_EXACT, name: x-version, value: "2"}, {kind: KIND_REGEX, name: x-user, value: "[a-z]+"}]
+    - source: {kind: HTTPRoute, namespace: web, name: shop, rule: 3}
+      match:
+        path: {kind: KIND_PREFIX, value: /v1}
+        queryParams: [{kind: KIND_EXACT, name: debug, value: "1"}]
+    - source: {kind: HTTPRoute, namespace: web, name: shop, rule: 4}
+      match: {path: {kind: KIND_PREFIX, value: /v1/}}
+    - source: {kind: HTTPRoute, namespace: web, name: shop, rule: 5}
+      match: {path: {kind: KIND_REGEX, value: "/items/[0-9]+"}}
+- port: 8443
+  protocol: PROTOCOL_HTTPS
+  virtualHosts:
+  - hostname: secure.example.com
+    routes:
+    - source: {kind: HTTPRoute, namespace: web, name: secure, rule: 0}
+"#;
+
+fn router() -> Router {
+    let snapshot = Snapshot::from_yaml(SNAPSHOT).unwrap();
+    Router::build(&snapshot.seal()).unwrap()
+}
+
+fn lookup(
+    r: &Router,
+    port: u16,
+    host: &str,
+    path: &str,
+    method: &str,
+    headers: &[(&str, &str)],
+) -> Option<String> {
+    let headers: Vec<(String, String)> = headers
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+        .collect();
+    let req = Request {
+        host,
+        path_and_query: path,
+        method,
+        headers: headers.as_slice(),
+    };
+    r.route(port, &req).map(|c| {
+        let s = c.route.source.as_ref().unwrap();
+        format!("{}/{}", s.name, s.rule)
+    })
+}
+
+#[test]
+fn hosts_pick_exact_then_longest_wildcard_then_any() {
+    let r = router();
+    let get = |host| lookup(&r, 80, host, "/", "GET", &[]);
+    assert_eq!(get("a.example.com").as_deref(), Some("wild/0"));
+    assert_eq!(
+        get("deep.a.example.com").as_deref(),
+        Some("wild/0"),
+        "several labels"
+    );
+    assert_eq!(
+        get("v1.api.example.com").as_deref(),
+        Some("api-wild/0"),
+        "longer suffix wins"
+    );
+    assert_eq!(
+        get("example.com").as_deref(),
+        Some("any/0"),
+        "never the bare suffix"
+    );
+    assert_eq!(get("other.org").as_deref(), Some("any/0"));
+    // Host headers carry ports and any case; a trailing dot is the same name.
+    assert_eq!(get("A.Example.COM:8080").as_deref(), Some("wild/0"));
+    assert_eq!(
+        lookup(&r, 80, "shop.example.com.", "/cart", "GET", &[]).as_deref(),
+        Some("shop/0")
+    );
+    assert_eq!(get("[::1]:80").as_deref(), Some("any/0"));
+}
+
+#[test]
+fn paths_match_exactly_by_element_and_by_full_regex() {
+    let r = router();
+    let get = |path| lookup(&r, 80, "shop.example.com", path, "GET", &[]);
+    assert_eq!(get("/cart").as_deref(), Some("shop/0"));
+    assert_eq!(get("/cart/"), None, "Exact is exact");
+    assert_eq!(
+        get("/v1").as_deref(),
+        Some("shop/4"),
+        "a prefix's trailing slash is ignored"
+    );
+    assert_eq!(get("/v1/orders").as_deref(), Some("shop/4"));
+    assert_eq!(get("/v1orders"), None, "prefixes match whole path elements");
+    assert_eq!(get("/items/42").as_deref(), Some("shop/5"));
+    assert_eq!(get("/items/42/x"), None, "regexes match the whole path");
+    assert_eq!(
+        get("/cart?x=1").as_deref(),
+        Some("shop/0"),
+        "the query is not the path"
+    );
+}
+
+#[test]
+fn methods_headers_and_query_parameters_narrow_a_route_and_order_decides() {
+    let r = router();
+    let at = |method, path, headers: &[(&str, &str)]| {
+        lookup(&r, 80, "shop.example.com", path, method, headers)
+    };
+    assert_eq!(at("POST", "/v1/x", &[]).as_deref(), Some("shop/1"));
+    let both = [("X-Version", "2"), ("x-user", "ann")];
+    assert_eq!(at("GET", "/v1/x", &both).as_deref(), Some("shop/2"));
+    let upper = [("x-version", "2"), ("x-user", "Ann")];
+    assert_eq!(
+        at("GET", "/v1/x", &upper).as_deref(),
+        Some("shop/4"),
+        "regex is case-sensitive"
+    );
+    let one = [("x-version", "2")];
+    assert_eq!(
+        at("GET", "/v1/x", &one).as_deref(),
+        Some("shop/4"),
+        "all headers must match"
+    );
+    assert_eq!(
+        at("GET", "/v1/x?a=b&debug=1", &[]).as_deref(),
+        Some("shop/3")
+    );
+    assert_eq!(
+        at("GET", "/v1/x?Debug=1", &[]).as_deref(),
+        Some("shop/4"),
+        "names are case-sensitive"
+    );
+    assert_eq!(
+        at("GET", "/v1/x?debug=1&debug=2", &[]).as_deref(),
+        Some("shop/3"),
+        "first value counts"
+    );
+}
+
+#[test]
+fn ports_are_separate_tables() {
+    let r = router();
+    let secure = lookup(&r, 8443, "secure.example.com", "/anything", "GET", &[]);
+    assert_eq!(
+        secure.as_deref(),
+        Some("secure/0"),
+        "no match clause means any path"
+    );
+    assert_eq!(lookup(&r, 8443, "other.example.com", "/", "GET", &[]), None);
+    assert_eq!(
+        lookup(&r, 9999, "secure.example.com", "/", "GET", &[]),
+        None
+    );
+    let mut ports: Vec<_> = r.ports().collect();
+    ports.sort();
+    assert_eq!(
+        ports,
+        [(80, snap::Protocol::Http), (8443, snap::Protocol::Https)]
+    );
+}
+
+#[test]
+fn unsealed_snapshots_and_bad_regexes_are_refused() {
+    let snapshot = Snapshot::from_yaml(SNAPSHOT).unwrap();
+    assert!(matches!(
+        Router::build(&snapshot),
+        Err(BuildError::Unsealed(_))
+    ));
+    let mut tampered = snapshot.clone().seal();
+    tampered.listeners[0].port = 81;
+    assert!(matches!(
+        Router::build(&tampered),
+        Err(BuildError::Unsealed(_))
+    ));
+
+    let bad = SNAPSHOT.replace("/items/[0-9]+", "/items/(");
+    let snapshot = Snapshot::from_yaml(&bad).unwrap();
+    let err = Router::build(&snapshot.seal()).unwrap_err();
+    assert!(err.to_string().contains("HTTPRoute/web/shop#5"), "{err}");
+}
+
+#[test]
+fn outcomes_follow_backends_and_filters() {
+    let yaml = r#"
+listeners:
+- port: 80
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: web, name: up, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /up}}
+      backends: [{cluster: "web/up:80", weight: 1}, {cluster: "", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: web, name: down, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /down}}
+      backends: [{cluster: "web/down:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: web, name: broken, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /broken}}
+      directStatus: 500
+    - source: {kind: HTTPRoute, namespace: web, name: moved, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /moved}}
+      filters: [{kind: {requestRedirect: {scheme: https, statusCode: 301}}}]
+clusters:
+- name: web/up:80
+  endpoints: [{address: 10.0.0.1, port: 8080, ready: true, serving: true}]
+- name: web/down:80
+  endpoints: [{address: 10.0.0.2, port: 8080, ready: false, serving: false, terminating: true}]
+"#;
+    let snapshot = Snapshot::from_yaml(yaml).unwrap();
+    let r = Router::build(&snapshot.seal()).unwrap();
+    let no_headers: Vec<(String, String)> = vec![];
+    let outcome = |path| {
+        let req = Request {
+            host: "h",
+            path_and_query: path,
+            method: "GET",
+            headers: no_headers.as_slice(),
+        };
+        r.outcome(r.route(80, &req)).status()
+    };
+    assert_eq!(outcome("/up"), 200);
+    assert_eq!(outcome("/down"), 503);
+    assert_eq!(outcome("/broken"), 500);
+    assert_eq!(outcome("/moved"), 301);
+    assert_eq!(outcome("/nothing"), 404);
+}
