@@ -183,7 +183,7 @@ pub struct ControllerArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(group(ArgGroup::new("mode").required(true).args(["shared", "dedicated"])))]
+#[command(group(ArgGroup::new("mode").required(true).args(["shared", "dedicated", "snapshot_file"])))]
 pub struct ProxyArgs {
     /// Serve every Ingress and every Gateway not opted into a dedicated proxy.
     #[arg(long, env = "COXSWAIN_PROXY_SHARED", conflicts_with_all = ["gateway_name", "gateway_namespace"])]
@@ -200,6 +200,24 @@ pub struct ProxyArgs {
     /// Namespace of the Gateway a dedicated proxy serves.
     #[arg(long, env = "COXSWAIN_GATEWAY_NAMESPACE", value_name = "NS")]
     pub gateway_namespace: Option<String>,
+
+    /// Standalone: serve this snapshot file (from `coxswain snapshot compile -o json`) without a
+    /// controller, and reload it when it changes.
+    #[arg(long, env = "COXSWAIN_SNAPSHOT_FILE", value_name = "PATH")]
+    pub snapshot_file: Option<PathBuf>,
+
+    /// Address the snapshot's listener ports are bound on.
+    #[arg(long, env = "COXSWAIN_BIND_ADDRESS", default_value = "0.0.0.0")]
+    pub bind_address: std::net::IpAddr,
+
+    /// After SIGTERM, how long in-flight requests may take before the proxy exits. Keep it
+    /// below the pod's terminationGracePeriodSeconds.
+    #[arg(long, env = "COXSWAIN_DRAIN_SECONDS", default_value_t = 15)]
+    pub drain_seconds: u64,
+
+    /// Worker threads (default: one per CPU).
+    #[arg(long, env = "COXSWAIN_THREADS")]
+    pub threads: Option<usize>,
 
     /// Controller discovery stream endpoint(s), comma-separated, `https://` (mTLS).
     #[arg(
@@ -234,13 +252,21 @@ pub struct ProxyArgs {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ProxyMode {
     Shared,
-    Dedicated { name: String, namespace: String },
+    Dedicated {
+        name: String,
+        namespace: String,
+    },
+    /// Serve a snapshot file; no controller.
+    Standalone(PathBuf),
 }
 
 impl ProxyArgs {
     /// The mode clap has already validated: exactly one of --shared and --dedicated, and a
     /// dedicated proxy always has both Gateway coordinates.
     pub fn mode(&self) -> ProxyMode {
+        if let Some(path) = &self.snapshot_file {
+            return ProxyMode::Standalone(path.clone());
+        }
         match (&self.gateway_name, &self.gateway_namespace) {
             (Some(name), Some(namespace)) if self.dedicated => ProxyMode::Dedicated {
                 name: name.clone(),

@@ -6,6 +6,8 @@ use std::io::Write;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    // One process-wide crypto provider (ring), so no rustls user has to pick one.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let cli = Cli::parse();
     coxswain_operator::telemetry::init(&cli.log);
     match run(cli) {
@@ -38,8 +40,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(serve) => match serve.role {
             ServeRole::Controller(_) => not_yet("serve controller", 7),
             ServeRole::Proxy(proxy) => match proxy.mode() {
-                ProxyMode::Shared => not_yet("serve proxy --shared", 5),
-                ProxyMode::Dedicated { .. } => not_yet("serve proxy --dedicated", 5),
+                ProxyMode::Shared => not_yet("serve proxy --shared", 6),
+                ProxyMode::Dedicated { .. } => not_yet("serve proxy --dedicated", 6),
+                ProxyMode::Standalone(path) => {
+                    coxswain_proxy::standalone::run(
+                        coxswain_proxy::standalone::StandaloneConfig {
+                            snapshot_file: path,
+                            bind_ip: proxy.bind_address,
+                            admin_addr: proxy.admin.health_addr,
+                            poll: std::time::Duration::from_millis(200),
+                            drain: std::time::Duration::from_secs(proxy.drain_seconds),
+                            threads: proxy.threads.unwrap_or_else(|| {
+                                std::thread::available_parallelism().map_or(1, |n| n.get())
+                            }),
+                        },
+                    )?;
+                    Ok(ExitCode::SUCCESS)
+                }
             },
         },
     }

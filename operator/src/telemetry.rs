@@ -1,6 +1,7 @@
 //! Logging set-up shared by every role.
 
 use crate::cli::{LogArgs, LogFormat};
+use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 /// Installs the global subscriber. A bad filter falls back to `info` with a warning rather than
@@ -12,6 +13,7 @@ pub fn init(args: &LogArgs) {
     };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let result = match args.log_format {
         LogFormat::Text => builder.try_init(),

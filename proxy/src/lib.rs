@@ -8,4 +8,10 @@
 //! client or runtime (`hack/check-proxy-deps.sh`, run by `make test`, enforces it).
 #![forbid(unsafe_code)]
 
+pub mod admin;
+pub mod filters;
 pub mod router;
+pub mod server;
+pub mod standalone;
+pub mod table;
+pub mod tls;

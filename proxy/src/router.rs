@@ -9,7 +9,9 @@
 use coxswain_api::snapshot::{self as snap, Snapshot, header_match, path_match, query_param_match};
 use regex::Regex;
 use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Why a snapshot cannot be turned into a routing table. The proxy then keeps the table it has.
 #[derive(Debug, thiserror::Error)]
@@ -32,8 +34,89 @@ pub enum BuildError {
 #[derive(Debug, Default)]
 pub struct Router {
     ports: HashMap<u16, PortRouter>,
-    clusters: HashMap<Box<str>, Arc<snap::Cluster>>,
+    clusters: HashMap<Box<str>, Arc<ClusterState>>,
     version: String,
+}
+
+/// A cluster with its endpoints parsed and split by whether they take new requests.
+#[derive(Debug)]
+pub struct ClusterState {
+    pub name: Box<str>,
+    pub app_protocol: snap::AppProtocol,
+    /// Ready endpoints.
+    ready: Vec<SocketAddr>,
+    /// Serving but terminating: used only when nothing is ready (EndpointSlice semantics).
+    fallback: Vec<SocketAddr>,
+    next: AtomicUsize,
+}
+
+impl ClusterState {
+    fn new(c: &snap::Cluster) -> Self {
+        let mut ready = Vec::new();
+        let mut fallback = Vec::new();
+        for e in &c.endpoints {
+            let Ok(ip) = e.address.parse::<IpAddr>() else {
+                continue;
+            };
+            let Ok(port) = u16::try_from(e.port) else {
+                continue;
+            };
+            let addr = SocketAddr::new(ip, port);
+            if e.ready {
+                ready.push(addr);
+            } else if e.serving {
+                fallback.push(addr);
+            }
+        }
+        Self {
+            name: c.name.as_str().into(),
+            app_protocol: snap::AppProtocol::try_from(c.app_protocol).unwrap_or_default(),
+            ready,
+            fallback,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Round robin over ready endpoints, else over serving ones.
+    pub fn pick(&self) -> Option<SocketAddr> {
+        let pool = if self.ready.is_empty() {
+            &self.fallback
+        } else {
+            &self.ready
+        };
+        if pool.is_empty() {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        Some(pool[i % pool.len()])
+    }
+
+    pub fn has_endpoints(&self) -> bool {
+        !self.ready.is_empty() || !self.fallback.is_empty()
+    }
+}
+
+/// A backend of a route with its cluster looked up.
+#[derive(Debug)]
+pub struct ResolvedBackend {
+    /// None: the backend ref did not resolve; requests sent to it get 500.
+    pub cluster: Option<Arc<ClusterState>>,
+    pub weight: u32,
+    pub filters: Vec<snap::Filter>,
+}
+
+/// Which upstream a request goes to.
+#[derive(Debug)]
+pub enum Pick<'a> {
+    Endpoint {
+        addr: SocketAddr,
+        backend: &'a ResolvedBackend,
+        cluster: &'a ClusterState,
+    },
+    /// The weighted choice fell on a backend that did not resolve, or nothing has weight.
+    InvalidBackend,
+    /// The chosen backend has no endpoint that takes traffic.
+    NoEndpoints,
 }
 
 /// What the proxy does with a request, decided from the table alone (no upstream I/O): the
@@ -82,6 +165,46 @@ pub struct CompiledRoute {
     query_params: Vec<ValueMatcher>,
     method: Option<Box<str>>,
     pub route: Arc<snap::Route>,
+    pub backends: Vec<ResolvedBackend>,
+    total_weight: u64,
+    next: AtomicUsize,
+}
+
+impl CompiledRoute {
+    /// Weighted choice among the backends (a rotating counter over the cumulative weights:
+    /// exact shares, no randomness, no lock), then an endpoint of that backend.
+    pub fn pick(&self) -> Pick<'_> {
+        if self.total_weight == 0 {
+            return Pick::InvalidBackend;
+        }
+        let n = self.next.fetch_add(1, Ordering::Relaxed) as u64 % self.total_weight;
+        let mut acc = 0u64;
+        for b in &self.backends {
+            acc += u64::from(b.weight);
+            if n < acc {
+                let Some(cluster) = &b.cluster else {
+                    return Pick::InvalidBackend;
+                };
+                return match cluster.pick() {
+                    Some(addr) => Pick::Endpoint {
+                        addr,
+                        backend: b,
+                        cluster,
+                    },
+                    None => Pick::NoEndpoints,
+                };
+            }
+        }
+        Pick::InvalidBackend
+    }
+
+    /// The path prefix this route matched on, for URL rewrites of the prefix.
+    pub fn matched_prefix(&self) -> Option<&str> {
+        match &self.path {
+            PathMatcher::Prefix(p) => Some(p),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -144,6 +267,11 @@ impl Router {
         if !snapshot.is_sealed() {
             return Err(BuildError::Unsealed(snapshot.version.clone()));
         }
+        let clusters: HashMap<Box<str>, Arc<ClusterState>> = snapshot
+            .clusters
+            .iter()
+            .map(|c| (c.name.as_str().into(), Arc::new(ClusterState::new(c))))
+            .collect();
         let mut ports = HashMap::new();
         for l in &snapshot.listeners {
             let port = u16::try_from(l.port).map_err(|_| BuildError::Port(l.port))?;
@@ -158,7 +286,7 @@ impl Router {
                 let routes = vhost
                     .routes
                     .iter()
-                    .map(compile_route)
+                    .map(|r| compile_route(r, &clusters))
                     .collect::<Result<Vec<_>, _>>()?;
                 pr.hosts.push(routes);
                 let name = vhost.hostname.to_ascii_lowercase();
@@ -172,11 +300,6 @@ impl Router {
             }
             ports.insert(port, pr);
         }
-        let clusters = snapshot
-            .clusters
-            .iter()
-            .map(|c| (c.name.as_str().into(), Arc::new(c.clone())))
-            .collect();
         Ok(Self {
             ports,
             clusters,
@@ -184,7 +307,7 @@ impl Router {
         })
     }
 
-    pub fn cluster(&self, name: &str) -> Option<&Arc<snap::Cluster>> {
+    pub fn cluster(&self, name: &str) -> Option<&Arc<ClusterState>> {
         self.clusters.get(name)
     }
 
@@ -203,19 +326,16 @@ impl Router {
         if r.direct_status != 0 {
             return Outcome::Respond(u16::try_from(r.direct_status).unwrap_or(500));
         }
-        let mut valid = r
+        let mut valid = route
             .backends
             .iter()
-            .filter(|b| b.weight > 0 && !b.cluster.is_empty())
+            .filter(|b| b.weight > 0 && b.cluster.is_some())
             .peekable();
         if valid.peek().is_none() {
             return Outcome::Respond(500);
         }
         // Ready endpoints take traffic; serving-but-terminating ones only when nothing is ready.
-        let usable = valid.any(|b| {
-            self.cluster(&b.cluster)
-                .is_some_and(|c| c.endpoints.iter().any(|e| e.ready || e.serving))
-        });
+        let usable = valid.any(|b| b.cluster.as_ref().is_some_and(|c| c.has_endpoints()));
         if usable {
             Outcome::Forward
         } else {
@@ -333,7 +453,10 @@ fn query_param<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
     })
 }
 
-fn compile_route(r: &snap::Route) -> Result<CompiledRoute, BuildError> {
+fn compile_route(
+    r: &snap::Route,
+    clusters: &HashMap<Box<str>, Arc<ClusterState>>,
+) -> Result<CompiledRoute, BuildError> {
     let describe = || {
         r.source
             .as_ref()
@@ -388,6 +511,17 @@ fn compile_route(r: &snap::Route) -> Result<CompiledRoute, BuildError> {
         query_params,
         method: (!m.method.is_empty()).then(|| m.method.as_str().into()),
         route: Arc::new(r.clone()),
+        backends: r
+            .backends
+            .iter()
+            .map(|b| ResolvedBackend {
+                cluster: clusters.get(b.cluster.as_str()).cloned(),
+                weight: b.weight,
+                filters: b.filters.clone(),
+            })
+            .collect(),
+        total_weight: r.backends.iter().map(|b| u64::from(b.weight)).sum(),
+        next: AtomicUsize::new(0),
     })
 }
 

@@ -1,0 +1,75 @@
+//! Admin endpoints: `/healthz` (the process runs), `/readyz` (a snapshot is loaded), and
+//! `/metrics` (Prometheus text). A deliberately small HTTP/1.1 responder: these endpoints are
+//! read by kubelets and Prometheus, not by users.
+
+use crate::table::SharedTable;
+use std::net::SocketAddr;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AdminError {
+    #[error("binding admin endpoints on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Binds and serves in the background; returns the bound address.
+pub async fn serve(addr: SocketAddr, table: SharedTable) -> Result<SocketAddr, AdminError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| AdminError::Bind { addr, source })?;
+    let bound = listener.local_addr().unwrap_or(addr);
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                continue;
+            };
+            let table = table.clone();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 1024];
+                let n = conn.read(&mut buf).await.unwrap_or(0);
+                let request = String::from_utf8_lossy(&buf[..n]);
+                let path = request.split_whitespace().nth(1).unwrap_or("/");
+                let (status, body) = answer(path, &table);
+                let response = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    Ok(bound)
+}
+
+fn answer(path: &str, table: &SharedTable) -> (&'static str, String) {
+    match path {
+        "/healthz" => ("200 OK", "ok\n".into()),
+        "/readyz" if table.is_loaded() => ("200 OK", "ok\n".into()),
+        "/readyz" => ("503 Service Unavailable", "no snapshot loaded yet\n".into()),
+        "/metrics" => ("200 OK", metrics(table)),
+        _ => ("404 Not Found", "not found\n".into()),
+    }
+}
+
+fn metrics(table: &SharedTable) -> String {
+    let current = table.load();
+    let version = current.router.version();
+    format!(
+        "# HELP coxswain_proxy_snapshot_swaps_total Snapshots swapped in since start.\n\
+         # TYPE coxswain_proxy_snapshot_swaps_total counter\n\
+         coxswain_proxy_snapshot_swaps_total {}\n\
+         # HELP coxswain_proxy_snapshot_info The snapshot being served.\n\
+         # TYPE coxswain_proxy_snapshot_info gauge\n\
+         coxswain_proxy_snapshot_info{{version=\"{version}\"}} 1\n\
+         # HELP coxswain_proxy_ready Whether a snapshot is loaded.\n\
+         # TYPE coxswain_proxy_ready gauge\n\
+         coxswain_proxy_ready {}\n",
+        table.swaps(),
+        u8::from(table.is_loaded()),
+    )
+}

@@ -1,0 +1,251 @@
+//! HTTPRoute filters as pure functions over plain values, so their Gateway API semantics are
+//! tested without sockets; the proxy calls them with Pingora's header types.
+
+use coxswain_api::snapshot::{self as snap, path_modifier};
+
+/// Header edits a filter makes: set replaces, add appends, remove deletes.
+pub trait EditHeaders {
+    fn set(&mut self, name: &str, value: &str);
+    fn add(&mut self, name: &str, value: &str);
+    fn remove(&mut self, name: &str);
+}
+
+/// Applies a header modifier in the order the Gateway API defines: set, add, remove.
+pub fn modify_headers<H: EditHeaders + ?Sized>(headers: &mut H, m: &snap::HeaderModifier) {
+    for h in &m.set {
+        headers.set(&h.name, &h.value);
+    }
+    for h in &m.add {
+        headers.add(&h.name, &h.value);
+    }
+    for name in &m.remove {
+        headers.remove(name);
+    }
+}
+
+/// The path after a path modifier. `matched_prefix` is the route's prefix as the router keeps
+/// it ("" for "/"); the query string is kept.
+pub fn rewrite_path(
+    path_and_query: &str,
+    matched_prefix: Option<&str>,
+    m: &snap::PathModifier,
+) -> String {
+    let (path, query) = match path_and_query.split_once('?') {
+        Some((p, q)) => (p, Some(q)),
+        None => (path_and_query, None),
+    };
+    let mut out = match &m.kind {
+        Some(path_modifier::Kind::ReplaceFullPath(full)) => full.clone(),
+        Some(path_modifier::Kind::ReplacePrefixMatch(replacement)) => {
+            let prefix = matched_prefix.unwrap_or("");
+            let rest = path
+                .get(prefix.len()..)
+                .filter(|_| path.starts_with(prefix))
+                .unwrap_or(path);
+            format!("{}{rest}", replacement.trim_end_matches('/'))
+        }
+        None => path.to_owned(),
+    };
+    if !out.starts_with('/') {
+        out.insert(0, '/');
+    }
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+/// What a redirect needs to know about the request.
+pub struct RedirectRequest<'a> {
+    pub scheme: &'a str,
+    /// Host without port.
+    pub host: &'a str,
+    /// The listener port the request arrived on.
+    pub listener_port: u16,
+    pub path_and_query: &'a str,
+    pub matched_prefix: Option<&'a str>,
+}
+
+/// The Location of a RequestRedirect (Gateway API HTTPRequestRedirectFilter): unset parts keep
+/// the request's; the port defaults to the scheme's well-known port when the scheme is set,
+/// else to the listener's port, and is left out when it is the scheme's default.
+pub fn redirect_location(req: &RedirectRequest<'_>, r: &snap::RequestRedirect) -> String {
+    let scheme = if r.scheme.is_empty() {
+        req.scheme
+    } else {
+        r.scheme.as_str()
+    };
+    let host = if r.hostname.is_empty() {
+        req.host
+    } else {
+        r.hostname.as_str()
+    };
+    let port = if r.port != 0 {
+        u16::try_from(r.port).unwrap_or(req.listener_port)
+    } else if !r.scheme.is_empty() {
+        default_port(scheme)
+    } else {
+        req.listener_port
+    };
+    let path = match &r.path {
+        Some(m) => rewrite_path(req.path_and_query, req.matched_prefix, m),
+        None => req.path_and_query.to_owned(),
+    };
+    if port == default_port(scheme) {
+        format!("{scheme}://{host}{path}")
+    } else {
+        format!("{scheme}://{host}:{port}{path}")
+    }
+}
+
+fn default_port(scheme: &str) -> u16 {
+    if scheme.eq_ignore_ascii_case("https") {
+        443
+    } else {
+        80
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefix(p: &str) -> snap::PathModifier {
+        snap::PathModifier {
+            kind: Some(path_modifier::Kind::ReplacePrefixMatch(p.into())),
+        }
+    }
+
+    fn full(p: &str) -> snap::PathModifier {
+        snap::PathModifier {
+            kind: Some(path_modifier::Kind::ReplaceFullPath(p.into())),
+        }
+    }
+
+    // Gateway API HTTPPathModifier: ReplacePrefixMatch replaces the matched prefix only, on
+    // path element boundaries; the conformance suite's httproute-rewrite-path cases.
+    #[test]
+    fn prefix_rewrites_follow_the_conformance_cases() {
+        assert_eq!(
+            rewrite_path("/prefix/one/two", Some("/prefix/one"), &prefix("/one")),
+            "/one/two"
+        );
+        assert_eq!(
+            rewrite_path("/strip-prefix/three", Some("/strip-prefix"), &prefix("/")),
+            "/three"
+        );
+        assert_eq!(
+            rewrite_path("/strip-prefix", Some("/strip-prefix"), &prefix("/")),
+            "/"
+        );
+        assert_eq!(
+            rewrite_path("/a/b?x=1", Some("/a"), &prefix("/z/")),
+            "/z/b?x=1"
+        );
+        assert_eq!(
+            rewrite_path("/anything", Some(""), &prefix("/base")),
+            "/base/anything"
+        );
+        assert_eq!(
+            rewrite_path("/full/one?q", Some("/full"), &full("/one")),
+            "/one?q"
+        );
+    }
+
+    fn redirect(
+        scheme: &str,
+        host: &str,
+        port: u32,
+        path: Option<snap::PathModifier>,
+    ) -> snap::RequestRedirect {
+        snap::RequestRedirect {
+            scheme: scheme.into(),
+            hostname: host.into(),
+            path,
+            port,
+            status_code: 302,
+        }
+    }
+
+    #[test]
+    fn redirect_ports_derive_from_scheme_or_listener() {
+        let req = RedirectRequest {
+            scheme: "http",
+            host: "example.com",
+            listener_port: 8080,
+            path_and_query: "/a?b=c",
+            matched_prefix: Some("/a"),
+        };
+        assert_eq!(
+            redirect_location(&req, &redirect("https", "", 0, None)),
+            "https://example.com/a?b=c"
+        );
+        assert_eq!(
+            redirect_location(&req, &redirect("", "other.org", 0, None)),
+            "http://other.org:8080/a?b=c"
+        );
+        assert_eq!(
+            redirect_location(&req, &redirect("", "", 80, None)),
+            "http://example.com/a?b=c"
+        );
+        assert_eq!(
+            redirect_location(&req, &redirect("https", "", 8443, None)),
+            "https://example.com:8443/a?b=c"
+        );
+        assert_eq!(
+            redirect_location(&req, &redirect("", "", 0, Some(prefix("/new")))),
+            "http://example.com:8080/new?b=c"
+        );
+    }
+
+    #[derive(Default)]
+    struct Headers(Vec<(String, String)>);
+
+    impl EditHeaders for Headers {
+        fn set(&mut self, name: &str, value: &str) {
+            self.remove(name);
+            self.0.push((name.to_ascii_lowercase(), value.into()));
+        }
+        fn add(&mut self, name: &str, value: &str) {
+            self.0.push((name.to_ascii_lowercase(), value.into()));
+        }
+        fn remove(&mut self, name: &str) {
+            self.0.retain(|(n, _)| !n.eq_ignore_ascii_case(name));
+        }
+    }
+
+    #[test]
+    fn header_modifier_sets_then_adds_then_removes() {
+        let mut h = Headers(vec![
+            ("x-a".into(), "old".into()),
+            ("x-gone".into(), "1".into()),
+        ]);
+        let m = snap::HeaderModifier {
+            set: vec![snap::Header {
+                name: "X-A".into(),
+                value: "new".into(),
+            }],
+            add: vec![
+                snap::Header {
+                    name: "x-b".into(),
+                    value: "1".into(),
+                },
+                snap::Header {
+                    name: "x-b".into(),
+                    value: "2".into(),
+                },
+            ],
+            remove: vec!["x-gone".into()],
+        };
+        modify_headers(&mut h, &m);
+        assert_eq!(
+            h.0,
+            [
+                ("x-a".to_owned(), "new".to_owned()),
+                ("x-b".into(), "1".into()),
+                ("x-b".into(), "2".into())
+            ]
+        );
+    }
+}

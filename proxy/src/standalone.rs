@@ -1,0 +1,155 @@
+//! Standalone mode: serve a snapshot file (written by `coxswain snapshot compile -o json`) and
+//! swap in a new one whenever the file changes. For local use, debugging and benchmarks; the
+//! discovery stream replaces the file in a cluster.
+
+use crate::admin;
+use crate::server::Listeners;
+use crate::table::{SharedTable, Table};
+use coxswain_api::snapshot::Snapshot;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+use tokio::sync::watch;
+
+#[derive(Debug, Clone)]
+pub struct StandaloneConfig {
+    pub snapshot_file: PathBuf,
+    /// Address the snapshot's listener ports are bound on.
+    pub bind_ip: IpAddr,
+    /// /healthz, /readyz and /metrics.
+    pub admin_addr: SocketAddr,
+    /// How often the file is checked for changes.
+    pub poll: Duration,
+    /// After SIGTERM: how long in-flight connections may take before the process exits.
+    pub drain: Duration,
+    /// Worker threads of the runtime.
+    pub threads: usize,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StandaloneError {
+    #[error("starting the runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    #[error(transparent)]
+    Admin(#[from] admin::AdminError),
+}
+
+/// Runs until SIGTERM or SIGINT, then drains.
+pub fn run(config: StandaloneConfig) -> Result<(), StandaloneError> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(config.threads.max(1))
+        .enable_all()
+        .build()
+        .map_err(StandaloneError::Runtime)?;
+    runtime.block_on(serve(config))
+}
+
+async fn serve(config: StandaloneConfig) -> Result<(), StandaloneError> {
+    let table = SharedTable::default();
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let mut listeners = Listeners::new(table.clone(), config.bind_ip, shutdown_rx);
+    let admin = admin::serve(config.admin_addr, table.clone()).await?;
+    tracing::info!(addr = %admin, "admin endpoints listening");
+
+    let mut watcher = FileWatch::new(&config.snapshot_file);
+    let mut tick = tokio::time::interval(config.poll);
+    let mut terminate = signal(tokio::signal::unix::SignalKind::terminate());
+    let mut interrupt = signal(tokio::signal::unix::SignalKind::interrupt());
+    loop {
+        tokio::select! {
+            _ = tick.tick() => {
+                if let Some(result) = watcher.poll() {
+                    match result.and_then(|s| Table::build(&s).map_err(|e| e.to_string()).map(|t| (s.version, t))) {
+                        Ok((version, t)) => {
+                            table.store(t);
+                            for e in listeners.sync().await {
+                                tracing::error!(error = %e, "listener not bound");
+                            }
+                            tracing::info!(%version, ports = ?listeners.ports(), "snapshot loaded");
+                        }
+                        Err(e) => tracing::error!(
+                            file = %config.snapshot_file.display(),
+                            error = %e,
+                            "snapshot not loaded; still serving the previous one"
+                        ),
+                    }
+                }
+            }
+            _ = recv(&mut terminate) => break,
+            _ = recv(&mut interrupt) => break,
+        }
+    }
+    tracing::info!(drain = ?config.drain, "stopping: no new connections, draining");
+    listeners.close_all();
+    let _ = shutdown_tx.send(true);
+    let deadline = tokio::time::Instant::now() + config.drain;
+    while listeners.active_connections() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let left = listeners.active_connections();
+    if left > 0 {
+        tracing::warn!(
+            connections = left,
+            "drain period over; closing what is left"
+        );
+    }
+    Ok(())
+}
+
+fn signal(kind: tokio::signal::unix::SignalKind) -> Option<tokio::signal::unix::Signal> {
+    tokio::signal::unix::signal(kind).ok()
+}
+
+async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
+    match s {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Notices changes of a file by size and modification time, and retries a failed read on the
+/// next poll (a writer may have been half-way through).
+struct FileWatch {
+    path: PathBuf,
+    seen: Option<(SystemTime, u64)>,
+    failed: bool,
+}
+
+impl FileWatch {
+    fn new(path: &Path) -> Self {
+        Self {
+            path: path.to_owned(),
+            seen: None,
+            failed: false,
+        }
+    }
+
+    /// Some(snapshot or error) when there is something new to load.
+    fn poll(&mut self) -> Option<Result<Snapshot, String>> {
+        let meta = match std::fs::metadata(&self.path) {
+            Ok(m) => m,
+            Err(e) => {
+                if !self.failed {
+                    self.failed = true;
+                    return Some(Err(e.to_string()));
+                }
+                return None;
+            }
+        };
+        let stamp = (
+            meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            meta.len(),
+        );
+        if self.seen == Some(stamp) && !self.failed {
+            return None;
+        }
+        self.seen = Some(stamp);
+        let result = std::fs::read_to_string(&self.path)
+            .map_err(|e| e.to_string())
+            .and_then(|text| Snapshot::from_yaml(&text).map_err(|e| e.to_string()));
+        self.failed = result.is_err();
+        Some(result)
+    }
+}

@@ -1,0 +1,82 @@
+//! What a proxy serves at one moment: the routing table and the TLS certificates, built together
+//! from one snapshot and swapped in as one pointer.
+
+use crate::router::{BuildError, Router};
+use crate::tls::{CertError, TlsStore};
+use arc_swap::ArcSwap;
+use coxswain_api::snapshot::Snapshot;
+use std::sync::Arc;
+
+#[derive(Debug)]
+pub struct Table {
+    pub router: Router,
+    pub tls: TlsStore,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TableError {
+    #[error(transparent)]
+    Router(#[from] BuildError),
+    #[error(transparent)]
+    Certificate(#[from] CertError),
+}
+
+impl Table {
+    /// Builds everything a request needs, off the request path.
+    pub fn build(snapshot: &Snapshot) -> Result<Self, TableError> {
+        Ok(Self {
+            router: Router::build(snapshot)?,
+            tls: TlsStore::build(snapshot)?,
+        })
+    }
+
+    /// A table with no routes: what a proxy serves before its first snapshot.
+    pub fn empty() -> Self {
+        Self {
+            router: Router::default(),
+            tls: TlsStore::default(),
+        }
+    }
+}
+
+/// The current table, shared by every connection. Requests `load()` it once; a new snapshot is
+/// one `store()`. In-flight requests keep the table they started with.
+#[derive(Debug, Clone)]
+pub struct SharedTable {
+    inner: Arc<ArcSwap<Table>>,
+    /// False until the first real snapshot: readiness.
+    loaded: Arc<std::sync::atomic::AtomicBool>,
+    swaps: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Default for SharedTable {
+    fn default() -> Self {
+        Self {
+            inner: Arc::new(ArcSwap::from_pointee(Table::empty())),
+            loaded: Arc::default(),
+            swaps: Arc::default(),
+        }
+    }
+}
+
+impl SharedTable {
+    pub fn load(&self) -> arc_swap::Guard<Arc<Table>> {
+        self.inner.load()
+    }
+
+    pub fn store(&self, table: Table) {
+        self.inner.store(Arc::new(table));
+        self.loaded
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.swaps
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn is_loaded(&self) -> bool {
+        self.loaded.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    pub fn swaps(&self) -> u64 {
+        self.swaps.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
