@@ -16,8 +16,8 @@ use pingora::apps::ServerApp;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::listeners::tls::Acceptor;
 use pingora::prelude::{HttpPeer, ProxyHttp, Session};
-use pingora::protocols::ALPN;
 use pingora::protocols::l4::stream::Stream as L4Stream;
+use pingora::protocols::ALPN;
 use pingora::server::configuration::ServerConf;
 use pingora_proxy_alias::HttpProxy;
 use std::collections::HashMap;
@@ -456,7 +456,22 @@ async fn accept_loop(
             };
             // Keep-alive: Pingora hands the connection back after each response.
             let mut next = Some(stream);
-            while let Some(s) = next.take() {
+            let mut first = true;
+            while let Some(mut s) = next.take() {
+                if !first {
+                    // Idle between requests: at shutdown, close instead of waiting for a
+                    // request that may never come (TLS streams cannot peek; they go on).
+                    let mut stop = shutdown.clone();
+                    if *stop.borrow() {
+                        break;
+                    }
+                    let mut probe = [0u8; 1];
+                    tokio::select! {
+                        peeked = s.try_peek(&mut probe) => if peeked.is_err() { break },
+                        _ = stop.changed() => break,
+                    }
+                }
+                first = false;
                 next = proxy.process_new(s, &shutdown).await;
             }
         });

@@ -41,10 +41,24 @@ pub fn run(config: StandaloneConfig) -> Result<(), StandaloneError> {
         .enable_all()
         .build()
         .map_err(StandaloneError::Runtime)?;
-    runtime.block_on(serve(config))
+    runtime.block_on(async {
+        let mut terminate = signal(tokio::signal::unix::SignalKind::terminate());
+        let mut interrupt = signal(tokio::signal::unix::SignalKind::interrupt());
+        let stop = async {
+            tokio::select! {
+                _ = recv(&mut terminate) => {}
+                _ = recv(&mut interrupt) => {}
+            }
+        };
+        serve(config, stop).await
+    })
 }
 
-async fn serve(config: StandaloneConfig) -> Result<(), StandaloneError> {
+/// Serves until `stop` completes, then drains. For embedding (tests); `run` is the process.
+pub async fn serve(
+    config: StandaloneConfig,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), StandaloneError> {
     let table = SharedTable::default();
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut listeners = Listeners::new(table.clone(), config.bind_ip, shutdown_rx);
@@ -53,8 +67,7 @@ async fn serve(config: StandaloneConfig) -> Result<(), StandaloneError> {
 
     let mut watcher = FileWatch::new(&config.snapshot_file);
     let mut tick = tokio::time::interval(config.poll);
-    let mut terminate = signal(tokio::signal::unix::SignalKind::terminate());
-    let mut interrupt = signal(tokio::signal::unix::SignalKind::interrupt());
+    tokio::pin!(stop);
     loop {
         tokio::select! {
             _ = tick.tick() => {
@@ -75,8 +88,7 @@ async fn serve(config: StandaloneConfig) -> Result<(), StandaloneError> {
                     }
                 }
             }
-            _ = recv(&mut terminate) => break,
-            _ = recv(&mut interrupt) => break,
+            () = &mut stop => break,
         }
     }
     tracing::info!(drain = ?config.drain, "stopping: no new connections, draining");
@@ -109,11 +121,33 @@ async fn recv(s: &mut Option<tokio::signal::unix::Signal>) {
     }
 }
 
-/// Notices changes of a file by size and modification time, and retries a failed read on the
-/// next poll (a writer may have been half-way through).
+/// What identifies a version of a file without reading it. The inode changes when a writer
+/// renames a new file into place (the atomic way); times and size catch in-place rewrites.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct FileStamp {
+    inode: u64,
+    modified: SystemTime,
+    changed: (i64, i64),
+    len: u64,
+}
+
+impl FileStamp {
+    fn of(meta: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            inode: meta.ino(),
+            modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+            changed: (meta.ctime(), meta.ctime_nsec()),
+            len: meta.len(),
+        }
+    }
+}
+
+/// Notices changes of a file from its metadata, and retries a failed read on the next poll (a
+/// writer may have been half-way through).
 struct FileWatch {
     path: PathBuf,
-    seen: Option<(SystemTime, u64)>,
+    seen: Option<FileStamp>,
     failed: bool,
 }
 
@@ -138,10 +172,7 @@ impl FileWatch {
                 return None;
             }
         };
-        let stamp = (
-            meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-            meta.len(),
-        );
+        let stamp = FileStamp::of(&meta);
         if self.seen == Some(stamp) && !self.failed {
             return None;
         }

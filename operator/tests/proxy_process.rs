@@ -1,0 +1,168 @@
+//! `coxswain serve proxy --snapshot-file` as a process: SIGTERM stops accepting, lets the
+//! request in flight finish, and exits well within the drain period.
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// A backend that answers every request after `delay`.
+fn slow_backend(delay: Duration) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = conn.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    std::thread::sleep(delay);
+                    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nslow");
+                }
+            });
+        }
+    });
+    port
+}
+
+fn http_get(port: u16, path: &str) -> std::io::Result<String> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+#[test]
+fn sigterm_drains_in_flight_requests_then_exits() {
+    let backend = slow_backend(Duration::from_millis(1500));
+    let (port, admin) = (free_port(), free_port());
+    let manifests = format!(
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: coxswain}}
+spec: {{controllerName: coxswain-labs.dev/gateway-controller}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: web}}
+spec:
+  gatewayClassName: coxswain
+  listeners: [{{name: http, port: {port}, protocol: HTTP}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: slow, namespace: web}}
+spec: {{ports: [{{port: 80}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: slow-1, namespace: web, labels: {{kubernetes.io/service-name: slow}}}}
+addressType: IPv4
+ports: [{{port: {backend}}}]
+endpoints: [{{addresses: [127.0.0.1]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: slow, namespace: web}}
+spec:
+  parentRefs: [{{name: edge}}]
+  rules: [{{backendRefs: [{{name: slow, port: 80}}]}}]
+"#
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("app.yaml");
+    std::fs::write(&input, manifests).unwrap();
+    let bin = env!("CARGO_BIN_EXE_coxswain");
+    let out = Command::new(bin)
+        .args(["snapshot", "compile", "-o", "json", "-f"])
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snapshot = dir.path().join("snapshot.json");
+    std::fs::write(&snapshot, &out.stdout).unwrap();
+
+    let mut proxy = Command::new(bin)
+        .args([
+            "serve",
+            "proxy",
+            "--bind-address",
+            "127.0.0.1",
+            "--drain-seconds",
+            "8",
+        ])
+        .arg("--snapshot-file")
+        .arg(&snapshot)
+        .args(["--health-addr", &format!("127.0.0.1:{admin}")])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ready = Instant::now();
+    while !http_get(admin, "/readyz").is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
+        assert!(
+            ready.elapsed() < Duration::from_secs(10),
+            "proxy never became ready"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let in_flight = std::thread::spawn(move || http_get(port, "/work"));
+    std::thread::sleep(Duration::from_millis(300));
+    let signalled = Instant::now();
+    let kill = Command::new("kill")
+        .args(["-TERM", &proxy.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+
+    // New connections are refused once the listeners close.
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        http_get(port, "/late").is_err(),
+        "accepted a connection after SIGTERM"
+    );
+
+    let answer = in_flight.join().unwrap().unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.ends_with("slow"), "{answer}");
+
+    let status = loop {
+        if let Some(s) = proxy.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            signalled.elapsed() < Duration::from_secs(6),
+            "proxy did not exit after draining"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+    // It waited for the request (about 1.2 s left), not for the whole drain period (8 s).
+    assert!(
+        signalled.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        signalled.elapsed()
+    );
+}

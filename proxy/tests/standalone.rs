@@ -1,0 +1,288 @@
+//! The proxy with real sockets: echo backends, the proxy in standalone mode on a snapshot
+//! file, real HTTP requests.
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+
+mod support;
+
+use support::*;
+
+const ROUTES: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: exact, rule: 0}
+      match: {path: {kind: KIND_EXACT, value: /exact}}
+      backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: headers, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /headers}}
+      filters:
+      - kind: {requestHeaderModifier: {set: [{name: x-set, value: set}], add: [{name: x-add, value: added}], remove: [x-remove]}}
+      - kind: {responseHeaderModifier: {set: [{name: x-response, value: yes}], remove: [x-backend]}}
+      backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: rewrite, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /old}}
+      filters:
+      - kind: {urlRewrite: {hostname: internal.example, path: {kind: {replacePrefixMatch: /new}}}}
+      backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: redirect, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /moved}}
+      filters:
+      - kind: {requestRedirect: {scheme: https, hostname: secure.example, statusCode: 301}}
+    - source: {kind: HTTPRoute, namespace: t, name: split, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /split}}
+      backends: [{cluster: "t/a:80", weight: 3}, {cluster: "t/b:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: invalid, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /invalid}}
+      directStatus: 500
+    - source: {kind: HTTPRoute, namespace: t, name: down, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /down}}
+      backends: [{cluster: "t/down:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: method, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /method}, method: POST}
+      backends: [{cluster: "t/b:80", weight: 1}]
+  - hostname: "*.wild.example"
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: wild, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /}}
+      backends: [{cluster: "t/b:80", weight: 1}]
+clusters:
+- name: t/a:80
+  endpoints: [{address: 127.0.0.1, port: {A}, ready: true, serving: true}]
+- name: t/b:80
+  endpoints: [{address: 127.0.0.1, port: {B}, ready: true, serving: true}]
+- name: t/down:80
+  endpoints: [{address: 127.0.0.1, port: {A}, ready: false, serving: false, terminating: true}]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_filters_and_error_statuses() {
+    let a = echo_backend("a").await;
+    let b = echo_backend("b").await;
+    let port = free_port();
+    let snap = snapshot(
+        ROUTES,
+        &[
+            ("PORT", port.to_string()),
+            ("A", a.port().to_string()),
+            ("B", b.port().to_string()),
+        ],
+    );
+    let proxy = Proxy::start(&snap).await;
+    let url = |p: &str| format!("http://127.0.0.1:{port}{p}");
+
+    let r = get(&url("/exact"), &[]).await.unwrap();
+    assert_eq!((r.status, r.header("x-backend")), (200, Some("a")));
+    assert_eq!(
+        get(&url("/exact/more"), &[]).await.unwrap().status,
+        404,
+        "Exact is exact"
+    );
+
+    let r = get(
+        &url("/headers"),
+        &[("x-remove", "1"), ("x-add", "orig"), ("x-set", "orig")],
+    )
+    .await
+    .unwrap();
+    let seen = r.json()["headers"].clone();
+    assert_eq!(seen["x-set"], "set");
+    assert_eq!(seen["x-add"], "orig, added", "add appends: {seen}");
+    assert!(seen.get("x-remove").is_none(), "{seen}");
+    assert_eq!(r.header("x-response"), Some("yes"));
+    assert_eq!(r.header("x-backend"), None, "response header removed");
+
+    let r = get(&url("/old/path?q=1"), &[]).await.unwrap();
+    let seen = r.json();
+    assert_eq!(seen["path"], "/new/path?q=1");
+    assert_eq!(seen["headers"]["host"], "internal.example");
+
+    let r = get(&url("/moved/x"), &[]).await.unwrap();
+    assert_eq!(r.status, 301);
+    assert_eq!(r.header("location"), Some("https://secure.example/moved/x"));
+
+    assert_eq!(get(&url("/invalid"), &[]).await.unwrap().status, 500);
+    assert_eq!(get(&url("/down"), &[]).await.unwrap().status, 503);
+    assert_eq!(
+        get(&url("/method"), &[]).await.unwrap().status,
+        404,
+        "GET is not POST"
+    );
+    let client = shared_client();
+    let r = request(&client, "POST", &url("/method"), &[])
+        .await
+        .unwrap();
+    assert_eq!(r.header("x-backend"), Some("b"));
+
+    let r = get(&url("/"), &[("host", "deep.host.wild.example:8080")])
+        .await
+        .unwrap();
+    assert_eq!(r.header("x-backend"), Some("b"), "wildcard host");
+    assert_eq!(
+        get(&url("/"), &[("host", "wild.example")])
+            .await
+            .unwrap()
+            .status,
+        404
+    );
+
+    // Weighted split: exact 3:1 shares from the rotating counter.
+    let mut counts = std::collections::HashMap::new();
+    for _ in 0..400 {
+        let r = request(&client, "GET", &url("/split"), &[]).await.unwrap();
+        *counts
+            .entry(r.header("x-backend").unwrap().to_owned())
+            .or_insert(0) += 1;
+    }
+    assert_eq!((counts["a"], counts["b"]), (300, 100));
+
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snapshot_swaps_under_load_lose_no_request() {
+    let a = echo_backend("a").await;
+    let b = echo_backend("b").await;
+    let port = free_port();
+    let template = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: moving, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /}}
+      backends: [{cluster: "{TARGET}", weight: 1}]
+clusters:
+- name: t/a:80
+  endpoints: [{address: 127.0.0.1, port: {A}, ready: true, serving: true}]
+- name: t/b:80
+  endpoints: [{address: 127.0.0.1, port: {B}, ready: true, serving: true}]
+"#;
+    let snap = |target: &str| {
+        snapshot(
+            template,
+            &[
+                ("PORT", port.to_string()),
+                ("A", a.port().to_string()),
+                ("B", b.port().to_string()),
+                ("TARGET", target.to_owned()),
+            ],
+        )
+    };
+    let proxy = Proxy::start(&snap("t/a:80")).await;
+    let url = format!("http://127.0.0.1:{port}/");
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load = {
+        let stop = stop.clone();
+        let url = url.clone();
+        tokio::spawn(async move {
+            let client = shared_client();
+            let (mut ok, mut failed, mut seen) =
+                (0u32, Vec::new(), std::collections::BTreeSet::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                match request(&client, "GET", &url, &[]).await {
+                    Ok(r) if r.status == 200 => {
+                        ok += 1;
+                        seen.insert(r.header("x-backend").unwrap_or("?").to_owned());
+                    }
+                    Ok(r) => failed.push(format!("status {}", r.status)),
+                    Err(e) => failed.push(e),
+                }
+            }
+            (ok, failed, seen)
+        })
+    };
+    for i in 0..50 {
+        let target = if i % 2 == 0 { "t/b:80" } else { "t/a:80" };
+        let s = snap(target);
+        proxy.update(&s);
+        proxy.wait_ready(&s.version).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed, seen) = load.await.unwrap();
+    assert!(
+        failed.is_empty(),
+        "{} failed requests: {:?}",
+        failed.len(),
+        &failed[..failed.len().min(5)]
+    );
+    assert!(ok > 50, "only {ok} requests went through");
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), ["a", "b"]);
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listeners_follow_the_snapshot_and_bad_snapshots_keep_the_old_table() {
+    let a = echo_backend("a").await;
+    let (p1, p2) = (free_port(), free_port());
+    let template = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: r, rule: 0}
+      backends: [{cluster: "t/a:80", weight: 1}]
+clusters:
+- name: t/a:80
+  endpoints: [{address: 127.0.0.1, port: {A}, ready: true, serving: true}]
+"#;
+    let on = |port: u16| {
+        snapshot(
+            template,
+            &[("PORT", port.to_string()), ("A", a.port().to_string())],
+        )
+    };
+    let proxy = Proxy::start(&on(p1)).await;
+    assert_eq!(
+        get(&format!("http://127.0.0.1:{p1}/"), &[])
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+
+    let moved = on(p2);
+    proxy.update(&moved);
+    proxy.wait_ready(&moved.version).await;
+    assert_eq!(
+        get(&format!("http://127.0.0.1:{p2}/"), &[])
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    assert!(
+        get(&format!("http://127.0.0.1:{p1}/"), &[]).await.is_err(),
+        "old port released"
+    );
+
+    // A tampered file (version does not match content) is refused; the proxy keeps serving.
+    let mut tampered = moved.clone();
+    tampered.listeners[0].port = u32::from(p1);
+    write_snapshot(&proxy.file, &tampered);
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(
+        get(&format!("http://127.0.0.1:{p2}/"), &[])
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    let metrics = get(&format!("http://{}/metrics", proxy.admin), &[])
+        .await
+        .unwrap()
+        .body;
+    assert!(metrics.contains(&moved.version), "{metrics}");
+    let ready = get(&format!("http://{}/readyz", proxy.admin), &[])
+        .await
+        .unwrap();
+    assert_eq!(ready.status, 200);
+    proxy.stop().await;
+}

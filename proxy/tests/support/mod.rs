@@ -1,0 +1,219 @@
+//! Real sockets for the proxy's integration tests: echo backends, a proxy in standalone mode
+//! serving a snapshot file, and an HTTP client.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use bytes::Bytes;
+use coxswain_api::snapshot::Snapshot;
+use coxswain_proxy::standalone::{self, StandaloneConfig};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::net::{SocketAddr, TcpListener as StdListener};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// A free loopback port (bound and released; fine for tests on one machine).
+pub fn free_port() -> u16 {
+    StdListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// An HTTP backend (HTTP/1.1 and h2c) that answers with what it received, as JSON, and names
+/// itself in `x-backend`. `/slow` answers after a second.
+pub async fn echo_backend(name: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let service =
+                    hyper::service::service_fn(move |req: Request<Incoming>| async move {
+                        if req.uri().path() == "/slow" {
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                        // Repeated headers are joined with ", ", as HTTP allows.
+                        let mut headers = serde_json::Map::new();
+                        for name in req.headers().keys() {
+                            let values: Vec<&str> = req
+                                .headers()
+                                .get_all(name)
+                                .iter()
+                                .map(|v| v.to_str().unwrap_or(""))
+                                .collect();
+                            headers.insert(name.to_string(), values.join(", ").into());
+                        }
+                        let body = serde_json::json!({
+                            "backend": name,
+                            "method": req.method().as_str(),
+                            "path": req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/"),
+                            "version": format!("{:?}", req.version()),
+                            "headers": headers,
+                        });
+                        Ok::<_, std::convert::Infallible>(
+                            Response::builder()
+                                .header("x-backend", name)
+                                .header("content-type", "application/json")
+                                .body(Full::new(Bytes::from(body.to_string())))
+                                .unwrap(),
+                        )
+                    });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// A proxy in standalone mode on a snapshot file.
+pub struct Proxy {
+    pub dir: tempfile::TempDir,
+    pub file: PathBuf,
+    pub admin: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    pub async fn start(snapshot: &Snapshot) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("snapshot.json");
+        write_snapshot(&file, snapshot);
+        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let (tx, rx) = oneshot::channel();
+        let config = StandaloneConfig {
+            snapshot_file: file.clone(),
+            bind_ip: "127.0.0.1".parse().unwrap(),
+            admin_addr: admin,
+            poll: Duration::from_millis(20),
+            drain: Duration::from_secs(5),
+            threads: 2,
+        };
+        let task = tokio::spawn(async move {
+            standalone::serve(config, async {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+        });
+        let proxy = Self {
+            dir,
+            file,
+            admin,
+            stop: Some(tx),
+            task,
+        };
+        proxy.wait_ready(&snapshot.version).await;
+        proxy
+    }
+
+    /// Replaces the snapshot file (write to a temporary name, then rename: atomic).
+    pub fn update(&self, snapshot: &Snapshot) {
+        write_snapshot(&self.file, snapshot);
+    }
+
+    /// Waits until the proxy serves `version` (from /metrics).
+    pub async fn wait_ready(&self, version: &str) {
+        let url = format!("http://{}/metrics", self.admin);
+        for _ in 0..250 {
+            if let Ok(r) = get(&url, &[]).await
+                && r.body.contains(version)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("proxy did not load snapshot {version}");
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        let _ = (&mut self.task).await;
+    }
+}
+
+pub fn write_snapshot(file: &std::path::Path, snapshot: &Snapshot) {
+    let tmp = file.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::to_vec(snapshot).unwrap()).unwrap();
+    std::fs::rename(&tmp, file).unwrap();
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: hyper::HeaderMap,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+fn client() -> Client<HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// One HTTP/1.1 request; `headers` may set Host.
+pub async fn get(url: &str, headers: &[(&str, &str)]) -> Result<Reply, String> {
+    request(&client(), "GET", url, headers).await
+}
+
+pub async fn request(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+) -> Result<Reply, String> {
+    let mut b = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    let resp = client
+        .request(b.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok(Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
+}
+
+pub fn shared_client() -> Client<HttpConnector, Full<Bytes>> {
+    client()
+}
+
+/// A sealed snapshot from YAML with `{NAME}` placeholders replaced.
+pub fn snapshot(yaml: &str, vars: &[(&str, String)]) -> Snapshot {
+    let mut text = yaml.to_owned();
+    for (k, v) in vars {
+        text = text.replace(&format!("{{{k}}}"), v);
+    }
+    Snapshot::from_yaml(&text).unwrap().seal()
+}
