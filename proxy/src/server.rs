@@ -16,8 +16,8 @@ use pingora::apps::ServerApp;
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::listeners::tls::Acceptor;
 use pingora::prelude::{HttpPeer, ProxyHttp, Session};
-use pingora::protocols::l4::stream::Stream as L4Stream;
 use pingora::protocols::ALPN;
+use pingora::protocols::l4::stream::Stream as L4Stream;
 use pingora::server::configuration::ServerConf;
 use pingora_proxy_alias::HttpProxy;
 use std::collections::HashMap;
@@ -293,12 +293,26 @@ enum Decision {
     Redirect(u16, String),
 }
 
+struct Running {
+    accept: JoinHandle<()>,
+    proxy: Arc<HttpProxy<Gateway>>,
+}
+
+impl Running {
+    /// Stops accepting, and wakes connections idling between keep-alive requests so they
+    /// close; requests in flight finish.
+    async fn stop(self) {
+        self.accept.abort();
+        self.proxy.cleanup().await;
+    }
+}
+
 /// Listeners that follow the table: one accept loop per port the snapshot asks for.
 pub struct Listeners {
     table: SharedTable,
     bind_ip: std::net::IpAddr,
     conf: Arc<ServerConf>,
-    running: HashMap<u16, JoinHandle<()>>,
+    running: HashMap<u16, Running>,
     shutdown: watch::Receiver<bool>,
     active: Arc<AtomicUsize>,
 }
@@ -338,15 +352,18 @@ impl Listeners {
     /// Returns the errors of ports that could not be bound; the others are served regardless.
     pub async fn sync(&mut self) -> Vec<ListenError> {
         let wanted: HashMap<u16, snap::Protocol> = self.table.load().router.ports().collect();
-        self.running.retain(|port, task| {
-            let keep = wanted.contains_key(port);
-            if !keep {
-                // Ends the accept loop and drops the socket; open connections carry on.
-                task.abort();
+        let dropped: Vec<u16> = self
+            .running
+            .keys()
+            .filter(|p| !wanted.contains_key(p))
+            .copied()
+            .collect();
+        for port in dropped {
+            if let Some(r) = self.running.remove(&port) {
+                r.stop().await;
                 tracing::info!(port, "listener closed");
             }
-            keep
-        });
+        }
         let mut errors = Vec::new();
         for (port, protocol) in wanted {
             if self.running.contains_key(&port) {
@@ -356,15 +373,16 @@ impl Listeners {
             match TcpListener::bind(addr).await {
                 Ok(listener) => {
                     let https = protocol == snap::Protocol::Https;
-                    let task = tokio::spawn(accept_loop(
+                    let proxy = self.proxy_for(port, https);
+                    let accept = tokio::spawn(accept_loop(
                         listener,
-                        self.proxy_for(port, https),
+                        proxy.clone(),
                         https.then(|| self.acceptor(port)),
                         self.shutdown.clone(),
                         self.active.clone(),
                     ));
                     tracing::info!(port, https, "listener bound");
-                    self.running.insert(port, task);
+                    self.running.insert(port, Running { accept, proxy });
                 }
                 Err(source) => errors.push(ListenError::Bind { addr, source }),
             }
@@ -378,10 +396,10 @@ impl Listeners {
         p
     }
 
-    /// Stops accepting on every port.
-    pub fn close_all(&mut self) {
-        for (_, task) in self.running.drain() {
-            task.abort();
+    /// Stops accepting on every port and closes idle keep-alive connections.
+    pub async fn close_all(&mut self) {
+        for (_, r) in self.running.drain() {
+            r.stop().await;
         }
     }
 
@@ -454,24 +472,9 @@ async fn accept_loop(
                     }
                 },
             };
-            // Keep-alive: Pingora hands the connection back after each response.
+            // Pingora runs the keep-alive loop itself; `cleanup()` ends idle connections.
             let mut next = Some(stream);
-            let mut first = true;
-            while let Some(mut s) = next.take() {
-                if !first {
-                    // Idle between requests: at shutdown, close instead of waiting for a
-                    // request that may never come (TLS streams cannot peek; they go on).
-                    let mut stop = shutdown.clone();
-                    if *stop.borrow() {
-                        break;
-                    }
-                    let mut probe = [0u8; 1];
-                    tokio::select! {
-                        peeked = s.try_peek(&mut probe) => if peeked.is_err() { break },
-                        _ = stop.changed() => break,
-                    }
-                }
-                first = false;
+            while let Some(s) = next.take() {
                 next = proxy.process_new(s, &shutdown).await;
             }
         });

@@ -92,7 +92,7 @@ pub async fn serve(
         }
     }
     tracing::info!(drain = ?config.drain, "stopping: no new connections, draining");
-    listeners.close_all();
+    listeners.close_all().await;
     let _ = shutdown_tx.send(true);
     let deadline = tokio::time::Instant::now() + config.drain;
     while listeners.active_connections() > 0 && tokio::time::Instant::now() < deadline {

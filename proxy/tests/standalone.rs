@@ -286,3 +286,101 @@ clusters:
     assert_eq!(ready.status, 200);
     proxy.stop().await;
 }
+
+/// A backend that accepts an Upgrade: websocket request and then echoes raw bytes, as a
+/// WebSocket echo server does with frames.
+async fn upgrade_echo_backend() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut byte = [0u8; 1];
+                while !head.ends_with(b"\r\n\r\n") {
+                    if s.read(&mut byte).await.unwrap_or(0) == 0 {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                if !head.contains("upgrade: websocket") {
+                    let _ = s
+                        .write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n")
+                        .await;
+                    return;
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\n\r\n")
+                    .await;
+                let mut buf = [0u8; 1024];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_upgrades_pass_through() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let backend = upgrade_echo_backend().await;
+    let port = free_port();
+    let snap = snapshot(
+        r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: ws, rule: 0}
+      backends: [{cluster: "t/ws:80", weight: 1}]
+clusters:
+- name: t/ws:80
+  appProtocol: APP_PROTOCOL_WS
+  endpoints: [{address: 127.0.0.1, port: {B}, ready: true}]
+"#,
+        &[
+            ("PORT", port.to_string()),
+            ("B", backend.port().to_string()),
+        ],
+    );
+    let proxy = Proxy::start(&snap).await;
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(
+        b"GET /chat HTTP/1.1\r\nhost: ws.example\r\nupgrade: websocket\r\nconnection: Upgrade\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\nsec-websocket-version: 13\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(
+            s.read(&mut byte).await.unwrap(),
+            1,
+            "connection closed: {head:?}"
+        );
+        head.push(byte[0]);
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    for message in [&b"hello"[..], b"\x81\x05frame", b"third"] {
+        s.write_all(message).await.unwrap();
+        let mut back = vec![0u8; message.len()];
+        s.read_exact(&mut back).await.unwrap();
+        assert_eq!(back, message);
+    }
+    drop(s);
+    proxy.stop().await;
+}

@@ -1,0 +1,201 @@
+//! TLS termination: certificates chosen by SNI (exact, wildcard, default) and HTTP/2 over TLS
+//! through ALPN; h2c to a backend whose appProtocol asks for it.
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+
+mod support;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use std::sync::Arc;
+use support::*;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+/// Accepts any certificate: the test compares the presented certificate itself.
+#[derive(Debug)]
+struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn connector(alpn: &[&[u8]]) -> TlsConnector {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    TlsConnector::from(Arc::new(config))
+}
+
+struct Cert {
+    pem: String,
+    key: String,
+    der: Vec<u8>,
+}
+
+fn cert(name: &str) -> Cert {
+    let c = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
+    Cert {
+        pem: c.cert.pem(),
+        key: c.signing_key.serialize_pem(),
+        der: c.cert.der().to_vec(),
+    }
+}
+
+const SNAPSHOT: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTPS
+  certificates:
+  - {sni: "", certificate: t/default}
+  - {sni: "*.wild.example", certificate: t/wild}
+  - {sni: a.example, certificate: t/a}
+  - {sni: b.example, certificate: t/b}
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: any, rule: 0}
+      backends: [{cluster: "t/h1:80", weight: 1}]
+  - hostname: h2c.example
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: grpcish, rule: 0}
+      backends: [{cluster: "t/h2c:80", weight: 1}]
+clusters:
+- name: t/h1:80
+  endpoints: [{address: 127.0.0.1, port: {BACKEND}, ready: true}]
+- name: t/h2c:80
+  appProtocol: APP_PROTOCOL_H2C
+  endpoints: [{address: 127.0.0.1, port: {BACKEND}, ready: true}]
+certificates:
+- {name: t/a, certChainPem: "{A_CERT}", privateKeyPem: "{A_KEY}"}
+- {name: t/b, certChainPem: "{B_CERT}", privateKeyPem: "{B_KEY}"}
+- {name: t/default, certChainPem: "{D_CERT}", privateKeyPem: "{D_KEY}"}
+- {name: t/wild, certChainPem: "{W_CERT}", privateKeyPem: "{W_KEY}"}
+"#;
+
+/// YAML double-quoted scalars keep PEM newlines as \n.
+fn yaml_escape(pem: &str) -> String {
+    pem.replace('\n', "\\n")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sni_picks_exact_then_wildcard_then_default_and_h2_works_over_tls() {
+    let backend = echo_backend("tls-backend").await;
+    let port = free_port();
+    let (a, b, d, w) = (
+        cert("a.example"),
+        cert("b.example"),
+        cert("default.example"),
+        cert("x.wild.example"),
+    );
+    let snap = snapshot(
+        SNAPSHOT,
+        &[
+            ("PORT", port.to_string()),
+            ("BACKEND", backend.port().to_string()),
+            ("A_CERT", yaml_escape(&a.pem)),
+            ("A_KEY", yaml_escape(&a.key)),
+            ("B_CERT", yaml_escape(&b.pem)),
+            ("B_KEY", yaml_escape(&b.key)),
+            ("D_CERT", yaml_escape(&d.pem)),
+            ("D_KEY", yaml_escape(&d.key)),
+            ("W_CERT", yaml_escape(&w.pem)),
+            ("W_KEY", yaml_escape(&w.key)),
+        ],
+    );
+    let proxy = Proxy::start(&snap).await;
+
+    for (sni, expected) in [
+        ("a.example", &a.der),
+        ("b.example", &b.der),
+        ("deep.x.wild.example", &w.der),
+        ("unknown.example", &d.der),
+    ] {
+        let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let tls = connector(&[b"http/1.1"])
+            .connect(ServerName::try_from(sni.to_owned()).unwrap(), tcp)
+            .await
+            .unwrap();
+        let presented = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+        assert!(
+            presented == *expected,
+            "SNI {sni} got the wrong certificate"
+        );
+
+        // The connection carries HTTP through the proxy.
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(tls))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        let req = hyper::Request::get("/over-tls")
+            .header("host", sni)
+            .body(Full::default())
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200, "{sni}");
+    }
+
+    // HTTP/2 negotiated by ALPN; the h2c cluster gets HTTP/2 from the proxy too.
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let tls = connector(&[b"h2", b"http/1.1"])
+        .connect(ServerName::try_from("h2c.example").unwrap(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (mut sender, conn) = hyper::client::conn::http2::handshake::<_, _, Full<Bytes>>(
+        TokioExecutor::new(),
+        TokioIo::new(tls),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get("https://h2c.example/h2")
+        .body(Full::default())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.version(), hyper::Version::HTTP_2);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(seen["version"], "HTTP/2.0", "h2c to the backend: {seen}");
+    assert_eq!(seen["path"], "/h2");
+
+    proxy.stop().await;
+}
