@@ -59,7 +59,7 @@ fn answer(path: &str, table: &SharedTable) -> (&'static str, String) {
 fn metrics(table: &SharedTable) -> String {
     let current = table.load();
     let version = current.router.version();
-    format!(
+    let mut out = format!(
         "# HELP coxswain_proxy_snapshot_swaps_total Snapshots swapped in since start.\n\
          # TYPE coxswain_proxy_snapshot_swaps_total counter\n\
          coxswain_proxy_snapshot_swaps_total {}\n\
@@ -71,5 +71,7 @@ fn metrics(table: &SharedTable) -> String {
          coxswain_proxy_ready {}\n",
         table.swaps(),
         u8::from(table.is_loaded()),
-    )
+    );
+    table.metrics().render(&mut out);
+    out
 }

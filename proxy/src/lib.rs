@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod filters;
+pub mod metrics;
 pub mod router;
 pub mod server;
 pub mod standalone;

@@ -166,6 +166,8 @@ pub struct CompiledRoute {
     method: Option<Box<str>>,
     pub route: Arc<snap::Route>,
     pub backends: Vec<ResolvedBackend>,
+    /// This rule's request counters (shared across tables: swaps do not reset them).
+    pub counters: Arc<crate::metrics::RouteCounters>,
     total_weight: u64,
     next: AtomicUsize,
 }
@@ -264,6 +266,14 @@ impl Router {
     /// Builds the table. Fails on an unsealed snapshot or a regex that does not compile (the
     /// compiler checks regexes too; this guards against a snapshot from elsewhere).
     pub fn build(snapshot: &Snapshot) -> Result<Self, BuildError> {
+        Self::build_with_metrics(snapshot, &crate::metrics::Metrics::default())
+    }
+
+    /// Builds the table, taking each rule's counters from `metrics`.
+    pub fn build_with_metrics(
+        snapshot: &Snapshot,
+        metrics: &crate::metrics::Metrics,
+    ) -> Result<Self, BuildError> {
         if !snapshot.is_sealed() {
             return Err(BuildError::Unsealed(snapshot.version.clone()));
         }
@@ -286,7 +296,7 @@ impl Router {
                 let routes = vhost
                     .routes
                     .iter()
-                    .map(|r| compile_route(r, &clusters))
+                    .map(|r| compile_route(r, &clusters, metrics))
                     .collect::<Result<Vec<_>, _>>()?;
                 pr.hosts.push(routes);
                 let name = vhost.hostname.to_ascii_lowercase();
@@ -456,6 +466,7 @@ fn query_param<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
 fn compile_route(
     r: &snap::Route,
     clusters: &HashMap<Box<str>, Arc<ClusterState>>,
+    metrics: &crate::metrics::Metrics,
 ) -> Result<CompiledRoute, BuildError> {
     let describe = || {
         r.source
@@ -520,6 +531,12 @@ fn compile_route(
                 filters: b.filters.clone(),
             })
             .collect(),
+        counters: {
+            let (route, rule) = r.source.as_ref().map_or((String::new(), 0), |s| {
+                (format!("{}/{}/{}", s.kind, s.namespace, s.name), s.rule)
+            });
+            metrics.route(&route, rule)
+        },
         total_weight: r.backends.iter().map(|b| u64::from(b.weight)).sum(),
         next: AtomicUsize::new(0),
     })

@@ -41,6 +41,8 @@ pub struct Ctx {
     backend_filters: Vec<snap::Filter>,
     upstream: Option<SocketAddr>,
     h2c: bool,
+    counters: Option<Arc<crate::metrics::RouteCounters>>,
+    upstream_sent: Option<std::time::Instant>,
 }
 
 /// The Pingora proxy logic for one listener port.
@@ -142,6 +144,7 @@ impl ProxyHttp for Gateway {
             match table.router.route(self.port, &request) {
                 None => Decision::Status(404),
                 Some(route) => {
+                    ctx.counters = Some(route.counters.clone());
                     let redirect = route.route.filters.iter().find_map(|f| match &f.kind {
                         Some(filter::Kind::RequestRedirect(r)) => Some(r.clone()),
                         _ => None,
@@ -188,6 +191,10 @@ impl ProxyHttp for Gateway {
         }
     }
 
+    async fn logging(&self, session: &mut Session, _e: Option<&pingora::Error>, ctx: &mut Ctx) {
+        self.record(session, ctx);
+    }
+
     async fn upstream_peer(
         &self,
         _session: &mut Session,
@@ -220,6 +227,7 @@ impl ProxyHttp for Gateway {
         upstream: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> pingora::Result<()> {
+        ctx.upstream_sent = Some(std::time::Instant::now());
         let Some(route) = ctx.route.clone() else {
             return Ok(());
         };
@@ -259,6 +267,9 @@ impl ProxyHttp for Gateway {
         response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> pingora::Result<()> {
+        if let Some(sent) = ctx.upstream_sent.take() {
+            self.table.metrics().upstream_latency(sent.elapsed());
+        }
         let Some(route) = ctx.route.clone() else {
             return Ok(());
         };
@@ -287,10 +298,24 @@ impl Drop for ActiveGuard {
     }
 }
 
+impl Gateway {
+    fn record(&self, session: &Session, ctx: &Ctx) {
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        match &ctx.counters {
+            Some(c) => c.record(status),
+            None => self.table.metrics().unrouted(status),
+        }
+    }
+}
+
 enum Decision {
     Forward,
     Status(u16),
     Redirect(u16, String),
+}
+
+fn table_active(table: &SharedTable) -> Arc<AtomicUsize> {
+    table.metrics().active_connections.clone()
 }
 
 struct Running {
@@ -334,12 +359,12 @@ impl Listeners {
         shutdown: watch::Receiver<bool>,
     ) -> Self {
         Self {
+            active: table_active(&table),
             table,
             bind_ip,
             conf: Arc::new(ServerConf::default()),
             running: HashMap::new(),
             shutdown,
-            active: Arc::default(),
         }
     }
 

@@ -72,7 +72,7 @@ pub async fn serve(
         tokio::select! {
             _ = tick.tick() => {
                 if let Some(result) = watcher.poll() {
-                    match result.and_then(|s| Table::build(&s).map_err(|e| e.to_string()).map(|t| (s.version, t))) {
+                    match result.and_then(|s| Table::build(&s, table.metrics()).map_err(|e| e.to_string()).map(|t| (s.version, t))) {
                         Ok((version, t)) => {
                             table.store(t);
                             for e in listeners.sync().await {

@@ -1,6 +1,7 @@
 //! What a proxy serves at one moment: the routing table and the TLS certificates, built together
 //! from one snapshot and swapped in as one pointer.
 
+use crate::metrics::Metrics;
 use crate::router::{BuildError, Router};
 use crate::tls::{CertError, TlsStore};
 use arc_swap::ArcSwap;
@@ -23,9 +24,9 @@ pub enum TableError {
 
 impl Table {
     /// Builds everything a request needs, off the request path.
-    pub fn build(snapshot: &Snapshot) -> Result<Self, TableError> {
+    pub fn build(snapshot: &Snapshot, metrics: &Metrics) -> Result<Self, TableError> {
         Ok(Self {
-            router: Router::build(snapshot)?,
+            router: Router::build_with_metrics(snapshot, metrics)?,
             tls: TlsStore::build(snapshot)?,
         })
     }
@@ -47,6 +48,7 @@ pub struct SharedTable {
     /// False until the first real snapshot: readiness.
     loaded: Arc<std::sync::atomic::AtomicBool>,
     swaps: Arc<std::sync::atomic::AtomicU64>,
+    metrics: Arc<Metrics>,
 }
 
 impl Default for SharedTable {
@@ -55,6 +57,7 @@ impl Default for SharedTable {
             inner: Arc::new(ArcSwap::from_pointee(Table::empty())),
             loaded: Arc::default(),
             swaps: Arc::default(),
+            metrics: Arc::default(),
         }
     }
 }
@@ -74,6 +77,10 @@ impl SharedTable {
 
     pub fn is_loaded(&self) -> bool {
         self.loaded.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
     }
 
     pub fn swaps(&self) -> u64 {

@@ -128,6 +128,24 @@ async fn routes_filters_and_error_statuses() {
         404
     );
 
+    // Metrics: requests by route rule and status class, unrouted ones, upstream latency.
+    let metrics = get(&format!("http://{}/metrics", proxy.admin), &[])
+        .await
+        .unwrap()
+        .body;
+    for line in [
+        r#"coxswain_proxy_requests_total{route="HTTPRoute/t/exact",rule="0",code="2xx"} 1"#,
+        r#"coxswain_proxy_requests_total{route="HTTPRoute/t/redirect",rule="0",code="3xx"} 1"#,
+        r#"coxswain_proxy_requests_total{route="HTTPRoute/t/down",rule="0",code="5xx"} 1"#,
+        r#"coxswain_proxy_requests_total{route="",rule="",code="4xx"} 3"#,
+    ] {
+        assert!(metrics.contains(line), "{line} not in\n{metrics}");
+    }
+    assert!(
+        metrics.contains("coxswain_proxy_upstream_response_seconds_count"),
+        "{metrics}"
+    );
+
     // Weighted split: exact 3:1 shares from the rotating counter.
     let mut counts = std::collections::HashMap::new();
     for _ in 0..400 {

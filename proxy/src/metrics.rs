@@ -1,0 +1,172 @@
+//! Prometheus metrics of the data plane. Counters are atomics reached through `Arc`s that the
+//! routing table holds, so recording a request takes no lock and no allocation; the registry's
+//! lock is only taken when a table is built and when /metrics is scraped. Counters outlive
+//! tables, so a snapshot swap never resets them.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// Requests of one route rule by status class.
+#[derive(Debug, Default)]
+pub struct RouteCounters {
+    classes: [AtomicU64; 5],
+}
+
+impl RouteCounters {
+    pub fn record(&self, status: u16) {
+        let class = usize::from(status / 100).clamp(1, 5) - 1;
+        self.classes[class].fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Upstream response time (request sent to response header), cumulative buckets in seconds.
+const BUCKETS_MS: [u64; 11] = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000];
+
+#[derive(Debug, Default)]
+struct Histogram {
+    buckets: [AtomicU64; BUCKETS_MS.len()],
+    count: AtomicU64,
+    sum_micros: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+pub struct Metrics {
+    routes: Mutex<BTreeMap<(String, u32), Arc<RouteCounters>>>,
+    unrouted: RouteCounters,
+    upstream: Histogram,
+    pub active_connections: Arc<AtomicUsize>,
+}
+
+impl Metrics {
+    /// The counters of a route rule, created on first use and kept across tables.
+    pub fn route(&self, route: &str, rule: u32) -> Arc<RouteCounters> {
+        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        routes.entry((route.to_owned(), rule)).or_default().clone()
+    }
+
+    /// A request no route matched.
+    pub fn unrouted(&self, status: u16) {
+        self.unrouted.record(status);
+    }
+
+    pub fn upstream_latency(&self, d: Duration) {
+        let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        for (i, bound) in BUCKETS_MS.iter().enumerate() {
+            if ms <= *bound {
+                self.upstream.buckets[i].fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        self.upstream.count.fetch_add(1, Ordering::Relaxed);
+        let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.upstream
+            .sum_micros
+            .fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// Prometheus text exposition.
+    pub fn render(&self, out: &mut String) {
+        const CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+        let _ = writeln!(
+            out,
+            "# HELP coxswain_proxy_requests_total Requests by route rule and status class."
+        );
+        let _ = writeln!(out, "# TYPE coxswain_proxy_requests_total counter");
+        let routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        for ((route, rule), c) in routes.iter() {
+            for (i, class) in CLASSES.iter().enumerate() {
+                let n = c.classes[i].load(Ordering::Relaxed);
+                if n > 0 {
+                    let _ = writeln!(
+                        out,
+                        "coxswain_proxy_requests_total{{route=\"{route}\",rule=\"{rule}\",code=\"{class}\"}} {n}"
+                    );
+                }
+            }
+        }
+        drop(routes);
+        for (i, class) in CLASSES.iter().enumerate() {
+            let n = self.unrouted.classes[i].load(Ordering::Relaxed);
+            if n > 0 {
+                let _ = writeln!(
+                    out,
+                    "coxswain_proxy_requests_total{{route=\"\",rule=\"\",code=\"{class}\"}} {n}"
+                );
+            }
+        }
+        let _ = writeln!(
+            out,
+            "# HELP coxswain_proxy_upstream_response_seconds Time from sending a request upstream to its response header."
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE coxswain_proxy_upstream_response_seconds histogram"
+        );
+        for (i, bound) in BUCKETS_MS.iter().enumerate() {
+            let n = self.upstream.buckets[i].load(Ordering::Relaxed);
+            let le = *bound as f64 / 1000.0;
+            let _ = writeln!(
+                out,
+                "coxswain_proxy_upstream_response_seconds_bucket{{le=\"{le}\"}} {n}"
+            );
+        }
+        let count = self.upstream.count.load(Ordering::Relaxed);
+        let sum = self.upstream.sum_micros.load(Ordering::Relaxed) as f64 / 1e6;
+        let _ = writeln!(
+            out,
+            "coxswain_proxy_upstream_response_seconds_bucket{{le=\"+Inf\"}} {count}"
+        );
+        let _ = writeln!(out, "coxswain_proxy_upstream_response_seconds_sum {sum}");
+        let _ = writeln!(
+            out,
+            "coxswain_proxy_upstream_response_seconds_count {count}"
+        );
+        let _ = writeln!(
+            out,
+            "# HELP coxswain_proxy_active_connections Downstream connections open now."
+        );
+        let _ = writeln!(out, "# TYPE coxswain_proxy_active_connections gauge");
+        let _ = writeln!(
+            out,
+            "coxswain_proxy_active_connections {}",
+            self.active_connections.load(Ordering::Relaxed)
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counters_survive_rebuilds_and_render_as_prometheus_text() {
+        let m = Metrics::default();
+        m.route("HTTPRoute/web/app", 0).record(200);
+        // A new table asks again and gets the same counters.
+        m.route("HTTPRoute/web/app", 0).record(503);
+        m.unrouted(404);
+        m.upstream_latency(Duration::from_millis(7));
+        let mut text = String::new();
+        m.render(&mut text);
+        assert!(text.contains("coxswain_proxy_requests_total{route=\"HTTPRoute/web/app\",rule=\"0\",code=\"2xx\"} 1"), "{text}");
+        assert!(text.contains("code=\"5xx\"} 1"), "{text}");
+        assert!(
+            text.contains("coxswain_proxy_requests_total{route=\"\",rule=\"\",code=\"4xx\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("coxswain_proxy_upstream_response_seconds_bucket{le=\"0.005\"} 0"),
+            "{text}"
+        );
+        assert!(
+            text.contains("coxswain_proxy_upstream_response_seconds_bucket{le=\"0.01\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("coxswain_proxy_upstream_response_seconds_count 1"),
+            "{text}"
+        );
+    }
+}
