@@ -170,9 +170,20 @@ pub struct CompiledRoute {
     pub counters: Arc<crate::metrics::RouteCounters>,
     total_weight: u64,
     next: AtomicUsize,
+    mirror_seq: AtomicUsize,
 }
 
 impl CompiledRoute {
+    /// Whether this request is one of the `numerator` in every `denominator` that a mirror
+    /// copies (a rotating counter: exact shares, no randomness).
+    pub fn mirror_sampled(&self, numerator: u32, denominator: u32) -> bool {
+        if denominator == 0 || numerator == 0 {
+            return false;
+        }
+        let n = self.mirror_seq.fetch_add(1, Ordering::Relaxed) as u64;
+        n % u64::from(denominator) < u64::from(numerator)
+    }
+
     /// Weighted choice among the backends (a rotating counter over the cumulative weights:
     /// exact shares, no randomness, no lock), then an endpoint of that backend.
     pub fn pick(&self) -> Pick<'_> {
@@ -539,6 +550,7 @@ fn compile_route(
         },
         total_weight: r.backends.iter().map(|b| u64::from(b.weight)).sum(),
         next: AtomicUsize::new(0),
+        mirror_seq: AtomicUsize::new(0),
     })
 }
 

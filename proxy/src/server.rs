@@ -29,6 +29,52 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+mod mirror {
+    //! RequestMirror: a copy of the request (headers, no body) sent to another backend; the
+    //! answer is read and dropped, and nobody waits for it.
+
+    use pingora::http::RequestHeader;
+    use std::fmt::Write as _;
+    use std::net::SocketAddr;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    pub fn send(target: SocketAddr, req: &RequestHeader) {
+        let mut head = String::with_capacity(256);
+        let path = req.uri.path_and_query().map_or("/", |p| p.as_str());
+        let _ = write!(head, "{} {path} HTTP/1.1\r\n", req.method);
+        for (name, value) in &req.headers {
+            if name == "connection" || name == "content-length" || name == "transfer-encoding" {
+                continue;
+            }
+            if let Ok(v) = value.to_str() {
+                let _ = write!(head, "{name}: {v}\r\n");
+            }
+        }
+        if req.headers.get("host").is_none()
+            && let Some(a) = req.uri.authority()
+        {
+            let _ = write!(head, "host: {a}\r\n");
+        }
+        head.push_str("content-length: 0\r\nconnection: close\r\n\r\n");
+        tokio::spawn(async move {
+            let copy = async {
+                let mut s = tokio::net::TcpStream::connect(target).await?;
+                s.write_all(head.as_bytes()).await?;
+                let mut sink = [0u8; 4096];
+                while s.read(&mut sink).await? > 0 {}
+                Ok::<_, std::io::Error>(())
+            };
+            if let Err(e) = tokio::time::timeout(Duration::from_secs(10), copy)
+                .await
+                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
+            {
+                tracing::debug!(%target, error = %e, "mirror request failed");
+            }
+        });
+    }
+}
+
 mod pingora_proxy_alias {
     pub use pingora::proxy::HttpProxy;
 }
@@ -164,6 +210,15 @@ impl ProxyHttp for Gateway {
                     } else if route.route.direct_status != 0 {
                         Decision::Status(u16::try_from(route.route.direct_status).unwrap_or(500))
                     } else {
+                        for f in &route.route.filters {
+                            if let Some(filter::Kind::RequestMirror(m)) = &f.kind
+                                && route.mirror_sampled(m.numerator, m.denominator)
+                                && let Some(target) =
+                                    table.router.cluster(&m.cluster).and_then(|c| c.pick())
+                            {
+                                mirror::send(target, req);
+                            }
+                        }
                         match route.pick() {
                             Pick::Endpoint {
                                 addr,

@@ -129,16 +129,25 @@ async fn routes_filters_and_error_statuses() {
     );
 
     // Metrics: requests by route rule and status class, unrouted ones, upstream latency.
-    let metrics = get(&format!("http://{}/metrics", proxy.admin), &[])
-        .await
-        .unwrap()
-        .body;
-    for line in [
+    // Requests are counted in their log phase, just after the response went out: poll.
+    let want = [
         r#"coxswain_proxy_requests_total{route="HTTPRoute/t/exact",rule="0",code="2xx"} 1"#,
         r#"coxswain_proxy_requests_total{route="HTTPRoute/t/redirect",rule="0",code="3xx"} 1"#,
         r#"coxswain_proxy_requests_total{route="HTTPRoute/t/down",rule="0",code="5xx"} 1"#,
         r#"coxswain_proxy_requests_total{route="",rule="",code="4xx"} 3"#,
-    ] {
+    ];
+    let mut metrics = String::new();
+    for _ in 0..100 {
+        metrics = get(&format!("http://{}/metrics", proxy.admin), &[])
+            .await
+            .unwrap()
+            .body;
+        if want.iter().all(|l| metrics.contains(l)) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    for line in want {
         assert!(metrics.contains(line), "{line} not in\n{metrics}");
     }
     assert!(
@@ -329,6 +338,12 @@ async fn upgrade_echo_backend() -> std::net::SocketAddr {
                         .await;
                     return;
                 }
+                // Pingora 0.9.1 tears an upgrade down when the upstream's 101 arrives before the
+                // proxy has consumed the request's empty body (cloudflare/pingora#946, open):
+                // a backend answering within microseconds on loopback hits that race about
+                // one time in twenty. 20 ms stands for a real backend's round trip; the known
+                // limitation is in the README.
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 let _ = s
                     .write_all(b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\nconnection: Upgrade\r\n\r\n")
                     .await;
@@ -400,5 +415,73 @@ clusters:
         assert_eq!(back, message);
     }
     drop(s);
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_mirror_copies_a_share_of_requests() {
+    let (primary, primary_hits) = echo_backend_with_hits("primary").await;
+    let (mirror, mirror_hits) = echo_backend_with_hits("mirror").await;
+    let port = free_port();
+    let snap = snapshot(
+        r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: all, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /all}}
+      filters: [{kind: {requestMirror: {cluster: "t/mirror:80", numerator: 1, denominator: 1}}}]
+      backends: [{cluster: "t/primary:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: quarter, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /quarter}}
+      filters: [{kind: {requestMirror: {cluster: "t/mirror:80", numerator: 25, denominator: 100}}}]
+      backends: [{cluster: "t/primary:80", weight: 1}]
+clusters:
+- name: t/primary:80
+  endpoints: [{address: 127.0.0.1, port: {P}, ready: true}]
+- name: t/mirror:80
+  endpoints: [{address: 127.0.0.1, port: {M}, ready: true}]
+"#,
+        &[
+            ("PORT", port.to_string()),
+            ("P", primary.port().to_string()),
+            ("M", mirror.port().to_string()),
+        ],
+    );
+    let proxy = Proxy::start(&snap).await;
+    let client = shared_client();
+    for _ in 0..10 {
+        let r = request(&client, "GET", &format!("http://127.0.0.1:{port}/all"), &[])
+            .await
+            .unwrap();
+        assert_eq!(
+            r.header("x-backend"),
+            Some("primary"),
+            "the client sees the primary only"
+        );
+    }
+    for _ in 0..100 {
+        request(
+            &client,
+            "GET",
+            &format!("http://127.0.0.1:{port}/quarter"),
+            &[],
+        )
+        .await
+        .unwrap();
+    }
+    let ordering = std::sync::atomic::Ordering::Relaxed;
+    // Copies are not awaited: give them a moment to land.
+    for _ in 0..100 {
+        if mirror_hits.load(ordering) >= 35 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(primary_hits.load(ordering), 110);
+    assert_eq!(mirror_hits.load(ordering), 10 + 25);
     proxy.stop().await;
 }

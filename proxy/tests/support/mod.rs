@@ -29,6 +29,15 @@ pub fn free_port() -> u16 {
 /// An HTTP backend (HTTP/1.1 and h2c) that answers with what it received, as JSON, and names
 /// itself in `x-backend`. `/slow` answers after a second.
 pub async fn echo_backend(name: &'static str) -> SocketAddr {
+    echo_backend_with_hits(name).await.0
+}
+
+/// An echo backend and the number of requests it has received.
+pub async fn echo_backend_with_hits(
+    name: &'static str,
+) -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = hits.clone();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -36,9 +45,11 @@ pub async fn echo_backend(name: &'static str) -> SocketAddr {
             let Ok((stream, _)) = listener.accept().await else {
                 continue;
             };
+            let counter = counter.clone();
             tokio::spawn(async move {
-                let service =
-                    hyper::service::service_fn(move |req: Request<Incoming>| async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    async move {
                         if req.uri().path() == "/slow" {
                             tokio::time::sleep(Duration::from_secs(1)).await;
                         }
@@ -67,14 +78,15 @@ pub async fn echo_backend(name: &'static str) -> SocketAddr {
                                 .body(Full::new(Bytes::from(body.to_string())))
                                 .unwrap(),
                         )
-                    });
+                    }
+                });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
             });
         }
     });
-    addr
+    (addr, hits)
 }
 
 /// A proxy in standalone mode on a snapshot file.
