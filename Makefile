@@ -75,6 +75,10 @@ demo: ## Run Coxswain on a local cluster (arrives with the controller and proxy 
 	@echo "           'make cluster-up' starts the local control plane with every CRD installed."
 	@exit 1
 
+.PHONY: bench-proxy
+bench-proxy: ## wrk: coxswain vs nginx vs HAProxy as reverse proxies (installs them; not part of make test)
+	hack/bench/proxy.sh
+
 .PHONY: bench
 bench: ## Benchmarks (criterion): the compiler on 10k HTTPRoutes; proxy vs nginx/HAProxy arrives with the proxy
 	$(CARGO) bench -p coxswain-operator --bench compile

@@ -1,15 +1,16 @@
 //! Compiles the .proto contracts with protox (pure Rust), so no protoc binary is needed.
 
+const SNAPSHOT: &str = "proto/coxswain/snapshot/v1/snapshot.proto";
+const DISCOVERY: &str = "proto/coxswain/discovery/v1/discovery.proto";
+
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/coxswain/snapshot/v1/snapshot.proto"];
-    for p in protos {
+    for p in [SNAPSHOT, DISCOVERY] {
         println!("cargo:rerun-if-changed={p}");
     }
-    let fds = protox::compile(protos, ["proto"])?;
+    // The snapshot: messages only, with serde so it prints as JSON/YAML.
     tonic_prost_build::configure()
         .build_server(false)
         .build_client(false)
-        // serde so snapshots print as JSON/YAML for `coxswain snapshot compile -o json`.
         .type_attribute(".", "#[derive(serde::Serialize, serde::Deserialize)]")
         .type_attribute(".", "#[serde(rename_all = \"camelCase\")]")
         // Absent fields take their proto3 defaults, as on the wire.
@@ -35,6 +36,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "Cluster.app_protocol",
             "#[serde(with = \"crate::snapshot::serde_enum::app_protocol\")]",
         )
-        .compile_fds(fds)?;
+        .compile_fds(protox::compile([SNAPSHOT], ["proto"])?)?;
+    // Discovery: gRPC services; snapshot types come from the module above.
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .extern_path(".coxswain.snapshot.v1", "crate::snapshot")
+        .compile_fds(protox::compile([DISCOVERY], ["proto"])?)?;
     Ok(())
 }

@@ -5,12 +5,14 @@
 //! - [`names`]: every well-known name (controller name, labels, Lease, Services, ports, token
 //!   audience, SPIFFE IDs) so no other crate spells one.
 //! - [`snapshot`]: the compiled routing snapshot a proxy serves (protobuf).
+//! - [`discovery`]: the controller-proxy protocol (gRPC): SVID bootstrap and the snapshot stream.
 //!
 //! This crate depends on kube's derive and core types only, never on its client: the proxy
 //! links it and must hold no Kubernetes credentials.
 #![forbid(unsafe_code)]
 
 pub mod crd;
+pub mod discovery;
 pub mod names;
 pub mod snapshot;
 

@@ -246,6 +246,11 @@ impl ProxyHttp for Gateway {
         }
     }
 
+    /// A client that goes away mid-request is routine, not an error to log at ERROR.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, error: &pingora::Error) -> bool {
+        matches!(error.esource(), pingora::ErrorSource::Downstream)
+    }
+
     async fn logging(&self, session: &mut Session, _e: Option<&pingora::Error>, ctx: &mut Ctx) {
         self.record(session, ctx);
     }
