@@ -1,10 +1,11 @@
 //! The discovery certificate authority: it issues SPIFFE SVIDs to proxies whose
 //! ServiceAccount token the API server vouched for, and only to identities Coxswain deploys.
 //!
-//! This module is the pure part: key material, certificate issuance and the identity rules.
-//! The Secret that stores the CA and the TokenReview call live with the controller's I/O.
+//! `ca` and the rules here are pure: key material, certificate issuance, identity rules.
+//! `server` is the gRPC bootstrap service, which asks the API server (TokenReview).
 
 mod ca;
+pub mod server;
 
 pub use ca::{Ca, CaError, DEFAULT_SVID_LIFETIME};
 

@@ -1,0 +1,166 @@
+//! SVID bootstrap against a real API server: TokenReview decides, the allowlist narrows, the
+//! CA signs; real TLS and gRPC on loopback.
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+
+use coxswain_api::discovery::BootstrapRequest;
+use coxswain_api::discovery::identity_client::IdentityClient;
+use coxswain_operator::identity::server::{IdentityService, KubeTokenReviewer};
+use coxswain_operator::identity::{Allowlist, Ca};
+use coxswain_testenv::TestEnv;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use std::sync::{Arc, RwLock};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig};
+
+async fn token(env: &TestEnv, sa: &str, audience: &str) -> String {
+    let sas: Api<ServiceAccount> = env.api();
+    let _ = sas
+        .create(
+            &PostParams::default(),
+            &ServiceAccount {
+                metadata: ObjectMeta {
+                    name: Some(sa.into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            },
+        )
+        .await;
+    let req = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: Some(vec![audience.into()]),
+            expiration_seconds: Some(600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let issued: TokenRequest = sas
+        .create_subresource("token", sa, &PostParams::default(), &req)
+        .await
+        .unwrap();
+    issued.status.unwrap().token.unwrap()
+}
+
+fn csr() -> String {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let params =
+        rcgen::CertificateParams::new(vec!["i-want-to-be-the-controller".to_owned()]).unwrap();
+    params.serialize_request(&key).unwrap().pem().unwrap()
+}
+
+#[tokio::test]
+async fn bootstrap_issues_svids_only_for_valid_tokens_of_deployed_proxies() {
+    let env = TestEnv::new().await;
+    let now = time::OffsetDateTime::now_utc();
+    let ca = Arc::new(Ca::generate("cluster.local", now).unwrap());
+    let (server_cert, server_key) = ca
+        .sign_server(
+            &["localhost".to_owned()],
+            now,
+            std::time::Duration::from_secs(3600),
+        )
+        .unwrap();
+    let mut allow = Allowlist::new((&env.namespace, "coxswain-proxy"));
+    allow.allow_dedicated(&env.namespace, "edge", "coxswain");
+    let service = IdentityService {
+        ca: ca.clone(),
+        reviewer: KubeTokenReviewer {
+            client: env.client.clone(),
+        },
+        allowlist: Arc::new(RwLock::new(allow)),
+        trust_domain: "cluster.local".into(),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(async move {
+        coxswain_operator::identity::server::serve(
+            listener,
+            &server_cert,
+            &server_key,
+            service,
+            async {
+                let _ = stopped.await;
+            },
+        )
+        .await
+    });
+
+    let channel = Channel::from_shared(format!("https://localhost:{port}"))
+        .unwrap()
+        .tls_config(
+            ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca.cert_pem()))
+                .domain_name("localhost"),
+        )
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = IdentityClient::new(channel);
+    let bootstrap = |token: String| BootstrapRequest {
+        token,
+        csr_pem: csr(),
+    };
+
+    // The shared proxy's and a dedicated Gateway's ServiceAccounts get SVIDs.
+    for sa in ["coxswain-proxy", "edge-coxswain"] {
+        let t = token(&env, sa, "coxswain-discovery").await;
+        let resp = client.bootstrap(bootstrap(t)).await.unwrap().into_inner();
+        assert_eq!(
+            resp.spiffe_id,
+            format!("spiffe://cluster.local/ns/{}/sa/{sa}", env.namespace)
+        );
+        assert!(resp.certificate_chain_pem.contains("BEGIN CERTIFICATE"));
+        assert_eq!(resp.trust_bundle_pem, ca.cert_pem());
+        let (_, pem) =
+            x509_parser::pem::parse_x509_pem(resp.certificate_chain_pem.as_bytes()).unwrap();
+        let cert = pem.parse_x509().unwrap();
+        let sans = &cert
+            .subject_alternative_name()
+            .unwrap()
+            .unwrap()
+            .value
+            .general_names;
+        assert_eq!(
+            sans.len(),
+            1,
+            "only the SPIFFE ID, never the names the CSR asked for"
+        );
+    }
+
+    // A token for another audience is refused.
+    let wrong_audience = token(&env, "coxswain-proxy", "https://kubernetes.default.svc").await;
+    let err = client
+        .bootstrap(bootstrap(wrong_audience))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err}");
+
+    // A valid token of a ServiceAccount Coxswain does not deploy is refused.
+    let stranger = token(&env, "default-app", "coxswain-discovery").await;
+    let err = client.bootstrap(bootstrap(stranger)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
+    assert!(err.message().contains("default-app"), "{err}");
+
+    // Garbage is refused without a round trip to anything that matters.
+    let err = client
+        .bootstrap(bootstrap("not-a-jwt".into()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    let good = token(&env, "coxswain-proxy", "coxswain-discovery").await;
+    let err = client
+        .bootstrap(BootstrapRequest {
+            token: good,
+            csr_pem: "not a csr".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+}
