@@ -3,6 +3,7 @@
 
 pub mod cli;
 pub mod compile;
+pub mod discovery;
 pub mod identity;
 pub mod manifests;
 pub mod snapshot_cmd;
