@@ -236,6 +236,19 @@ pub struct ProxyArgs {
     )]
     pub discovery_bootstrap_endpoint: String,
 
+    /// CA bundle that signs the controller's discovery and bootstrap listeners (the published
+    /// trust bundle, mounted from a ConfigMap).
+    #[arg(
+        long,
+        env = "COXSWAIN_DISCOVERY_TRUST_BUNDLE",
+        default_value = "/var/run/coxswain/trust/ca.crt"
+    )]
+    pub discovery_trust_bundle: PathBuf,
+
+    /// Name of this proxy in the controller's records (downward API: the pod name).
+    #[arg(long, env = "COXSWAIN_POD_NAME")]
+    pub node_id: Option<String>,
+
     /// Projected ServiceAccount token (audience coxswain-discovery) used only for bootstrap.
     #[arg(
         long,

@@ -1,7 +1,8 @@
 //! `coxswain`: one binary, several roles. See `coxswain --help`.
 
 use clap::Parser;
-use coxswain_operator::cli::{Cli, Command, ProxyMode, ServeRole};
+use coxswain_api::snapshot as snap;
+use coxswain_operator::cli::{Cli, Command, ProxyArgs, ProxyMode, ServeRole};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -40,8 +41,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Serve(serve) => match serve.role {
             ServeRole::Controller(_) => not_yet("serve controller", 7),
             ServeRole::Proxy(proxy) => match proxy.mode() {
-                ProxyMode::Shared => not_yet("serve proxy --shared", 6),
-                ProxyMode::Dedicated { .. } => not_yet("serve proxy --dedicated", 6),
+                ProxyMode::Shared => {
+                    serve_discovery(&proxy, snap::scope::Kind::SharedPool(snap::SharedPool {}))
+                }
+                ProxyMode::Dedicated { name, namespace } => serve_discovery(
+                    &proxy,
+                    snap::scope::Kind::Gateway(snap::ObjectRef { namespace, name }),
+                ),
                 ProxyMode::Standalone(path) => {
                     coxswain_proxy::standalone::run(
                         coxswain_proxy::standalone::StandaloneConfig {
@@ -60,6 +66,51 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             },
         },
     }
+}
+
+/// `serve proxy --shared|--dedicated`: a data plane fed by the controller's discovery stream.
+fn serve_discovery(proxy: &ProxyArgs, scope: snap::scope::Kind) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    let config = coxswain_proxy::discovery::DiscoveryConfig {
+        endpoints: proxy.discovery_endpoint.clone(),
+        bootstrap_endpoint: proxy.discovery_bootstrap_endpoint.clone(),
+        token_path: proxy.token_path.clone(),
+        trust_bundle_path: proxy.discovery_trust_bundle.clone(),
+        scope: snap::Scope { kind: Some(scope) },
+        node_id: proxy.node_id.clone().unwrap_or_else(|| "proxy".into()),
+    };
+    let threads = proxy
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads.max(1))
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(async {
+        let stop = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            let interrupt = tokio::signal::ctrl_c();
+            match term.as_mut() {
+                Some(t) => {
+                    tokio::select! { _ = t.recv() => {}, _ = interrupt => {} }
+                }
+                None => {
+                    let _ = interrupt.await;
+                }
+            }
+        };
+        coxswain_proxy::discovery::serve(
+            config,
+            proxy.bind_address,
+            proxy.admin.health_addr,
+            std::time::Duration::from_secs(proxy.drain_seconds),
+            stop,
+        )
+        .await
+    })?;
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Roles whose implementation has not landed yet say so plainly instead of pretending to run.

@@ -111,7 +111,7 @@ fn crd_out_dir_writes_one_file_per_crd() {
 
 #[test]
 fn unimplemented_roles_say_so_and_fail() {
-    let out = coxswain(&["serve", "proxy", "--shared"]);
+    let out = coxswain(&["serve", "controller"]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("not implemented"), "{}", stderr(&out));
 }

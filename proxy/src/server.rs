@@ -481,6 +481,24 @@ impl Listeners {
         p
     }
 
+    /// Stops accepting, tells connections to finish, and waits up to `grace` for them.
+    pub async fn drain(&mut self, shutdown: &watch::Sender<bool>, grace: Duration) {
+        tracing::info!(?grace, "stopping: no new connections, draining");
+        self.close_all().await;
+        let _ = shutdown.send(true);
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.active_connections() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let left = self.active_connections();
+        if left > 0 {
+            tracing::warn!(
+                connections = left,
+                "drain period over; closing what is left"
+            );
+        }
+    }
+
     /// Stops accepting on every port and closes idle keep-alive connections.
     pub async fn close_all(&mut self) {
         for (_, r) in self.running.drain() {

@@ -91,20 +91,7 @@ pub async fn serve(
             () = &mut stop => break,
         }
     }
-    tracing::info!(drain = ?config.drain, "stopping: no new connections, draining");
-    listeners.close_all().await;
-    let _ = shutdown_tx.send(true);
-    let deadline = tokio::time::Instant::now() + config.drain;
-    while listeners.active_connections() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let left = listeners.active_connections();
-    if left > 0 {
-        tracing::warn!(
-            connections = left,
-            "drain period over; closing what is left"
-        );
-    }
+    listeners.drain(&shutdown_tx, config.drain).await;
     Ok(())
 }
 

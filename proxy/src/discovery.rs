@@ -1,0 +1,311 @@
+//! The proxy's side of discovery: bootstrap an SVID with the projected token, then hold the
+//! mutual-TLS stream to the controller, applying each snapshot all-or-nothing.
+//!
+//! The private key is generated here and never leaves the process. Tables are never cleared
+//! when the controller goes away: the proxy keeps serving its last good snapshot and reconnects
+//! with jittered exponential backoff.
+
+use crate::server::Listeners;
+use crate::table::{SharedTable, Table};
+use coxswain_api::discovery::discovery_client::DiscoveryClient;
+use coxswain_api::discovery::identity_client::IdentityClient;
+use coxswain_api::discovery::{
+    Ack, BootstrapRequest, BoundListener, Nack, NodeStatus, ProxyMessage, Subscribe, WIRE_VERSION,
+    controller_message, proxy_message,
+};
+use coxswain_api::snapshot::Scope;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+#[derive(Debug, Clone)]
+pub struct DiscoveryConfig {
+    /// Stream endpoints (`https://host:port`), tried in turn.
+    pub endpoints: Vec<String>,
+    pub bootstrap_endpoint: String,
+    /// The projected ServiceAccount token (audience coxswain-discovery).
+    pub token_path: PathBuf,
+    /// CA certificates that sign the controller's listeners (the published trust bundle).
+    pub trust_bundle_path: PathBuf,
+    pub scope: Scope,
+    pub node_id: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error("reading {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("endpoint {endpoint}: {message}")]
+    Endpoint { endpoint: String, message: String },
+    #[error("bootstrap refused: {0}")]
+    Bootstrap(tonic::Status),
+    #[error("stream refused: {0}")]
+    Stream(tonic::Status),
+    #[error("connecting: {0}")]
+    Connect(String),
+    #[error("generating a key: {0}")]
+    Key(String),
+}
+
+impl DiscoveryError {
+    /// A standby controller answered: retry soon, the leader is about to be reachable.
+    fn is_not_leader(&self) -> bool {
+        matches!(self, Self::Stream(s) if s.code() == tonic::Code::FailedPrecondition && s.message().contains("not the leader"))
+    }
+}
+
+/// An SVID and its key, held in memory only.
+#[derive(Clone)]
+pub struct Svid {
+    pub chain_pem: String,
+    pub key_pem: String,
+    pub trust_bundle_pem: String,
+    pub spiffe_id: String,
+    pub not_after: i64,
+    /// Half-way through its life: when to get a new one.
+    pub renew_at: i64,
+}
+
+fn unix_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
+}
+
+fn read(path: &PathBuf) -> Result<String, DiscoveryError> {
+    std::fs::read_to_string(path).map_err(|source| DiscoveryError::Read {
+        path: path.clone(),
+        source,
+    })
+}
+
+async fn channel(
+    endpoint: &str,
+    ca_pem: &str,
+    identity: Option<&Svid>,
+) -> Result<Channel, DiscoveryError> {
+    let err = |message: String| DiscoveryError::Endpoint {
+        endpoint: endpoint.to_owned(),
+        message,
+    };
+    let uri: tonic::transport::Uri = endpoint.parse().map_err(|e| err(format!("{e}")))?;
+    let host = uri.host().ok_or_else(|| err("no host".into()))?.to_owned();
+    let mut tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(ca_pem))
+        .domain_name(host);
+    if let Some(svid) = identity {
+        tls = tls.identity(Identity::from_pem(&svid.chain_pem, &svid.key_pem));
+    }
+    Channel::builder(uri)
+        .tls_config(tls)
+        .map_err(|e| err(e.to_string()))?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| DiscoveryError::Connect(format!("{endpoint}: {e}")))
+}
+
+/// Trades the token and a fresh CSR for an SVID.
+pub async fn bootstrap(config: &DiscoveryConfig) -> Result<Svid, DiscoveryError> {
+    let token = read(&config.token_path)?.trim().to_owned();
+    let trust = read(&config.trust_bundle_path)?;
+    let key = rcgen::KeyPair::generate().map_err(|e| DiscoveryError::Key(e.to_string()))?;
+    let csr = rcgen::CertificateParams::default()
+        .serialize_request(&key)
+        .and_then(|r| r.pem())
+        .map_err(|e| DiscoveryError::Key(e.to_string()))?;
+    let mut client = IdentityClient::new(channel(&config.bootstrap_endpoint, &trust, None).await?);
+    let resp = client
+        .bootstrap(BootstrapRequest {
+            token,
+            csr_pem: csr,
+        })
+        .await
+        .map_err(DiscoveryError::Bootstrap)?
+        .into_inner();
+    tracing::info!(spiffe_id = %resp.spiffe_id, not_after = resp.not_after, "SVID issued");
+    let now = unix_now();
+    Ok(Svid {
+        renew_at: now + (resp.not_after - now).max(0) / 2,
+        chain_pem: resp.certificate_chain_pem,
+        key_pem: key.serialize_pem(),
+        trust_bundle_pem: resp.trust_bundle_pem,
+        spiffe_id: resp.spiffe_id,
+        not_after: resp.not_after,
+    })
+}
+
+/// One stream session: subscribe, then apply pushes until the stream ends.
+async fn session(
+    config: &DiscoveryConfig,
+    endpoint: &str,
+    svid: &Svid,
+    table: &SharedTable,
+    listeners: &mut Listeners,
+) -> Result<(), DiscoveryError> {
+    let mut client =
+        DiscoveryClient::new(channel(endpoint, &svid.trust_bundle_pem, Some(svid)).await?);
+    let (tx, rx) = mpsc::channel(8);
+    let send = |kind| ProxyMessage { kind: Some(kind) };
+    let _ = tx
+        .send(send(proxy_message::Kind::Subscribe(Subscribe {
+            node_id: config.node_id.clone(),
+            wire_version: WIRE_VERSION,
+            scope: Some(config.scope.clone()),
+        })))
+        .await;
+    let mut pushes = client
+        .stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await
+        .map_err(DiscoveryError::Stream)?
+        .into_inner();
+    tracing::info!(%endpoint, "discovery stream open");
+    while let Some(msg) = pushes.message().await.map_err(DiscoveryError::Stream)? {
+        let Some(controller_message::Kind::Snapshot(push)) = msg.kind else {
+            continue;
+        };
+        let Some(snapshot) = push.snapshot else {
+            continue;
+        };
+        let version = snapshot.version.clone();
+        // All or nothing: a snapshot that does not build leaves the current table serving.
+        match Table::build(&snapshot, table.metrics()) {
+            Ok(t) => {
+                table.store(t);
+                let errors = listeners.sync().await;
+                for e in &errors {
+                    tracing::error!(error = %e, "listener not bound");
+                }
+                let _ = tx
+                    .send(send(proxy_message::Kind::Ack(Ack {
+                        version: version.clone(),
+                        nonce: push.nonce,
+                    })))
+                    .await;
+                let failed: Vec<String> = errors.iter().map(ToString::to_string).collect();
+                let mut bound: Vec<BoundListener> = listeners
+                    .ports()
+                    .into_iter()
+                    .map(|p| BoundListener {
+                        port: u32::from(p),
+                        bound: true,
+                        error: String::new(),
+                    })
+                    .collect();
+                bound.extend(failed.into_iter().map(|error| BoundListener {
+                    port: 0,
+                    bound: false,
+                    error,
+                }));
+                let _ = tx
+                    .send(send(proxy_message::Kind::NodeStatus(NodeStatus {
+                        snapshot_version: version.clone(),
+                        listeners: bound,
+                    })))
+                    .await;
+                tracing::info!(%version, ports = ?listeners.ports(), "snapshot applied");
+            }
+            Err(e) => {
+                tracing::error!(%version, error = %e, "snapshot refused; still serving the previous one");
+                let _ = tx
+                    .send(send(proxy_message::Kind::Nack(Nack {
+                        version,
+                        nonce: push.nonce,
+                        error: e.to_string(),
+                    })))
+                    .await;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Keeps the proxy connected until `stop` completes. Bootstraps first, renews the SVID at half
+/// its life, and re-bootstraps after repeated failures.
+pub async fn run(
+    config: DiscoveryConfig,
+    table: SharedTable,
+    listeners: &mut Listeners,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(stop);
+    let mut svid: Option<Svid> = None;
+    let mut failures: u32 = 0;
+    let mut endpoint_index = 0usize;
+    loop {
+        let renew = failures >= 3 || svid.as_ref().is_none_or(|s| unix_now() >= s.renew_at);
+        if renew {
+            match bootstrap(&config).await {
+                Ok(s) => {
+                    svid = Some(s);
+                    failures = 0;
+                }
+                Err(e) => tracing::warn!(error = %e, "bootstrap failed"),
+            }
+        }
+        let result = match &svid {
+            Some(s) => {
+                let endpoint =
+                    config.endpoints[endpoint_index % config.endpoints.len().max(1)].clone();
+                tokio::select! {
+                    r = session(&config, &endpoint, s, &table, listeners) => r,
+                    () = &mut stop => return,
+                }
+            }
+            None => Err(DiscoveryError::Connect("no SVID".into())),
+        };
+        let delay = match &result {
+            Ok(()) => {
+                failures = 0;
+                Duration::from_millis(250)
+            }
+            Err(e) if e.is_not_leader() => {
+                endpoint_index += 1;
+                Duration::from_millis(250 + jitter(250))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, failures, "discovery stream lost; serving the last snapshot");
+                failures += 1;
+                endpoint_index += 1;
+                let base = 250u64.saturating_mul(1 << failures.min(7)).min(30_000);
+                Duration::from_millis(base / 2 + jitter(base / 2))
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = &mut stop => return,
+        }
+    }
+}
+
+/// A cheap jitter source: the clock's sub-second nanoseconds.
+fn jitter(max_ms: u64) -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::from(d.subsec_nanos()));
+    if max_ms == 0 { 0 } else { nanos % max_ms }
+}
+
+/// The proxy process in cluster mode: admin endpoints, listeners that follow the pushed
+/// snapshots, and a drain on `stop`.
+pub async fn serve(
+    config: DiscoveryConfig,
+    bind_ip: std::net::IpAddr,
+    admin_addr: std::net::SocketAddr,
+    drain: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), crate::admin::AdminError> {
+    let table = SharedTable::default();
+    let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+    let mut listeners = Listeners::new(table.clone(), bind_ip, shutdown_rx);
+    let admin = crate::admin::serve(admin_addr, table.clone()).await?;
+    tracing::info!(addr = %admin, "admin endpoints listening");
+    run(config, table, &mut listeners, stop).await;
+    listeners.drain(&shutdown_tx, drain).await;
+    Ok(())
+}
