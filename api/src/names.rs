@@ -36,6 +36,8 @@ pub const METRICS_PORT: u16 = 8083;
 
 /// Secret holding the discovery CA certificate and key.
 pub const CA_SECRET: &str = "coxswain-discovery-ca";
+/// ConfigMap publishing the discovery CA certificate (key `ca.crt`) for proxies to mount.
+pub const TRUST_BUNDLE_CONFIGMAP: &str = "coxswain-discovery-trust";
 /// Audience of the projected ServiceAccount token a proxy presents for SVID bootstrap.
 pub const TOKEN_AUDIENCE: &str = "coxswain-discovery";
 /// SPIFFE trust domain used when none is configured.

@@ -174,6 +174,11 @@ pub struct ControllerArgs {
     #[arg(long, env = "COXSWAIN_TRUST_DOMAIN", default_value = names::DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
 
+    /// Who provides the discovery CA (Secret coxswain-discovery-ca): `auto` creates it when
+    /// absent; `external` refuses to start without it.
+    #[arg(long, env = "COXSWAIN_CA_MODE", value_enum, default_value_t = crate::identity::store::CaMode::Auto)]
+    pub ca_mode: crate::identity::store::CaMode,
+
     /// Image of dedicated proxies when CoxswainGatewayParameters sets none.
     #[arg(long, env = "COXSWAIN_PROXY_IMAGE")]
     pub proxy_image: Option<String>,

@@ -164,3 +164,53 @@ async fn bootstrap_issues_svids_only_for_valid_tokens_of_deployed_proxies() {
     let _ = stop.send(());
     server.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn the_ca_lives_in_a_secret_shared_by_replicas_and_external_mode_fails_closed() {
+    use coxswain_operator::identity::store::{
+        CaMode, CaStoreError, load_or_create, publish_trust_bundle,
+    };
+    let env = TestEnv::new().await;
+    // External mode with no Secret: refuse to start rather than invent a CA.
+    let err = load_or_create(
+        &env.client,
+        &env.namespace,
+        "cluster.local",
+        CaMode::External,
+    )
+    .await
+    .unwrap_err();
+    assert!(matches!(err, CaStoreError::Missing { .. }), "{err}");
+
+    // Auto mode creates it once; later loads (other replicas, restarts) get the same CA.
+    let first = load_or_create(&env.client, &env.namespace, "cluster.local", CaMode::Auto)
+        .await
+        .unwrap();
+    let again = load_or_create(&env.client, &env.namespace, "cluster.local", CaMode::Auto)
+        .await
+        .unwrap();
+    let external = load_or_create(
+        &env.client,
+        &env.namespace,
+        "cluster.local",
+        CaMode::External,
+    )
+    .await
+    .unwrap();
+    assert_eq!(first.cert_pem(), again.cert_pem());
+    assert_eq!(first.cert_pem(), external.cert_pem());
+    assert_eq!(first.key_pem(), again.key_pem());
+
+    // The trust bundle carries the certificate and never the key.
+    publish_trust_bundle(&env.client, &env.namespace, &first)
+        .await
+        .unwrap();
+    let cm = env
+        .api::<k8s_openapi::api::core::v1::ConfigMap>()
+        .get(coxswain_api::names::TRUST_BUNDLE_CONFIGMAP)
+        .await
+        .unwrap();
+    let data = cm.data.unwrap();
+    assert_eq!(data["ca.crt"], first.cert_pem());
+    assert!(!data.values().any(|v| v.contains("PRIVATE KEY")));
+}

@@ -6,6 +6,7 @@
 
 mod ca;
 pub mod server;
+pub mod store;
 
 pub use ca::{Ca, CaError, DEFAULT_SVID_LIFETIME};
 
