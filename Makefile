@@ -70,9 +70,10 @@ cluster-down: ## Stop the local control plane and remove its state
 ##@ Run
 
 .PHONY: demo
-demo: ## Run Coxswain on a local cluster (arrives with the controller and proxy roles)
-	@echo "make demo: not available yet. The controller (issue 7) and proxy (issue 5) roles have not landed;"
-	@echo "           'make cluster-up' starts the local control plane with every CRD installed."
+demo: ## Run Coxswain on a local cluster (needs the test node, issue 10)
+	@echo "make demo: not available yet: it needs pods to run on the local cluster (the test node, issue 10)"
+	@echo "           and the controller's status writer (issue 7). Meanwhile 'make cluster-up' starts the"
+	@echo "           control plane; 'coxswain serve controller' and 'coxswain serve proxy' run against it."
 	@exit 1
 
 .PHONY: bench-proxy

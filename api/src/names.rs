@@ -21,6 +21,8 @@ pub const LEADER_LEASE: &str = "coxswain-leader";
 pub const LEADER_LABEL: &str = "discovery.coxswain-labs.dev/leader";
 pub const LEADER_LABEL_VALUE: &str = "true";
 
+/// ServiceAccount of the shared proxy pool, in the controller's namespace.
+pub const SHARED_PROXY_SERVICE_ACCOUNT: &str = "coxswain-proxy";
 /// Service in front of the leader's discovery stream listener.
 pub const DISCOVERY_SERVICE: &str = "coxswain-controller-discovery";
 /// Service in front of every replica's bootstrap (identity) listener.

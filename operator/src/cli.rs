@@ -174,6 +174,11 @@ pub struct ControllerArgs {
     #[arg(long, env = "COXSWAIN_TRUST_DOMAIN", default_value = names::DEFAULT_TRUST_DOMAIN)]
     pub trust_domain: String,
 
+    /// ServiceAccount of the shared proxy pool (in --namespace): the identity allowed to
+    /// subscribe to the shared pool's snapshots.
+    #[arg(long, env = "COXSWAIN_SHARED_PROXY_SERVICE_ACCOUNT", default_value = names::SHARED_PROXY_SERVICE_ACCOUNT)]
+    pub shared_proxy_service_account: String,
+
     /// Who provides the discovery CA (Secret coxswain-discovery-ca): `auto` creates it when
     /// absent; `external` refuses to start without it.
     #[arg(long, env = "COXSWAIN_CA_MODE", value_enum, default_value_t = crate::identity::store::CaMode::Auto)]

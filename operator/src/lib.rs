@@ -3,8 +3,10 @@
 
 pub mod cli;
 pub mod compile;
+pub mod controller;
 pub mod discovery;
 pub mod identity;
 pub mod manifests;
+pub mod reflector;
 pub mod snapshot_cmd;
 pub mod telemetry;

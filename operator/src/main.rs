@@ -2,7 +2,7 @@
 
 use clap::Parser;
 use coxswain_api::snapshot as snap;
-use coxswain_operator::cli::{Cli, Command, ProxyArgs, ProxyMode, ServeRole};
+use coxswain_operator::cli::{Cli, Command, ControllerArgs, ProxyArgs, ProxyMode, ServeRole};
 use std::io::Write;
 use std::process::ExitCode;
 
@@ -39,7 +39,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Serve(serve) => match serve.role {
-            ServeRole::Controller(_) => not_yet("serve controller", 7),
+            ServeRole::Controller(args) => serve_controller(args),
             ServeRole::Proxy(proxy) => match proxy.mode() {
                 ProxyMode::Shared => {
                     serve_discovery(&proxy, snap::scope::Kind::SharedPool(snap::SharedPool {}))
@@ -113,10 +113,50 @@ fn serve_discovery(proxy: &ProxyArgs, scope: snap::scope::Kind) -> anyhow::Resul
     Ok(ExitCode::SUCCESS)
 }
 
-/// Roles whose implementation has not landed yet say so plainly instead of pretending to run.
-fn not_yet(role: &str, issue: u32) -> anyhow::Result<ExitCode> {
-    eprintln!(
-        "coxswain: `{role}` is not implemented in this build yet (tracked in issue #{issue})"
-    );
-    Ok(ExitCode::from(3))
+/// `serve controller`: the only role with Kubernetes credentials.
+fn serve_controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
+    use anyhow::Context;
+    use coxswain_api::names;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    runtime.block_on(async {
+        let client = kube::Client::try_default()
+            .await
+            .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
+        let ns = &args.namespace;
+        let mut server_names = vec!["localhost".to_owned()];
+        for svc in [names::DISCOVERY_SERVICE, names::BOOTSTRAP_SERVICE] {
+            server_names.push(format!("{svc}.{ns}.svc"));
+            server_names.push(format!("{svc}.{ns}.svc.cluster.local"));
+        }
+        let config = coxswain_operator::controller::ControllerConfig {
+            namespace: ns.clone(),
+            controller_name: args.controller_name.clone(),
+            trust_domain: args.trust_domain.clone(),
+            ca_mode: args.ca_mode,
+            discovery_addr: args.discovery_addr,
+            bootstrap_addr: args.bootstrap_addr,
+            server_names,
+            shared_proxy_service_account: args.shared_proxy_service_account.clone(),
+        };
+        let stop = async {
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+            let interrupt = tokio::signal::ctrl_c();
+            match term.as_mut() {
+                Some(t) => {
+                    tokio::select! { _ = t.recv() => {}, _ = interrupt => {} }
+                }
+                None => {
+                    let _ = interrupt.await;
+                }
+            }
+        };
+        coxswain_operator::controller::run(client, config, stop)
+            .await
+            .context("controller")
+    })?;
+    Ok(ExitCode::SUCCESS)
 }

@@ -110,10 +110,26 @@ fn crd_out_dir_writes_one_file_per_crd() {
 }
 
 #[test]
-fn unimplemented_roles_say_so_and_fail() {
-    let out = coxswain(&["serve", "controller"]);
-    assert!(!out.status.success());
-    assert!(stderr(&out).contains("not implemented"), "{}", stderr(&out));
+fn the_controller_without_an_api_server_fails_with_a_clear_message() {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_coxswain"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("COXSWAIN_") {
+            cmd.env_remove(key);
+        }
+    }
+    let out = cmd
+        .args(["serve", "controller"])
+        .env("KUBECONFIG", "/nonexistent/kubeconfig")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("HOME", "/nonexistent")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        stderr(&out).contains("connecting to the Kubernetes API"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 const MANIFESTS: &str = r#"

@@ -1,0 +1,181 @@
+//! `serve controller`: the reflector feeds the compiler; compiled snapshots go to the
+//! discovery hub; the identity and discovery listeners serve proxies.
+//!
+//! This replica always acts as the leader for now: Lease-based election, the leader pod label
+//! and the status writer arrive with the rest of issue 7.
+
+use crate::compile::{self, ScopeKey};
+use crate::discovery::{DiscoveryService, Hub};
+use crate::identity::Allowlist;
+use crate::identity::server::{IdentityService, KubeTokenReviewer};
+use crate::identity::store::{self, CaMode};
+use crate::reflector::Reflector;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct ControllerConfig {
+    pub namespace: String,
+    pub controller_name: String,
+    pub trust_domain: String,
+    pub ca_mode: CaMode,
+    pub discovery_addr: SocketAddr,
+    pub bootstrap_addr: SocketAddr,
+    /// DNS names on the listeners' certificate (the Services' names, and localhost).
+    pub server_names: Vec<String>,
+    /// The shared proxy pool's ServiceAccount in `namespace`.
+    pub shared_proxy_service_account: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    #[error(transparent)]
+    Ca(#[from] store::CaStoreError),
+    #[error("issuing the listeners' certificate: {0}")]
+    ServerCert(#[source] crate::identity::CaError),
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The listeners' certificate lives a year; it is issued at start (not rotated while running).
+const SERVER_CERT_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
+/// Changes arriving within this window are compiled together.
+const DEBOUNCE: Duration = Duration::from_millis(50);
+
+pub async fn run(
+    client: kube::Client,
+    config: ControllerConfig,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), ControllerError> {
+    let ca = Arc::new(
+        store::load_or_create(
+            &client,
+            &config.namespace,
+            &config.trust_domain,
+            config.ca_mode,
+        )
+        .await?,
+    );
+    store::publish_trust_bundle(&client, &config.namespace, &ca).await?;
+    let (cert, key) = ca
+        .sign_server(
+            &config.server_names,
+            time::OffsetDateTime::now_utc(),
+            SERVER_CERT_LIFETIME,
+        )
+        .map_err(ControllerError::ServerCert)?;
+
+    let hub = Arc::new(Hub::default());
+    hub.allow(
+        ScopeKey::SharedPool,
+        &config.namespace,
+        &config.shared_proxy_service_account,
+    );
+    let allowlist = Arc::new(RwLock::new(Allowlist::new((
+        &config.namespace,
+        &config.shared_proxy_service_account,
+    ))));
+    let bind = |addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ControllerError::Bind { addr, source })
+    };
+    let (bootstrap, discovery) = (
+        bind(config.bootstrap_addr).await?,
+        bind(config.discovery_addr).await?,
+    );
+    let identity = IdentityService {
+        ca: ca.clone(),
+        reviewer: KubeTokenReviewer {
+            client: client.clone(),
+        },
+        allowlist: allowlist.clone(),
+        trust_domain: config.trust_domain.clone(),
+    };
+    let (c, k) = (cert.clone(), key.clone());
+    tokio::spawn(async move {
+        if let Err(e) =
+            crate::identity::server::serve(bootstrap, &c, &k, identity, std::future::pending())
+                .await
+        {
+            tracing::error!(error = %e, "bootstrap listener stopped");
+        }
+    });
+    let service = DiscoveryService {
+        hub: hub.clone(),
+        leader: Arc::new(AtomicBool::new(true)),
+    };
+    let ca_pem = ca.cert_pem().to_owned();
+    tokio::spawn(async move {
+        if let Err(e) = crate::discovery::serve(
+            discovery,
+            &cert,
+            &key,
+            &ca_pem,
+            service,
+            std::future::pending(),
+        )
+        .await
+        {
+            tracing::error!(error = %e, "discovery listener stopped");
+        }
+    });
+    tracing::info!(discovery = %config.discovery_addr, bootstrap = %config.bootstrap_addr, "controller listening");
+
+    let reflector = Reflector::start(&client);
+    let compile_config = compile::Config {
+        controller_name: config.controller_name.clone(),
+        ..Default::default()
+    };
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = reflector.changed.notified() => {}
+            () = &mut stop => break,
+        }
+        tokio::time::sleep(DEBOUNCE).await;
+        let store = reflector.snapshot();
+        let compiled = compile::compile(&store, &compile_config);
+        // Dedicated Gateways: their proxies' ServiceAccounts may bootstrap and subscribe.
+        {
+            let mut allow = allowlist.write().unwrap_or_else(|p| p.into_inner());
+            let mut fresh =
+                Allowlist::new((&config.namespace, &config.shared_proxy_service_account));
+            for gw in &store.gateways {
+                let (Some(ns), Some(name)) = (
+                    gw.metadata.namespace.as_deref(),
+                    gw.metadata.name.as_deref(),
+                ) else {
+                    continue;
+                };
+                let key = compile::status::ObjectKey::new(ns, name);
+                if compiled
+                    .status
+                    .gateways
+                    .get(&key)
+                    .is_some_and(|s| s.dedicated)
+                {
+                    let class = &gw.spec.gateway_class_name;
+                    fresh.allow_dedicated(ns, name, class);
+                    hub.allow(
+                        ScopeKey::Gateway(key),
+                        ns,
+                        &coxswain_api::names::dedicated_proxy_name(name, class),
+                    );
+                }
+            }
+            *allow = fresh;
+        }
+        for (scope, snapshot) in compiled.snapshots {
+            tracing::debug!(?scope, version = %snapshot.version, "publishing snapshot");
+            hub.publish(scope, snapshot);
+        }
+    }
+    Ok(())
+}
