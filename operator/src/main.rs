@@ -88,19 +88,7 @@ fn serve_discovery(proxy: &ProxyArgs, scope: snap::scope::Kind) -> anyhow::Resul
         .build()
         .context("starting the runtime")?;
     runtime.block_on(async {
-        let stop = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            let interrupt = tokio::signal::ctrl_c();
-            match term.as_mut() {
-                Some(t) => {
-                    tokio::select! { _ = t.recv() => {}, _ = interrupt => {} }
-                }
-                None => {
-                    let _ = interrupt.await;
-                }
-            }
-        };
+        let stop = termination();
         coxswain_proxy::discovery::serve(
             config,
             proxy.bind_address,
@@ -111,6 +99,20 @@ fn serve_discovery(proxy: &ProxyArgs, scope: snap::scope::Kind) -> anyhow::Resul
         .await
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Completes on SIGTERM (what the kubelet sends) or SIGINT.
+async fn termination() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    let interrupt = tokio::signal::ctrl_c();
+    match term.as_mut() {
+        Some(t) => {
+            tokio::select! { _ = t.recv() => {}, _ = interrupt => {} }
+        }
+        None => {
+            let _ = interrupt.await;
+        }
+    }
 }
 
 /// `serve controller`: the only role with Kubernetes credentials.
@@ -141,19 +143,7 @@ fn serve_controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
             server_names,
             shared_proxy_service_account: args.shared_proxy_service_account.clone(),
         };
-        let stop = async {
-            let mut term =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-            let interrupt = tokio::signal::ctrl_c();
-            match term.as_mut() {
-                Some(t) => {
-                    tokio::select! { _ = t.recv() => {}, _ = interrupt => {} }
-                }
-                None => {
-                    let _ = interrupt.await;
-                }
-            }
-        };
+        let stop = termination();
         coxswain_operator::controller::run(client, config, stop)
             .await
             .context("controller")

@@ -8,46 +8,19 @@
 //! 503 for a Service without endpoints, a 404 where no route matches.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
+mod support;
+
 use coxswain_api::snapshot as snap;
 use coxswain_operator::controller::{self, ControllerConfig};
 use coxswain_operator::identity::store::CaMode;
 use coxswain_proxy::discovery::DiscoveryConfig;
 use coxswain_testenv::TestEnv;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube::api::{DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{DynamicObject, Patch, PatchParams};
 use kube::discovery::{ApiResource, Discovery};
-use std::io::{Read, Write};
-use std::net::TcpListener as StdListener;
 use std::time::Duration;
-
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn get(port: u16, path: &str) -> Result<String, String> {
-    let path = path.to_owned();
-    tokio::task::spawn_blocking(move || {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))
-            .map_err(|e| e.to_string())?;
-        write!(
-            s,
-            "GET {path} HTTP/1.1\r\nhost: app.example\r\nconnection: close\r\n\r\n"
-        )
-        .map_err(|e| e.to_string())?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-        Ok(out)
-    })
-    .await
-    .unwrap()
-}
+use support::{free_port, get, service_account_token};
 
 /// Server-side applies multi-document YAML, whatever the kinds.
 async fn apply(client: &kube::Client, yaml: &str) {
@@ -101,33 +74,9 @@ async fn applied_routes_reach_the_proxy_and_serve_traffic() {
     }));
 
     // The proxy: its token and the trust bundle the controller published.
-    let sas: Api<ServiceAccount> = env.api();
-    let sa = ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some("coxswain-proxy".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    sas.create(&PostParams::default(), &sa).await.unwrap();
-    let req = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: Some(vec!["coxswain-discovery".into()]),
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let token: TokenRequest = sas
-        .create_subresource("token", "coxswain-proxy", &PostParams::default(), &req)
-        .await
-        .unwrap();
+    let token = service_account_token(&env, "coxswain-proxy", "coxswain-discovery").await;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("token"),
-        token.status.unwrap().token.unwrap(),
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("token"), token).unwrap();
     let maps: Api<ConfigMap> = env.api();
     let mut bundle = None;
     for _ in 0..100 {

@@ -4,6 +4,8 @@
 //! serving while the controller is gone and picks up a change when it is back.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
+mod support;
+
 use coxswain_api::snapshot::{self as snap, Snapshot};
 use coxswain_operator::compile::{self, ScopeKey, Store};
 use coxswain_operator::discovery::{DiscoveryService, Hub};
@@ -11,66 +13,11 @@ use coxswain_operator::identity::server::{IdentityService, KubeTokenReviewer};
 use coxswain_operator::identity::{Allowlist, Ca};
 use coxswain_proxy::discovery::DiscoveryConfig;
 use coxswain_testenv::TestEnv;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
-use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
-use std::io::{Read, Write};
-use std::net::TcpListener as StdListener;
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-
-fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A backend answering every request with `body`.
-fn backend(body: &'static str) -> u16 {
-    let l = StdListener::bind("127.0.0.1:0").unwrap();
-    let port = l.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in l.incoming() {
-            let Ok(mut c) = conn else { continue };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = c.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    let resp = format!(
-                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
-                        body.len()
-                    );
-                    if c.write_all(resp.as_bytes()).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
-async fn get(port: u16) -> Result<String, String> {
-    tokio::task::spawn_blocking(move || {
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-        s.set_read_timeout(Some(Duration::from_secs(5)))
-            .map_err(|e| e.to_string())?;
-        s.write_all(b"GET / HTTP/1.1\r\nhost: app.example\r\nconnection: close\r\n\r\n")
-            .map_err(|e| e.to_string())?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).map_err(|e| e.to_string())?;
-        Ok(out)
-    })
-    .await
-    .unwrap()
-}
+use support::{backend, free_port, get, service_account_token};
 
 fn compiled_snapshot(listen: u16, backend: u16) -> Snapshot {
     let yaml = format!(
@@ -175,7 +122,7 @@ async fn a_proxy_bootstraps_subscribes_serves_and_survives_the_controller() {
     });
 
     // The discovery listener, with the shared pool's snapshot.
-    let (listen, first_backend) = (free_port(), backend("first"));
+    let (listen, first_backend) = (free_port(), backend("first", Duration::ZERO));
     let hub = Arc::new(Hub::default());
     hub.allow(ScopeKey::SharedPool, &env.namespace, "coxswain-proxy");
     let snapshot = compiled_snapshot(listen, first_backend);
@@ -184,33 +131,9 @@ async fn a_proxy_bootstraps_subscribes_serves_and_survives_the_controller() {
     let stop_discovery = discovery(disc_port, &ca, hub.clone()).await;
 
     // The proxy's mounted files: the projected token and the trust bundle.
-    let sas: Api<ServiceAccount> = env.api();
-    let sa = ServiceAccount {
-        metadata: ObjectMeta {
-            name: Some("coxswain-proxy".into()),
-            ..Default::default()
-        },
-        ..Default::default()
-    };
-    sas.create(&PostParams::default(), &sa).await.unwrap();
-    let req = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: Some(vec!["coxswain-discovery".into()]),
-            expiration_seconds: Some(3600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let token: TokenRequest = sas
-        .create_subresource("token", "coxswain-proxy", &PostParams::default(), &req)
-        .await
-        .unwrap();
+    let token = service_account_token(&env, "coxswain-proxy", "coxswain-discovery").await;
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("token"),
-        token.status.unwrap().token.unwrap(),
-    )
-    .unwrap();
+    std::fs::write(dir.path().join("token"), token).unwrap();
     std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
 
     let config = DiscoveryConfig {
@@ -238,7 +161,7 @@ async fn a_proxy_bootstraps_subscribes_serves_and_survives_the_controller() {
     // 1. Bootstrapped, subscribed, applied, acked, reported the bound port, serving.
     let mut body = String::new();
     for _ in 0..200 {
-        if let Ok(r) = get(listen).await
+        if let Ok(r) = get(listen, "/").await
             && r.starts_with("HTTP/1.1 200")
         {
             body = r;
@@ -261,17 +184,17 @@ async fn a_proxy_bootstraps_subscribes_serves_and_survives_the_controller() {
     drop(stop_discovery);
     tokio::time::sleep(Duration::from_millis(300)).await;
     for _ in 0..50 {
-        let r = get(listen).await.unwrap();
+        let r = get(listen, "/").await.unwrap();
         assert!(r.starts_with("HTTP/1.1 200") && r.ends_with("first"), "{r}");
     }
     // A change made meanwhile is picked up when it is back.
-    let second_backend = backend("second");
+    let second_backend = backend("second", Duration::ZERO);
     let changed = compiled_snapshot(listen, second_backend);
     hub.publish(ScopeKey::SharedPool, changed.clone());
     let _restarted = discovery(disc_port, &ca, hub.clone()).await;
     let mut switched = false;
     for _ in 0..300 {
-        let r = get(listen).await.unwrap();
+        let r = get(listen, "/").await.unwrap();
         assert!(
             r.starts_with("HTTP/1.1 200"),
             "a request failed during reconnect: {r}"

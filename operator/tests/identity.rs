@@ -2,45 +2,18 @@
 //! CA signs; real TLS and gRPC on loopback.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
+mod support;
+
 use coxswain_api::discovery::BootstrapRequest;
 use coxswain_api::discovery::identity_client::IdentityClient;
 use coxswain_operator::identity::server::{IdentityService, KubeTokenReviewer};
 use coxswain_operator::identity::{Allowlist, Ca};
 use coxswain_testenv::TestEnv;
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::ServiceAccount;
-use kube::Api;
-use kube::api::{ObjectMeta, PostParams};
 use std::sync::{Arc, RwLock};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig};
 
 async fn token(env: &TestEnv, sa: &str, audience: &str) -> String {
-    let sas: Api<ServiceAccount> = env.api();
-    let _ = sas
-        .create(
-            &PostParams::default(),
-            &ServiceAccount {
-                metadata: ObjectMeta {
-                    name: Some(sa.into()),
-                    ..Default::default()
-                },
-                ..Default::default()
-            },
-        )
-        .await;
-    let req = TokenRequest {
-        spec: Some(TokenRequestSpec {
-            audiences: Some(vec![audience.into()]),
-            expiration_seconds: Some(600),
-            ..Default::default()
-        }),
-        ..Default::default()
-    };
-    let issued: TokenRequest = sas
-        .create_subresource("token", sa, &PostParams::default(), &req)
-        .await
-        .unwrap();
-    issued.status.unwrap().token.unwrap()
+    support::service_account_token(env, sa, audience).await
 }
 
 fn csr() -> String {

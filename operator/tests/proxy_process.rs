@@ -2,56 +2,19 @@
 //! request in flight finish, and exits well within the drain period.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
-use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+mod support;
+
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A backend that answers every request after `delay`.
-fn slow_backend(delay: Duration) -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { continue };
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 4096];
-                while let Ok(n) = conn.read(&mut buf) {
-                    if n == 0 {
-                        break;
-                    }
-                    std::thread::sleep(delay);
-                    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nslow");
-                }
-            });
-        }
-    });
-    port
-}
+use support::free_port;
 
 fn http_get(port: u16, path: &str) -> std::io::Result<String> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n"
-    )?;
-    let mut out = String::new();
-    s.read_to_string(&mut out)?;
-    Ok(out)
+    support::http_get(port, path, "test")
 }
 
 #[test]
 fn sigterm_drains_in_flight_requests_then_exits() {
-    let backend = slow_backend(Duration::from_millis(1500));
+    let backend = support::backend("slow", Duration::from_millis(1500));
     let (port, admin) = (free_port(), free_port());
     let manifests = format!(
         r#"

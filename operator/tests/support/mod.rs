@@ -1,0 +1,98 @@
+//! Helpers shared by the operator's integration tests.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use coxswain_testenv::TestEnv;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::ServiceAccount;
+use kube::Api;
+use kube::api::{ObjectMeta, PostParams};
+use std::io::{Read, Write};
+use std::time::Duration;
+
+/// A free loopback port (bound and released).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Creates the ServiceAccount if needed and returns a token for it with `audience`, as a
+/// projected token volume would hold.
+pub async fn service_account_token(env: &TestEnv, name: &str, audience: &str) -> String {
+    let sas: Api<ServiceAccount> = env.api();
+    let sa = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    // Already there from an earlier call: fine.
+    let _ = sas.create(&PostParams::default(), &sa).await;
+    let req = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: Some(vec![audience.into()]),
+            expiration_seconds: Some(3600),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let issued: TokenRequest = sas
+        .create_subresource("token", name, &PostParams::default(), &req)
+        .await
+        .unwrap();
+    issued.status.unwrap().token.unwrap()
+}
+
+/// One HTTP/1.1 GET over a fresh connection; the raw response.
+pub fn http_get(port: u16, path: &str, host: &str) -> std::io::Result<String> {
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n"
+    )?;
+    let mut out = String::new();
+    s.read_to_string(&mut out)?;
+    Ok(out)
+}
+
+/// `http_get` from async code.
+pub async fn get(port: u16, path: &str) -> Result<String, String> {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || {
+        http_get(port, &path, "app.example").map_err(|e| e.to_string())
+    })
+    .await
+    .unwrap()
+}
+
+/// A backend answering every request with `body` after `delay`.
+pub fn backend(body: &'static str, delay: Duration) -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(mut c) = conn else { continue };
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                while let Ok(n) = c.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    std::thread::sleep(delay);
+                    let resp = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if c.write_all(resp.as_bytes()).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    port
+}
