@@ -1,8 +1,8 @@
 //! `serve controller`: the reflector feeds the compiler; compiled snapshots go to the
 //! discovery hub; the identity and discovery listeners serve proxies.
 //!
-//! This replica always acts as the leader for now: Lease-based election, the leader pod label
-//! and the status writer arrive with the rest of issue 7.
+//! This replica always acts as the leader for now: Lease-based election and the leader pod
+//! label arrive with the rest of issue 7.
 
 use crate::compile::{self, ScopeKey};
 use crate::discovery::{DiscoveryService, Hub};
@@ -137,6 +137,7 @@ pub async fn run(
     loop {
         tokio::select! {
             () = reflector.changed.notified() => {}
+            () = hub.changed.notified() => {}
             () = &mut stop => break,
         }
         tokio::time::sleep(DEBOUNCE).await;
@@ -172,10 +173,11 @@ pub async fn run(
             }
             *allow = fresh;
         }
-        for (scope, snapshot) in compiled.snapshots {
+        for (scope, snapshot) in &compiled.snapshots {
             tracing::debug!(?scope, version = %snapshot.version, "publishing snapshot");
-            hub.publish(scope, snapshot);
+            hub.publish(scope.clone(), snapshot.clone());
         }
+        crate::status::write(&client, &store, &compiled, &hub, &config.controller_name).await;
     }
     Ok(())
 }

@@ -9,4 +9,5 @@ pub mod identity;
 pub mod manifests;
 pub mod reflector;
 pub mod snapshot_cmd;
+pub mod status;
 pub mod telemetry;

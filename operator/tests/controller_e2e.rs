@@ -182,6 +182,90 @@ spec:
             .starts_with("HTTP/1.1 404")
     );
 
+    // Status: what `kubectl get gateway -o yaml` shows a platform engineer.
+    let gateways: Api<gateway_api::apis::standard::gateways::Gateway> = env.api();
+    let condition =
+        |conds: &Option<Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>>,
+         t: &str| {
+            conds
+                .iter()
+                .flatten()
+                .find(|c| c.type_ == t)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+        };
+    let mut status = None;
+    for _ in 0..200 {
+        let gw = gateways.get("edge").await.unwrap();
+        let st = gw.status.clone().unwrap_or_default();
+        if condition(&st.conditions, "Programmed") == Some(("True".into(), "Programmed".into())) {
+            status = Some(st);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let status = status.expect("the Gateway never became Programmed (bound and acked)");
+    assert_eq!(
+        condition(&status.conditions, "Accepted"),
+        Some(("True".into(), "Accepted".into()))
+    );
+    let listener = &status.listeners.as_ref().unwrap()[0];
+    assert_eq!(listener.name, "http");
+    assert_eq!(listener.attached_routes, 1);
+    let listener_programmed = listener
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Programmed")
+        .unwrap();
+    assert_eq!(listener_programmed.status, "True");
+
+    let routes: Api<gateway_api::apis::standard::httproutes::HttpRoute> = env.api();
+    let route = routes.get("app").await.unwrap();
+    let parents = route.status.unwrap().parents;
+    assert_eq!(parents.len(), 1);
+    assert_eq!(
+        parents[0].controller_name,
+        "coxswain-labs.dev/gateway-controller"
+    );
+    let reasons: Vec<(String, String)> = parents[0]
+        .conditions
+        .iter()
+        .map(|c| (c.type_.clone(), c.status.clone()))
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            ("Accepted".into(), "True".into()),
+            ("ResolvedRefs".into(), "True".into())
+        ]
+    );
+
+    let classes: Api<gateway_api::apis::standard::gatewayclasses::GatewayClass> =
+        Api::all(env.client.clone());
+    let class = classes.get("coxswain").await.unwrap();
+    assert_eq!(
+        condition(&class.status.unwrap().conditions, "Accepted"),
+        Some(("True".into(), "Accepted".into()))
+    );
+
+    // The writer skips no-op patches: once settled, its own writes do not make it write again.
+    let before = gateways
+        .get("edge")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let after = gateways
+        .get("edge")
+        .await
+        .unwrap()
+        .metadata
+        .resource_version;
+    assert_eq!(
+        before, after,
+        "the status writer keeps rewriting an unchanged status"
+    );
+
     let _ = stop_proxy.send(());
     proxy.await.unwrap().unwrap();
     let _ = stop_ctl.send(());

@@ -38,6 +38,8 @@ pub struct Hub {
     identities: RwLock<HashMap<ScopeKey, (String, String)>>,
     proxies: RwLock<BTreeMap<(ScopeKey, String), ProxyState>>,
     nonce: AtomicU64,
+    /// Notified whenever a proxy acks, nacks, reports listeners or leaves: Programmed may change.
+    pub changed: tokio::sync::Notify,
 }
 
 impl Hub {
@@ -94,13 +96,19 @@ impl Hub {
     }
 
     fn update(&self, key: &(ScopeKey, String), f: impl FnOnce(&mut ProxyState)) {
-        let mut proxies = self.proxies.write().unwrap_or_else(|p| p.into_inner());
-        f(proxies.entry(key.clone()).or_default());
+        {
+            let mut proxies = self.proxies.write().unwrap_or_else(|p| p.into_inner());
+            f(proxies.entry(key.clone()).or_default());
+        }
+        self.changed.notify_one();
     }
 
     fn forget(&self, key: &(ScopeKey, String)) {
-        let mut proxies = self.proxies.write().unwrap_or_else(|p| p.into_inner());
-        proxies.remove(key);
+        {
+            let mut proxies = self.proxies.write().unwrap_or_else(|p| p.into_inner());
+            proxies.remove(key);
+        }
+        self.changed.notify_one();
     }
 
     fn expected_identity(&self, scope: &ScopeKey) -> Option<(String, String)> {

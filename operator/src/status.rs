@@ -1,0 +1,253 @@
+//! The status writer: turns the compiler's decisions into `status` patches on GatewayClasses,
+//! Gateways and HTTPRoutes. It keeps lastTransitionTime when a condition's status did not
+//! change, writes only this controller's `status.parents` entries of a route (other
+//! controllers' entries are kept), and skips patches that would change nothing, so its own
+//! writes do not make it loop.
+
+use crate::compile::ScopeKey;
+use crate::compile::status::{Condition, ConditionStatus, ObjectKey, StatusDecisions, reason};
+use crate::compile::{Compiled, Store};
+use crate::discovery::Hub;
+use gateway_api::apis::standard::gatewayclasses::GatewayClass;
+use gateway_api::apis::standard::gateways::Gateway;
+use gateway_api::apis::standard::httproutes::HttpRoute;
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::{Value, json};
+
+/// What `conditions` look like on the object now, for transition times and no-op detection.
+fn existing_conditions(status: Option<Value>) -> Vec<Value> {
+    status
+        .and_then(|s| s.get("conditions").cloned())
+        .and_then(|c| c.as_array().cloned())
+        .unwrap_or_default()
+}
+
+fn status_str(s: ConditionStatus) -> &'static str {
+    match s {
+        ConditionStatus::True => "True",
+        ConditionStatus::False => "False",
+        ConditionStatus::Unknown => "Unknown",
+    }
+}
+
+/// Conditions as the API wants them, reusing lastTransitionTime where the status is unchanged.
+fn render_conditions(conditions: &[Condition], existing: &[Value], now: &str) -> Vec<Value> {
+    conditions
+        .iter()
+        .map(|c| {
+            let status = status_str(c.status);
+            let previous = existing.iter().find(|e| e["type"] == c.type_);
+            let since = match previous {
+                Some(p) if p["status"] == status => {
+                    p["lastTransitionTime"].as_str().unwrap_or(now).to_owned()
+                }
+                _ => now.to_owned(),
+            };
+            json!({
+                "type": c.type_,
+                "status": status,
+                "reason": c.reason,
+                "message": c.message,
+                "observedGeneration": c.observed_generation,
+                "lastTransitionTime": since,
+            })
+        })
+        .collect()
+}
+
+/// Programmed=True once every proxy of the Gateway's scope has acked the current snapshot and
+/// bound the listener's port: a claim about the data plane, not about compilation.
+fn programmed(conditions: &mut [Condition], serving: bool) {
+    for c in conditions.iter_mut() {
+        if c.type_ == reason::PROGRAMMED && c.reason == reason::PENDING && serving {
+            c.status = ConditionStatus::True;
+            c.reason = reason::PROGRAMMED;
+            c.message = String::new();
+        }
+    }
+}
+
+/// Writes every status that differs from what the objects carry.
+pub async fn write(
+    client: &Client,
+    store: &Store,
+    compiled: &Compiled,
+    hub: &Hub,
+    controller_name: &str,
+) {
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let decisions: &StatusDecisions = &compiled.status;
+    let params = PatchParams::default();
+
+    for class in &store.gateway_classes {
+        let Some(name) = class.metadata.name.as_deref() else {
+            continue;
+        };
+        let Some(conditions) = decisions.gateway_classes.get(name) else {
+            continue;
+        };
+        let existing = existing_conditions(
+            class
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok()),
+        );
+        let rendered = render_conditions(conditions, &existing, &now);
+        if same_conditions(&rendered, &existing) {
+            continue;
+        }
+        let api: Api<GatewayClass> = Api::all(client.clone());
+        let patch = json!({"status": {"conditions": rendered}});
+        if let Err(e) = api.patch_status(name, &params, &Patch::Merge(&patch)).await {
+            tracing::warn!(gatewayclass = name, error = %e, "status not written");
+        }
+    }
+
+    for gw in &store.gateways {
+        let (Some(ns), Some(name)) = (
+            gw.metadata.namespace.as_deref(),
+            gw.metadata.name.as_deref(),
+        ) else {
+            continue;
+        };
+        let key = ObjectKey::new(ns, name);
+        let Some(decision) = decisions.gateways.get(&key) else {
+            continue;
+        };
+        let scope = if decision.dedicated {
+            ScopeKey::Gateway(key.clone())
+        } else {
+            ScopeKey::SharedPool
+        };
+        let version = compiled
+            .snapshots
+            .get(&scope)
+            .map(|s| s.version.clone())
+            .unwrap_or_default();
+        let current = gw
+            .status
+            .as_ref()
+            .and_then(|s| serde_json::to_value(s).ok());
+        let mut all_serving = true;
+        let mut listeners = Vec::new();
+        for l in &decision.listeners {
+            let port = gw
+                .spec
+                .listeners
+                .iter()
+                .find(|x| x.name == l.name)
+                .map(|x| x.port)
+                .unwrap_or(0);
+            let serving = u32::try_from(port).is_ok_and(|p| hub.serving(&scope, &version, p));
+            let mut conditions = l.conditions.clone();
+            programmed(&mut conditions, serving);
+            all_serving &= serving
+                || conditions
+                    .iter()
+                    .any(|c| c.type_ == reason::PROGRAMMED && c.reason == reason::INVALID);
+            let existing = current
+                .as_ref()
+                .and_then(|s| s["listeners"].as_array().cloned())
+                .and_then(|ls| ls.into_iter().find(|x| x["name"] == l.name.as_str()))
+                .map(|x| existing_conditions(Some(x)))
+                .unwrap_or_default();
+            listeners.push(json!({
+                "name": l.name,
+                "supportedKinds": l.supported_kinds,
+                "attachedRoutes": l.attached_routes,
+                "conditions": render_conditions(&conditions, &existing, &now),
+            }));
+        }
+        let mut conditions = decision.conditions.clone();
+        programmed(
+            &mut conditions,
+            all_serving && !decision.listeners.is_empty(),
+        );
+        let existing = existing_conditions(current.clone());
+        let rendered = render_conditions(&conditions, &existing, &now);
+        let unchanged = same_conditions(&rendered, &existing)
+            && current
+                .as_ref()
+                .is_some_and(|c| same_listeners(&listeners, &c["listeners"]));
+        if unchanged {
+            continue;
+        }
+        let api: Api<Gateway> = Api::namespaced(client.clone(), ns);
+        let patch = json!({"status": {"conditions": rendered, "listeners": listeners}});
+        if let Err(e) = api.patch_status(name, &params, &Patch::Merge(&patch)).await {
+            tracing::warn!(gateway = %key, error = %e, "status not written");
+        }
+    }
+
+    for route in &store.http_routes {
+        let (Some(ns), Some(name)) = (
+            route.metadata.namespace.as_deref(),
+            route.metadata.name.as_deref(),
+        ) else {
+            continue;
+        };
+        let Some(ours) = decisions.http_routes.get(&ObjectKey::new(ns, name)) else {
+            continue;
+        };
+        let current = route
+            .status
+            .as_ref()
+            .and_then(|s| serde_json::to_value(s).ok());
+        let current_parents = current
+            .as_ref()
+            .and_then(|c| c["parents"].as_array().cloned())
+            .unwrap_or_default();
+        // Other controllers' entries stay as they are.
+        let mut parents: Vec<Value> = current_parents
+            .iter()
+            .filter(|p| p["controllerName"] != controller_name)
+            .cloned()
+            .collect();
+        for p in ours {
+            let parent_ref = serde_json::to_value(&p.parent_ref).unwrap_or(Value::Null);
+            let existing = current_parents
+                .iter()
+                .find(|e| {
+                    e["controllerName"] == controller_name
+                        && same_parent_ref(&e["parentRef"], &parent_ref)
+                })
+                .map(|e| existing_conditions(Some(e.clone())))
+                .unwrap_or_default();
+            parents.push(json!({
+                "parentRef": parent_ref,
+                "controllerName": p.controller_name,
+                "conditions": render_conditions(&p.conditions, &existing, &now),
+            }));
+        }
+        if same_parents(&parents, &current_parents) {
+            continue;
+        }
+        let api: Api<HttpRoute> = Api::namespaced(client.clone(), ns);
+        let patch = json!({"status": {"parents": parents}});
+        if let Err(e) = api.patch_status(name, &params, &Patch::Merge(&patch)).await {
+            tracing::warn!(httproute = %format!("{ns}/{name}"), error = %e, "status not written");
+        }
+    }
+}
+
+/// Equal but for lastTransitionTime, which `render_conditions` already carried over.
+fn same_conditions(a: &[Value], b: &[Value]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
+
+fn same_listeners(a: &[Value], b: &Value) -> bool {
+    b.as_array()
+        .is_some_and(|b| a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y))
+}
+
+fn same_parents(a: &[Value], b: &[Value]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
+
+/// The same parent: name, namespace, section and port (group and kind are always Gateway's).
+fn same_parent_ref(a: &Value, b: &Value) -> bool {
+    ["name", "namespace", "sectionName", "port"]
+        .iter()
+        .all(|k| a.get(k) == b.get(k))
+}
