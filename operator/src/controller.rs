@@ -1,8 +1,8 @@
 //! `serve controller`: the reflector feeds the compiler; compiled snapshots go to the
 //! discovery hub; the identity and discovery listeners serve proxies.
 //!
-//! This replica always acts as the leader for now: Lease-based election and the leader pod
-//! label arrive with the rest of issue 7.
+//! With a Lease configured, only the leader writes status and serves discovery streams; every
+//! replica serves bootstrap. (The leader pod label for the discovery Service is still to come.)
 
 use crate::compile::{self, ScopeKey};
 use crate::discovery::{DiscoveryService, Hub};
@@ -27,6 +27,8 @@ pub struct ControllerConfig {
     pub server_names: Vec<String>,
     /// The shared proxy pool's ServiceAccount in `namespace`.
     pub shared_proxy_service_account: String,
+    /// Leader election; None: this replica always leads (single-replica setups and tests).
+    pub lease: Option<crate::leader::LeaseConfig>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +73,18 @@ pub async fn run(
         )
         .map_err(ControllerError::ServerCert)?;
 
+    let leader = Arc::new(AtomicBool::new(config.lease.is_none()));
+    let (stop_election, election_stopped) = tokio::sync::oneshot::channel::<()>();
+    let election = config.lease.clone().map(|lease| {
+        tokio::spawn(crate::leader::run(
+            client.clone(),
+            lease,
+            leader.clone(),
+            async {
+                let _ = election_stopped.await;
+            },
+        ))
+    });
     let hub = Arc::new(Hub::default());
     hub.allow(
         ScopeKey::SharedPool,
@@ -109,7 +123,7 @@ pub async fn run(
     });
     let service = DiscoveryService {
         hub: hub.clone(),
-        leader: Arc::new(AtomicBool::new(true)),
+        leader: leader.clone(),
     };
     let ca_pem = ca.cert_pem().to_owned();
     tokio::spawn(async move {
@@ -177,7 +191,20 @@ pub async fn run(
             tracing::debug!(?scope, version = %snapshot.version, "publishing snapshot");
             hub.publish(scope.clone(), snapshot.clone());
         }
-        crate::status::write(&client, &store, &compiled, &hub, &config.controller_name).await;
+        crate::status::write(
+            &client,
+            &store,
+            &compiled,
+            &hub,
+            &config.controller_name,
+            &leader,
+        )
+        .await;
+    }
+    // Hand the Lease over at once instead of letting a standby wait for it to expire.
+    let _ = stop_election.send(());
+    if let Some(e) = election {
+        let _ = e.await;
     }
     Ok(())
 }

@@ -6,6 +6,7 @@ pub mod compile;
 pub mod controller;
 pub mod discovery;
 pub mod identity;
+pub mod leader;
 pub mod manifests;
 pub mod reflector;
 pub mod snapshot_cmd;

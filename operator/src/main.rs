@@ -142,6 +142,18 @@ fn serve_controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
             bootstrap_addr: args.bootstrap_addr,
             server_names,
             shared_proxy_service_account: args.shared_proxy_service_account.clone(),
+            lease: Some(coxswain_operator::leader::LeaseConfig {
+                namespace: ns.clone(),
+                name: names::LEADER_LEASE.to_owned(),
+                // The pod name (downward API); the host name outside a pod.
+                identity: args
+                    .pod_name
+                    .clone()
+                    .or_else(|| std::env::var("HOSTNAME").ok())
+                    .unwrap_or_else(|| format!("coxswain-{}", std::process::id())),
+                duration: std::time::Duration::from_secs(15),
+                renew_every: std::time::Duration::from_secs(5),
+            }),
         };
         let stop = termination();
         coxswain_operator::controller::run(client, config, stop)

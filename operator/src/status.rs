@@ -69,13 +69,18 @@ fn programmed(conditions: &mut [Condition], serving: bool) {
 }
 
 /// Writes every status that differs from what the objects carry.
+///
+/// Only while `leader` holds; it is re-checked right before each patch, so a replica that lost
+/// the Lease stops writing within one request.
 pub async fn write(
     client: &Client,
     store: &Store,
     compiled: &Compiled,
     hub: &Hub,
     controller_name: &str,
+    leader: &std::sync::atomic::AtomicBool,
 ) {
+    let leading = || leader.load(std::sync::atomic::Ordering::Acquire);
     let now = k8s_openapi::jiff::Timestamp::now().to_string();
     let decisions: &StatusDecisions = &compiled.status;
     let params = PatchParams::default();
@@ -94,7 +99,7 @@ pub async fn write(
                 .and_then(|s| serde_json::to_value(s).ok()),
         );
         let rendered = render_conditions(conditions, &existing, &now);
-        if same_conditions(&rendered, &existing) {
+        if same_conditions(&rendered, &existing) || !leading() {
             continue;
         }
         let api: Api<GatewayClass> = Api::all(client.clone());
@@ -170,7 +175,7 @@ pub async fn write(
             && current
                 .as_ref()
                 .is_some_and(|c| same_listeners(&listeners, &c["listeners"]));
-        if unchanged {
+        if unchanged || !leading() {
             continue;
         }
         let api: Api<Gateway> = Api::namespaced(client.clone(), ns);
@@ -220,7 +225,7 @@ pub async fn write(
                 "conditions": render_conditions(&p.conditions, &existing, &now),
             }));
         }
-        if same_parents(&parents, &current_parents) {
+        if same_parents(&parents, &current_parents) || !leading() {
             continue;
         }
         let api: Api<HttpRoute> = Api::namespaced(client.clone(), ns);

@@ -67,6 +67,13 @@ async fn applied_routes_reach_the_proxy_and_serve_traffic() {
         bootstrap_addr: ([127, 0, 0, 1], bootstrap_port).into(),
         server_names: vec!["localhost".into()],
         shared_proxy_service_account: "coxswain-proxy".into(),
+        lease: Some(coxswain_operator::leader::LeaseConfig {
+            namespace: ns.clone(),
+            name: "coxswain-leader".into(),
+            identity: "controller-0".into(),
+            duration: Duration::from_secs(5),
+            renew_every: Duration::from_millis(500),
+        }),
     };
     let (stop_ctl, ctl_stopped) = tokio::sync::oneshot::channel::<()>();
     let ctl = tokio::spawn(controller::run(env.client.clone(), config, async {
