@@ -154,6 +154,18 @@ spec:
     backendRefs: [{{name: app, port: 80}}]
   - matches: [{{path: {{type: PathPrefix, value: /old}}}}]
     filters: [{{type: RequestRedirect, requestRedirect: {{scheme: https, hostname: new.example, statusCode: 301}}}}]
+---
+# Valid for the experimental-channel CRD, unreadable for the standard types this controller
+# compiles: it must be skipped without stalling the other HTTPRoutes.
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: experimental, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: edge}}]
+  rules:
+  - matches: [{{path: {{type: PathPrefix, value: /ext}}}}]
+    filters: [{{type: ExternalAuth, externalAuth: {{protocol: HTTP, http: {{}}, backendRef: {{name: app, port: 80}}}}}}]
+    backendRefs: [{{name: app, port: 80}}]
 "#
         ),
     )
