@@ -57,8 +57,7 @@ fn answer(path: &str, table: &SharedTable) -> (&'static str, String) {
 }
 
 fn metrics(table: &SharedTable) -> String {
-    let current = table.load();
-    let version = current.router.version();
+    let version = table.applied_version();
     let mut out = format!(
         "# HELP coxswain_proxy_snapshot_swaps_total Snapshots swapped in since start.\n\
          # TYPE coxswain_proxy_snapshot_swaps_total counter\n\

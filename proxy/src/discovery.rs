@@ -181,6 +181,7 @@ async fn session(
                 for e in &errors {
                     tracing::error!(error = %e, "listener not bound");
                 }
+                table.mark_applied();
                 let _ = tx
                     .send(send(proxy_message::Kind::Ack(Ack {
                         version: version.clone(),

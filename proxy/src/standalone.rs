@@ -78,6 +78,7 @@ pub async fn serve(
                             for e in listeners.sync().await {
                                 tracing::error!(error = %e, "listener not bound");
                             }
+                            table.mark_applied();
                             tracing::info!(%version, ports = ?listeners.ports(), "snapshot loaded");
                         }
                         Err(e) => tracing::error!(

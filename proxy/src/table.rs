@@ -49,6 +49,8 @@ pub struct SharedTable {
     loaded: Arc<std::sync::atomic::AtomicBool>,
     swaps: Arc<std::sync::atomic::AtomicU64>,
     metrics: Arc<Metrics>,
+    /// The version whose listeners are bound too: what readiness and metrics report.
+    applied: Arc<ArcSwap<String>>,
 }
 
 impl Default for SharedTable {
@@ -58,6 +60,7 @@ impl Default for SharedTable {
             loaded: Arc::default(),
             swaps: Arc::default(),
             metrics: Arc::default(),
+            applied: Arc::default(),
         }
     }
 }
@@ -67,12 +70,24 @@ impl SharedTable {
         self.inner.load()
     }
 
+    /// Swaps in a new table. Call [`SharedTable::mark_applied`] once its listeners are bound.
     pub fn store(&self, table: Table) {
         self.inner.store(Arc::new(table));
-        self.loaded
-            .store(true, std::sync::atomic::Ordering::Release);
         self.swaps
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The current table's ports are bound: the proxy is ready and reports this version.
+    pub fn mark_applied(&self) {
+        let version = self.load().router.version().to_owned();
+        self.applied.store(Arc::new(version));
+        self.loaded
+            .store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The version last fully applied (table swapped and listeners bound).
+    pub fn applied_version(&self) -> Arc<String> {
+        self.applied.load_full()
     }
 
     pub fn is_loaded(&self) -> bool {
