@@ -3,10 +3,14 @@
 //! replicas cannot both believe they took it: the API server accepts one update and refuses
 //! the other with a conflict.
 
+use coxswain_api::names::{LEADER_LABEL, LEADER_LABEL_VALUE};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::api::{ObjectMeta, PostParams};
 use kube::{Api, Client};
+use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -21,6 +25,10 @@ pub struct LeaseConfig {
     pub duration: Duration,
     /// How often the holder renews (and others check).
     pub renew_every: Duration,
+    /// This replica's Pod in `namespace`: the leader labels it
+    /// `discovery.coxswain-labs.dev/leader=true` (and no other Pod), so the discovery Service
+    /// routes to the leader. None outside a Pod.
+    pub pod: Option<String>,
 }
 
 /// Runs the election until `stop`; `leader` says whether this replica holds the lease right
@@ -31,7 +39,8 @@ pub async fn run(
     leader: Arc<AtomicBool>,
     stop: impl std::future::Future<Output = ()>,
 ) {
-    let api: Api<Lease> = Api::namespaced(client, &config.namespace);
+    let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
+    let pods: Api<Pod> = Api::namespaced(client, &config.namespace);
     tokio::pin!(stop);
     loop {
         let held = match try_acquire_or_renew(&api, &config).await {
@@ -44,14 +53,52 @@ pub async fn run(
         if leader.swap(held, Ordering::AcqRel) != held {
             tracing::info!(identity = %config.identity, leader = held, "leadership changed");
         }
+        if let Some(pod) = &config.pod
+            && let Err(e) = label_pods(&pods, pod, held).await
+        {
+            tracing::warn!(pod, error = %e, "leader label not updated");
+        }
         tokio::select! {
             () = tokio::time::sleep(config.renew_every) => {}
             () = &mut stop => break,
         }
     }
     if leader.swap(false, Ordering::AcqRel) {
+        if let Some(pod) = &config.pod {
+            let _ = label_pods(&pods, pod, false).await;
+        }
         let _ = release(&api, &config).await;
     }
+}
+
+/// The leader's Pod carries the leader label and no other Pod does; a standby removes it from
+/// its own Pod. Patches only what differs.
+async fn label_pods(pods: &Api<Pod>, me: &str, leading: bool) -> Result<(), kube::Error> {
+    let set = |value: Option<&str>| json!({"metadata": {"labels": {LEADER_LABEL: value}}});
+    let labelled = pods
+        .list(&ListParams::default().labels(&format!("{LEADER_LABEL}={LEADER_LABEL_VALUE}")))
+        .await?;
+    for pod in &labelled.items {
+        let name = pod.metadata.name.as_deref().unwrap_or_default();
+        if name != me || !leading {
+            // A null value removes the label in a merge patch.
+            pods.patch(name, &PatchParams::default(), &Patch::Merge(&set(None)))
+                .await?;
+        }
+    }
+    let mine_labelled = labelled
+        .items
+        .iter()
+        .any(|p| p.metadata.name.as_deref() == Some(me));
+    if leading && !mine_labelled {
+        pods.patch(
+            me,
+            &PatchParams::default(),
+            &Patch::Merge(&set(Some(LEADER_LABEL_VALUE))),
+        )
+        .await?;
+    }
+    Ok(())
 }
 
 fn now() -> MicroTime {

@@ -153,6 +153,7 @@ fn serve_controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
                     .unwrap_or_else(|| format!("coxswain-{}", std::process::id())),
                 duration: std::time::Duration::from_secs(15),
                 renew_every: std::time::Duration::from_secs(5),
+                pod: args.pod_name.clone(),
             }),
         };
         let stop = termination();

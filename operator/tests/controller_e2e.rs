@@ -73,6 +73,7 @@ async fn applied_routes_reach_the_proxy_and_serve_traffic() {
             identity: "controller-0".into(),
             duration: Duration::from_secs(5),
             renew_every: Duration::from_millis(500),
+            pod: None,
         }),
     };
     let (stop_ctl, ctl_stopped) = tokio::sync::oneshot::channel::<()>();

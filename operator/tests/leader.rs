@@ -7,20 +7,24 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-fn replica(
-    env: &TestEnv,
-    identity: &str,
-) -> (
+type Replica = (
     Arc<AtomicBool>,
     tokio::sync::oneshot::Sender<()>,
     tokio::task::JoinHandle<()>,
-) {
+);
+
+fn replica(env: &TestEnv, identity: &str) -> Replica {
+    replica_in_pod(env, identity, None)
+}
+
+fn replica_in_pod(env: &TestEnv, identity: &str, pod: Option<&str>) -> Replica {
     let config = LeaseConfig {
         namespace: env.namespace.clone(),
         name: "coxswain-leader".into(),
         identity: identity.into(),
         duration: Duration::from_secs(2),
         renew_every: Duration::from_millis(200),
+        pod: pod.map(str::to_owned),
     };
     let leader = Arc::new(AtomicBool::new(false));
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -90,5 +94,68 @@ async fn one_replica_leads_and_a_standby_takes_over() {
             async move { c.load(Ordering::Acquire).then_some(()) }
         },
     )
+    .await;
+}
+
+async fn leader_labelled(env: &TestEnv) -> Vec<String> {
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = env.api();
+    let lp = kube::api::ListParams::default().labels("discovery.coxswain-labs.dev/leader=true");
+    let mut names: Vec<String> = pods
+        .list(&lp)
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leader_labels_its_own_pod_and_only_it() {
+    let env = TestEnv::new().await;
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = env.api();
+    for (name, stale_label) in [("ctl-a", false), ("ctl-b", true)] {
+        let mut pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "controller", "image": "coxswain"}]}
+        }))
+        .unwrap();
+        if stale_label {
+            // Left over from an earlier leader: must be taken away.
+            pod.metadata.labels = Some(
+                [(
+                    "discovery.coxswain-labs.dev/leader".to_owned(),
+                    "true".to_owned(),
+                )]
+                .into(),
+            );
+        }
+        pods.create(&kube::api::PostParams::default(), &pod)
+            .await
+            .unwrap();
+    }
+    let (a, stop_a, task_a) = replica_in_pod(&env, "ctl-a", Some("ctl-a"));
+    eventually("only ctl-a labelled", Duration::from_secs(10), || {
+        let env = &env;
+        let a = a.clone();
+        async move {
+            (a.load(Ordering::Acquire) && leader_labelled(env).await == ["ctl-a"]).then_some(())
+        }
+    })
+    .await;
+
+    // Handing over moves the label.
+    let (b, _stop_b, _task_b) = replica_in_pod(&env, "ctl-b", Some("ctl-b"));
+    let _ = stop_a.send(());
+    task_a.await.unwrap();
+    eventually("only ctl-b labelled", Duration::from_secs(10), || {
+        let env = &env;
+        let b = b.clone();
+        async move {
+            (b.load(Ordering::Acquire) && leader_labelled(env).await == ["ctl-b"]).then_some(())
+        }
+    })
     .await;
 }
