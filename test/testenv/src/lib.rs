@@ -190,6 +190,19 @@ impl TestEnv {
         {
             panic!("creating test namespace {namespace}: {e}");
         }
+        // The ServiceAccount admission plugin refuses Pods until the controller-manager has
+        // created the namespace's "default" ServiceAccount; tests should not race it.
+        let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(client.clone(), &namespace);
+        eventually(
+            "the namespace's default ServiceAccount",
+            Duration::from_secs(30),
+            || {
+                let sas = sas.clone();
+                async move { sas.get_opt("default").await.ok().flatten().map(|_| ()) }
+            },
+        )
+        .await;
         Self {
             client,
             namespace,
