@@ -20,40 +20,7 @@ use std::time::Duration;
 use support::{backend, free_port, get, service_account_token};
 
 fn compiled_snapshot(listen: u16, backend: u16) -> Snapshot {
-    let yaml = format!(
-        r#"
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {{name: coxswain}}
-spec: {{controllerName: coxswain-labs.dev/gateway-controller}}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: edge, namespace: web}}
-spec:
-  gatewayClassName: coxswain
-  listeners: [{{name: http, port: {listen}, protocol: HTTP}}]
----
-apiVersion: v1
-kind: Service
-metadata: {{name: app, namespace: web}}
-spec: {{ports: [{{port: 80}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: app-1, namespace: web, labels: {{kubernetes.io/service-name: app}}}}
-addressType: IPv4
-ports: [{{port: {backend}}}]
-endpoints: [{{addresses: [127.0.0.1]}}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{name: app, namespace: web}}
-spec:
-  parentRefs: [{{name: edge}}]
-  rules: [{{backendRefs: [{{name: app, port: 80}}]}}]
-"#
-    );
+    let yaml = support::app_manifests(listen, backend);
     let mut store = Store::default();
     let mut errors = Vec::new();
     store.load_yaml(Path::new("app.yaml"), &yaml, &mut errors);

@@ -16,40 +16,7 @@ fn http_get(port: u16, path: &str) -> std::io::Result<String> {
 fn sigterm_drains_in_flight_requests_then_exits() {
     let backend = support::backend("slow", Duration::from_millis(1500));
     let (port, admin) = (free_port(), free_port());
-    let manifests = format!(
-        r#"
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {{name: coxswain}}
-spec: {{controllerName: coxswain-labs.dev/gateway-controller}}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: edge, namespace: web}}
-spec:
-  gatewayClassName: coxswain
-  listeners: [{{name: http, port: {port}, protocol: HTTP}}]
----
-apiVersion: v1
-kind: Service
-metadata: {{name: slow, namespace: web}}
-spec: {{ports: [{{port: 80}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {{name: slow-1, namespace: web, labels: {{kubernetes.io/service-name: slow}}}}
-addressType: IPv4
-ports: [{{port: {backend}}}]
-endpoints: [{{addresses: [127.0.0.1]}}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{name: slow, namespace: web}}
-spec:
-  parentRefs: [{{name: edge}}]
-  rules: [{{backendRefs: [{{name: slow, port: 80}}]}}]
-"#
-    );
+    let manifests = support::app_manifests(port, backend);
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("app.yaml");
     std::fs::write(&input, manifests).unwrap();

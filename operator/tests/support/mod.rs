@@ -96,3 +96,44 @@ pub fn backend(body: &'static str, delay: Duration) -> u16 {
     });
     port
 }
+
+/// Manifests for the offline compiler: our GatewayClass, Gateway `web/edge` listening on
+/// `listen`, and an HTTPRoute sending every path to Service `web/app`, whose EndpointSlice
+/// points at `backend` on loopback (fine for `coxswain snapshot compile`, which does not
+/// validate like the API server does).
+pub fn app_manifests(listen: u16, backend: u16) -> String {
+    format!(
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: coxswain}}
+spec: {{controllerName: coxswain-labs.dev/gateway-controller}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: web}}
+spec:
+  gatewayClassName: coxswain
+  listeners: [{{name: http, port: {listen}, protocol: HTTP}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: app, namespace: web}}
+spec: {{ports: [{{port: 80}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {{name: app-1, namespace: web, labels: {{kubernetes.io/service-name: app}}}}
+addressType: IPv4
+ports: [{{port: {backend}}}]
+endpoints: [{{addresses: [127.0.0.1]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: app, namespace: web}}
+spec:
+  parentRefs: [{{name: edge}}]
+  rules: [{{backendRefs: [{{name: app, port: 80}}]}}]
+"#
+    )
+}
