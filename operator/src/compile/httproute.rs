@@ -523,48 +523,10 @@ fn compile_filter(
     clusters: &mut Vec<snap::Cluster>,
     resolved: &mut Result<(), Problem>,
 ) -> Result<Filter, Problem> {
-    let header_modifier =
-        |set: Vec<(String, String)>, add: Vec<(String, String)>, remove: Vec<String>| {
-            snap::HeaderModifier {
-                set: set
-                    .into_iter()
-                    .map(|(name, value)| snap::Header { name, value })
-                    .collect(),
-                add: add
-                    .into_iter()
-                    .map(|(name, value)| snap::Header { name, value })
-                    .collect(),
-                remove: remove.into_iter().map(|r| r.to_ascii_lowercase()).collect(),
-            }
-        };
     let kind = if let Some(m) = &f.request_header_modifier {
-        filter::Kind::RequestHeaderModifier(header_modifier(
-            m.set
-                .iter()
-                .flatten()
-                .map(|h| (h.name.clone(), h.value.clone()))
-                .collect(),
-            m.add
-                .iter()
-                .flatten()
-                .map(|h| (h.name.clone(), h.value.clone()))
-                .collect(),
-            m.remove.clone().unwrap_or_default(),
-        ))
+        filter::Kind::RequestHeaderModifier(header_modifier(m)?)
     } else if let Some(m) = &f.response_header_modifier {
-        filter::Kind::ResponseHeaderModifier(header_modifier(
-            m.set
-                .iter()
-                .flatten()
-                .map(|h| (h.name.clone(), h.value.clone()))
-                .collect(),
-            m.add
-                .iter()
-                .flatten()
-                .map(|h| (h.name.clone(), h.value.clone()))
-                .collect(),
-            m.remove.clone().unwrap_or_default(),
-        ))
+        filter::Kind::ResponseHeaderModifier(header_modifier(m)?)
     } else if let Some(r) = &f.request_redirect {
         let path = match &r.path {
             None => None,
@@ -657,6 +619,49 @@ fn compile_filter(
         return Err((reason::UNSUPPORTED_VALUE, "a filter of unknown type".into()));
     };
     Ok(Filter { kind: Some(kind) })
+}
+
+/// The shape both header modifier filters share. The generated Gateway API types give request
+/// and response modifiers distinct Rust types; reading either through this one keeps a single
+/// conversion.
+#[derive(serde::Deserialize)]
+struct HeaderModifierSpec {
+    #[serde(default)]
+    set: Vec<HeaderSpec>,
+    #[serde(default)]
+    add: Vec<HeaderSpec>,
+    #[serde(default)]
+    remove: Vec<String>,
+}
+
+#[derive(serde::Deserialize)]
+struct HeaderSpec {
+    name: String,
+    value: String,
+}
+
+fn header_modifier(m: &impl serde::Serialize) -> Result<snap::HeaderModifier, Problem> {
+    let spec: HeaderModifierSpec = serde_json::to_value(m)
+        .and_then(serde_json::from_value)
+        .map_err(|e| (reason::UNSUPPORTED_VALUE, format!("header modifier: {e}")))?;
+    let headers = |list: Vec<HeaderSpec>| {
+        list.into_iter()
+            .map(|h| snap::Header {
+                name: h.name,
+                value: h.value,
+            })
+            .collect()
+    };
+    Ok(snap::HeaderModifier {
+        set: headers(spec.set),
+        add: headers(spec.add),
+        // Header names compare case-insensitively; the proxy matches lower-case names.
+        remove: spec
+            .remove
+            .into_iter()
+            .map(|r| r.to_ascii_lowercase())
+            .collect(),
+    })
 }
 
 fn path_modifier(
