@@ -132,7 +132,8 @@ fn the_controller_without_an_api_server_fails_with_a_clear_message() {
     );
 }
 
-const MANIFESTS: &str = r#"
+/// Our GatewayClass and a Gateway `web/edge` listening on 8080: the start of every fixture.
+const CLASS_AND_GATEWAY: &str = r#"
 apiVersion: gateway.networking.k8s.io/v1
 kind: GatewayClass
 metadata: {name: coxswain}
@@ -145,6 +146,9 @@ spec:
   gatewayClassName: coxswain
   listeners: [{name: http, port: 8080, protocol: HTTP}]
 ---
+"#;
+
+const ROUTES: &str = r#"
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {name: broken, namespace: web}
@@ -162,7 +166,7 @@ spec:
 fn snapshot_compile_reports_bad_objects_and_compiles_the_rest() {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("app.yaml");
-    std::fs::write(&file, MANIFESTS).unwrap();
+    std::fs::write(&file, format!("{CLASS_AND_GATEWAY}{ROUTES}")).unwrap();
     let path = file.to_str().unwrap();
 
     let out = coxswain(&["snapshot", "compile", "-f", path, "-o", "json"]);
@@ -200,19 +204,7 @@ fn snapshot_compile_reports_bad_objects_and_compiles_the_rest() {
 
 #[test]
 fn snapshot_match_answers_from_a_compiled_snapshot() {
-    let manifests = r#"
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {name: coxswain}
-spec: {controllerName: coxswain-labs.dev/gateway-controller}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {name: edge, namespace: web}
-spec:
-  gatewayClassName: coxswain
-  listeners: [{name: http, port: 8080, protocol: HTTP}]
----
+    let routes = r#"
 apiVersion: v1
 kind: Service
 metadata: {name: echo, namespace: web}
@@ -239,7 +231,7 @@ spec:
 "#;
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("app.yaml");
-    std::fs::write(&input, manifests).unwrap();
+    std::fs::write(&input, format!("{CLASS_AND_GATEWAY}{routes}")).unwrap();
     for format in ["json", "yaml"] {
         let out = coxswain(&[
             "snapshot",
