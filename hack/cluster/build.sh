@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds the local control plane (etcd, kube-apiserver, kube-controller-manager, kubectl) from
+# Builds the local control plane (etcd, kube-apiserver, kube-controller-manager, kubectl) and
+# the Gateway API conformance echo server (echo-basic, run by the test node for its image) from
 # their Go modules into a cache outside the clone, and reuses binaries already there.
 # Prints the bin directory on stdout; progress goes to stderr.
 set -euo pipefail
@@ -28,5 +29,15 @@ if [[ ! -f "$stamp" ]]; then
   rm -f "$K8S_BIN"/.built-*
   touch "$stamp"
   echo "built in $(( $(date +%s) - start ))s" >&2
+fi
+# echo-basic has its own module (and stamp): the conformance module's dependency set must not
+# move Kubernetes' versions.
+echo_stamp="$K8S_BIN/.echo-basic-$(sha256sum ../echo-basic/go.sum | cut -c1-16)"
+if [[ ! -f "$echo_stamp" || ! -x "$K8S_BIN/echo-basic" ]]; then
+  echo "building echo-basic (Gateway API $GATEWAY_API_VERSION conformance) into $K8S_BIN" >&2
+  (cd ../echo-basic && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" \
+    -o "$K8S_BIN/echo-basic" sigs.k8s.io/gateway-api/conformance/echo-basic)
+  rm -f "$K8S_BIN"/.echo-basic-*
+  touch "$echo_stamp"
 fi
 echo "$K8S_BIN"

@@ -21,3 +21,5 @@ export COXSWAIN_KCM_PORT="${COXSWAIN_KCM_PORT:-26457}"
 # experimental is a superset of standard (adds TCPRoute, UDPRoute, X* policies and the
 # experimental fields of the standard kinds).
 export GATEWAY_API_CHANNEL="${GATEWAY_API_CHANNEL:-experimental}"
+# Claims of network indexes (see up.sh), machine-wide: on tmpfs, so a reboot frees them.
+export COXSWAIN_NET_LOCKS="${COXSWAIN_NET_LOCKS:-/run/coxswain/net}"

@@ -39,10 +39,25 @@ install_crds() {
   kubectl wait --for condition=Established --timeout 60s crd --all >&2
 }
 
+# The test node (test/testenv, `coxswain-node`): runs Pods as processes in network namespaces.
+# Started only when COXSWAIN_NODE_BIN names its binary (make cluster-up builds it); the Rust
+# test harness runs the same agent in-process instead. COXSWAIN_NODE_IMAGES adds image=binary
+# pairs (space-separated) to the built-in echo-basic one.
+start_node() {
+  [[ -n "${COXSWAIN_NODE_BIN:-}" ]] || return 0
+  alive node && return 0
+  local images=(--image "echo-basic=$bin/echo-basic")
+  local pair
+  for pair in ${COXSWAIN_NODE_IMAGES:-}; do images+=(--image "$pair"); done
+  start node "$COXSWAIN_NODE_BIN" --kubeconfig "$kubeconfig" --cluster-dir "$dir" "${images[@]}"
+  wait_for "test node" 60 kubectl wait --for condition=Ready --timeout 1s node/coxswain-node
+}
+
 if alive etcd && alive kube-apiserver && alive kube-controller-manager \
   && kubectl get --raw /readyz >/dev/null 2>&1; then
   log "already running ($dir); refreshing CRDs"
   install_crds
+  start_node
   echo "$kubeconfig"
   exit 0
 fi
@@ -54,6 +69,35 @@ fi
 
 started_ms=$(( $(date +%s%N) / 1000000 ))
 mkdir -p "$pki" "$logs" "$run" "$dir/etcd"
+
+# --- network index ---------------------------------------------------------------------
+# Each instance gets a small number N, unique on this machine, that names its address ranges
+# (Services 10.96.N.0/24, Pods 10.244.N.0/24, LoadBalancers 10.97.N.0/24) and the test node's
+# bridge and namespaces, so instances side by side never share an address. Claimed with an
+# atomic mkdir; a claim whose owner's directory is gone is stale and taken over.
+claim_net_index() {
+  local n owner
+  mkdir -p "$COXSWAIN_NET_LOCKS"
+  for n in $(seq 1 200); do
+    if mkdir "$COXSWAIN_NET_LOCKS/$n" 2>/dev/null; then
+      echo "$dir" > "$COXSWAIN_NET_LOCKS/$n/owner"
+      echo "$n"; return 0
+    fi
+    owner="$(cat "$COXSWAIN_NET_LOCKS/$n/owner" 2>/dev/null || true)"
+    if [[ -n "$owner" && ! -d "$owner/run" ]]; then
+      rm -rf "$COXSWAIN_NET_LOCKS/$n"
+      if mkdir "$COXSWAIN_NET_LOCKS/$n" 2>/dev/null; then
+        echo "$dir" > "$COXSWAIN_NET_LOCKS/$n/owner"
+        echo "$n"; return 0
+      fi
+    fi
+  done
+  return 1
+}
+net="$(claim_net_index)" || die "no free network index under $COXSWAIN_NET_LOCKS"
+echo "$net" > "$run/net-index"
+service_cidr="10.96.$net.0/24"
+kubernetes_service_ip="10.96.$net.1"
 
 # --- PKI -------------------------------------------------------------------------------
 # ECDSA P-256 keys: fast to generate, accepted by every component.
@@ -74,7 +118,7 @@ openssl req -x509 -new -key "$pki/ca.key" -subj "/CN=coxswain-local-ca" -days 30
 sign apiserver "/CN=kube-apiserver" "$(printf '%s\n' \
   "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature,keyEncipherment" \
   "extendedKeyUsage=serverAuth" \
-  "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local")"
+  "subjectAltName=IP:127.0.0.1,IP:$kubernetes_service_ip,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local")"
 sign admin "/O=system:masters/CN=coxswain-admin" "$(printf '%s\n' \
   "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature" "extendedKeyUsage=clientAuth")"
 sign kcm "/CN=system:kube-controller-manager" "$(printf '%s\n' \
@@ -149,7 +193,7 @@ start kube-apiserver "$bin/kube-apiserver" \
   --service-account-issuer "$issuer" \
   --service-account-key-file "$pki/sa.pub" \
   --service-account-signing-key-file "$pki/sa.key" \
-  --service-cluster-ip-range 10.96.0.0/16 \
+  --service-cluster-ip-range "$service_cidr" \
   --endpoint-reconciler-type none \
   --allow-privileged=true \
   --profiling=false \
@@ -180,8 +224,9 @@ if [[ -n "${COXSWAIN_CLUSTER_OWNER_PID:-}" ]]; then
   echo $! > "$run/watchdog.pid"
 fi
 
-# --- CRDs ------------------------------------------------------------------------------
+# --- CRDs and the test node -------------------------------------------------------------
 install_crds
+start_node
 
 elapsed_ms=$(( $(date +%s%N) / 1000000 - started_ms ))
 log "ready in $(( elapsed_ms / 1000 )).$(( elapsed_ms % 1000 / 100 ))s: Kubernetes $K8S_VERSION, Gateway API $GATEWAY_API_VERSION ($GATEWAY_API_CHANNEL)"

@@ -16,6 +16,8 @@
 //! When a test fails, the tails of the apiserver and controller-manager logs are printed.
 #![forbid(unsafe_code)]
 
+pub mod node;
+
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
@@ -141,6 +143,90 @@ impl Cluster {
             kubeconfig,
             state_dir: Some(dir),
         })
+    }
+}
+
+/// The test node of this test binary's cluster (see [`node`]), running in-process.
+#[derive(Debug)]
+pub struct TestNode {
+    pub network: node::Network,
+    /// Where each Pod's container logs are (`<ns>_<pod>_<uid>/<container>.log`).
+    pub pods_dir: PathBuf,
+}
+
+impl Cluster {
+    /// Starts the test node on this cluster once per test binary: Pods then run as processes.
+    /// `images` maps image names (e.g. `coxswain`) to local binaries; `echo-basic` is always
+    /// there. The first call's images are the ones used. Panics when the node cannot start (it
+    /// needs root, for network namespaces).
+    pub fn start_node(&'static self, images: &[(&str, &Path)]) -> &'static TestNode {
+        static NODE: OnceLock<Result<TestNode, String>> = OnceLock::new();
+        let started = NODE.get_or_init(|| {
+            let Some(dir) = self.state_dir.clone() else {
+                return Err(
+                    "the test node runs only on a cluster this test binary started \
+                            (unset COXSWAIN_TEST_KUBECONFIG)"
+                        .into(),
+                );
+            };
+            let mut map: std::collections::HashMap<String, PathBuf> = images
+                .iter()
+                .map(|(name, path)| ((*name).to_owned(), path.to_path_buf()))
+                .collect();
+            map.insert("echo-basic".into(), k8s_bin_dir().join("echo-basic"));
+            let config = node::NodeConfig::for_cluster(&dir, map).map_err(|e| e.to_string())?;
+            let network = node::Network::new(config.net_index);
+            let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+            std::thread::Builder::new()
+                .name("coxswain-test-node".into())
+                .spawn(move || {
+                    let runtime = match tokio::runtime::Builder::new_multi_thread()
+                        .worker_threads(2)
+                        .enable_all()
+                        .build()
+                    {
+                        Ok(r) => r,
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e.to_string()));
+                            return;
+                        }
+                    };
+                    runtime.block_on(async move {
+                        let client = match self.client().await {
+                            Ok(c) => c,
+                            Err(e) => {
+                                let _ = ready_tx.send(Err(e.to_string()));
+                                return;
+                            }
+                        };
+                        let (tx, rx) = tokio::sync::oneshot::channel();
+                        let ready_tx2 = ready_tx.clone();
+                        tokio::spawn(async move {
+                            if rx.await.is_ok() {
+                                let _ = ready_tx2.send(Ok(()));
+                            }
+                        });
+                        let result =
+                            node::run_notify(client, config, std::future::pending(), Some(tx))
+                                .await;
+                        if let Err(e) = result {
+                            let _ = ready_tx.send(Err(e.to_string()));
+                        }
+                    });
+                })
+                .map_err(|e| e.to_string())?;
+            ready_rx
+                .recv_timeout(Duration::from_secs(60))
+                .map_err(|e| format!("test node did not start: {e}"))??;
+            Ok(TestNode {
+                network,
+                pods_dir: dir.join("node/pods"),
+            })
+        });
+        match started {
+            Ok(node) => node,
+            Err(e) => panic!("test node: {e}"),
+        }
     }
 }
 

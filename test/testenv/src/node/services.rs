@@ -1,0 +1,397 @@
+//! kube-proxy and LoadBalancer provider of the test node, in user space: a TCP listener on every
+//! Service cluster IP and LoadBalancer address port, forwarding each connection to a ready
+//! endpoint from the Service's EndpointSlices (round robin). Also keeps the Service → cluster IP
+//! table every Pod's /etc/hosts is written from (there is no cluster DNS).
+
+use super::Shared;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{Notify, watch};
+
+/// Service name → cluster IP for every Service that has one.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct HostsTable {
+    /// (namespace, name) → cluster IP.
+    pub services: BTreeMap<(String, String), Ipv4Addr>,
+}
+
+impl HostsTable {
+    /// /etc/hosts for a Pod in `namespace`: its own name, and every Service under the names a
+    /// cluster DNS would answer (`svc`, `svc.ns`, `svc.ns.svc`, `svc.ns.svc.cluster.local`; the
+    /// bare name only in the Pod's own namespace, as the DNS search path would).
+    pub fn render(&self, namespace: &str, hostname: &str, pod_ip: Ipv4Addr) -> String {
+        let mut out = format!(
+            "# written by the coxswain test node\n127.0.0.1\tlocalhost\n::1\tlocalhost\n{pod_ip}\t{hostname}\n"
+        );
+        for ((ns, name), ip) in &self.services {
+            let mut names = format!("{name}.{ns}.svc.cluster.local {name}.{ns}.svc {name}.{ns}");
+            if ns == namespace {
+                names.push(' ');
+                names.push_str(name);
+            }
+            out.push_str(&format!("{ip}\t{names}\n"));
+        }
+        out
+    }
+}
+
+/// Where a listener sends its connections.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Backend {
+    /// The `kubernetes` Service: the apiserver on the host's loopback.
+    Fixed(SocketAddr),
+    /// Endpoints of a Service port: (namespace, service, port name).
+    Endpoints(String, String, String),
+}
+
+#[derive(Default)]
+struct EndpointTable {
+    ready: RwLock<HashMap<(String, String, String), Vec<SocketAddr>>>,
+    next: AtomicUsize,
+}
+
+impl EndpointTable {
+    fn candidates(&self, backend: &Backend) -> Vec<SocketAddr> {
+        match backend {
+            Backend::Fixed(addr) => vec![*addr],
+            Backend::Endpoints(ns, svc, port) => {
+                let table = match self.ready.read() {
+                    Ok(t) => t,
+                    Err(poisoned) => poisoned.into_inner(),
+                };
+                let Some(list) = table.get(&(ns.clone(), svc.clone(), port.clone())) else {
+                    return Vec::new();
+                };
+                if list.is_empty() {
+                    return Vec::new();
+                }
+                let start = self.next.fetch_add(1, Ordering::Relaxed) % list.len();
+                list[start..]
+                    .iter()
+                    .chain(&list[..start])
+                    .copied()
+                    .collect()
+            }
+        }
+    }
+}
+
+struct Listener {
+    backend: watch::Sender<Backend>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+pub(crate) async fn run(shared: Arc<Shared>, hosts: watch::Sender<Arc<HostsTable>>) {
+    let client = shared.client.clone();
+    let changed = Arc::new(Notify::new());
+    let (services, svc_writer) = reflector::store::<Service>();
+    let (slices, slice_writer) = reflector::store::<EndpointSlice>();
+    for task in [
+        spawn_reflector(
+            reflector::reflector(
+                svc_writer,
+                watcher(Api::<Service>::all(client.clone()), Default::default()),
+            )
+            .applied_objects()
+            .map(|r| r.map(|_| ()))
+            .boxed(),
+            changed.clone(),
+        ),
+        spawn_reflector(
+            reflector::reflector(
+                slice_writer,
+                watcher(
+                    Api::<EndpointSlice>::all(client.clone()),
+                    Default::default(),
+                ),
+            )
+            .touched_objects()
+            .map(|r| r.map(|_| ()))
+            .boxed(),
+            changed.clone(),
+        ),
+    ] {
+        drop(task);
+    }
+    let mut proxy = Proxy {
+        shared,
+        endpoints: Arc::new(EndpointTable::default()),
+        listeners: HashMap::new(),
+        addresses: HashSet::new(),
+        load_balancers: HashMap::new(),
+    };
+    loop {
+        changed.notified().await;
+        // Debounce: a Deployment's rollout touches many objects at once.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        proxy.reconcile(&services, &slices, &hosts).await;
+    }
+}
+
+fn spawn_reflector(
+    stream: futures::stream::BoxStream<'static, Result<(), watcher::Error>>,
+    changed: Arc<Notify>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut stream = stream;
+        while let Some(item) = stream.next().await {
+            if let Err(e) = item {
+                tracing::debug!(error = %e, "service/endpointslice watch error; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            changed.notify_one();
+        }
+    })
+}
+
+struct Proxy {
+    shared: Arc<Shared>,
+    endpoints: Arc<EndpointTable>,
+    listeners: HashMap<SocketAddrV4, Listener>,
+    addresses: HashSet<Ipv4Addr>,
+    /// (namespace, name) → allocated LoadBalancer address.
+    load_balancers: HashMap<(String, String), Ipv4Addr>,
+}
+
+impl Proxy {
+    async fn reconcile(
+        &mut self,
+        services: &Store<Service>,
+        slices: &Store<EndpointSlice>,
+        hosts: &watch::Sender<Arc<HostsTable>>,
+    ) {
+        let services = services.state();
+        self.update_endpoints(&slices.state());
+
+        let mut table = HostsTable::default();
+        let mut wanted: HashMap<SocketAddrV4, Backend> = HashMap::new();
+        let mut live_lbs = HashSet::new();
+        for svc in &services {
+            let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
+            let Some(spec) = svc.spec.as_ref() else {
+                continue;
+            };
+            let cluster_ip = spec
+                .cluster_ip
+                .as_deref()
+                .and_then(|ip| ip.parse::<Ipv4Addr>().ok());
+            let lb_ip = if spec.type_.as_deref() == Some("LoadBalancer") {
+                live_lbs.insert((ns.clone(), name.clone()));
+                self.load_balancer_address(svc, &ns, &name).await
+            } else {
+                None
+            };
+            if let Some(ip) = cluster_ip {
+                table.services.insert((ns.clone(), name.clone()), ip);
+            }
+            for port in spec.ports.iter().flatten() {
+                if port.protocol.as_deref().is_some_and(|p| p != "TCP") {
+                    continue;
+                }
+                let Ok(number) = u16::try_from(port.port) else {
+                    continue;
+                };
+                let backend = if ns == "default" && name == "kubernetes" {
+                    Backend::Fixed(self.shared.config.apiserver)
+                } else {
+                    Backend::Endpoints(
+                        ns.clone(),
+                        name.clone(),
+                        port.name.clone().unwrap_or_default(),
+                    )
+                };
+                for ip in cluster_ip.iter().chain(lb_ip.iter()) {
+                    wanted.insert(SocketAddrV4::new(*ip, number), backend.clone());
+                }
+            }
+        }
+        self.load_balancers.retain(|k, _| live_lbs.contains(k));
+        self.apply_listeners(wanted).await;
+        hosts.send_if_modified(|current| {
+            if **current == table {
+                false
+            } else {
+                *current = Arc::new(table);
+                true
+            }
+        });
+    }
+
+    fn update_endpoints(&self, slices: &[Arc<EndpointSlice>]) {
+        let mut ready: HashMap<(String, String, String), Vec<SocketAddr>> = HashMap::new();
+        for slice in slices {
+            let Some(service) = slice.labels().get("kubernetes.io/service-name") else {
+                continue;
+            };
+            let ns = slice.namespace().unwrap_or_default();
+            for port in slice.ports.iter().flatten() {
+                let Some(number) = port.port.and_then(|p| u16::try_from(p).ok()) else {
+                    continue;
+                };
+                let entry = ready
+                    .entry((
+                        ns.clone(),
+                        service.clone(),
+                        port.name.clone().unwrap_or_default(),
+                    ))
+                    .or_default();
+                for endpoint in slice.endpoints.iter().flatten() {
+                    // Unset `ready` means ready (EndpointSlice API).
+                    if endpoint.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
+                        continue;
+                    }
+                    for address in &endpoint.addresses {
+                        if let Ok(ip) = address.parse::<std::net::IpAddr>() {
+                            entry.push(SocketAddr::new(ip, number));
+                        }
+                    }
+                }
+                entry.sort();
+                entry.dedup();
+            }
+        }
+        let mut table = match self.endpoints.ready.write() {
+            Ok(t) => t,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        *table = ready;
+    }
+
+    /// The Service's LoadBalancer address: the one already in its status when it is ours,
+    /// else the lowest free one in the pool, written to status.loadBalancer.ingress.
+    async fn load_balancer_address(
+        &mut self,
+        svc: &Service,
+        ns: &str,
+        name: &str,
+    ) -> Option<Ipv4Addr> {
+        let key = (ns.to_owned(), name.to_owned());
+        let network = &self.shared.network;
+        let in_status = svc
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| lb.ingress.as_ref())
+            .and_then(|i| i.first())
+            .and_then(|i| i.ip.as_deref())
+            .and_then(|ip| ip.parse::<Ipv4Addr>().ok());
+        let ip = match self.load_balancers.get(&key) {
+            Some(ip) => *ip,
+            None => {
+                let used: HashSet<Ipv4Addr> = self.load_balancers.values().copied().collect();
+                let ip = match in_status {
+                    Some(ip)
+                        if !used.contains(&ip)
+                            && (2..=254).any(|h| network.load_balancer_ip(h) == ip) =>
+                    {
+                        ip
+                    }
+                    _ => (2..=254)
+                        .map(|h| network.load_balancer_ip(h))
+                        .find(|ip| !used.contains(ip))?,
+                };
+                self.load_balancers.insert(key, ip);
+                ip
+            }
+        };
+        if in_status != Some(ip) {
+            let api: Api<Service> = Api::namespaced(self.shared.client.clone(), ns);
+            let patch = serde_json::json!({
+                "status": {"loadBalancer": {"ingress": [{"ip": ip.to_string(), "ipMode": "VIP"}]}}
+            });
+            match api
+                .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(namespace = ns, service = name, %ip, "load balancer address assigned")
+                }
+                Err(e) => {
+                    tracing::warn!(namespace = ns, service = name, error = %e, "writing load balancer status failed")
+                }
+            }
+        }
+        Some(ip)
+    }
+
+    async fn apply_listeners(&mut self, wanted: HashMap<SocketAddrV4, Backend>) {
+        self.listeners.retain(|addr, listener| {
+            let keep = wanted.contains_key(addr);
+            if !keep {
+                listener.task.abort();
+            }
+            keep
+        });
+        let wanted_ips: HashSet<Ipv4Addr> = wanted.keys().map(|a| *a.ip()).collect();
+        for ip in &wanted_ips {
+            if !self.addresses.contains(ip) {
+                match self.shared.network.add_service_address(*ip).await {
+                    Ok(()) => {
+                        self.addresses.insert(*ip);
+                    }
+                    Err(e) => tracing::warn!(%ip, error = %e, "adding service address failed"),
+                }
+            }
+        }
+        for (addr, backend) in wanted {
+            if let Some(listener) = self.listeners.get(&addr) {
+                listener.backend.send_if_modified(|b| {
+                    let changed = *b != backend;
+                    *b = backend.clone();
+                    changed
+                });
+                continue;
+            }
+            match TcpListener::bind(addr).await {
+                Ok(socket) => {
+                    let (tx, rx) = watch::channel(backend);
+                    let task = tokio::spawn(forward(socket, rx, self.endpoints.clone()));
+                    self.listeners.insert(addr, Listener { backend: tx, task });
+                }
+                Err(e) => tracing::warn!(%addr, error = %e, "service listener failed"),
+            }
+        }
+        let stale: Vec<Ipv4Addr> = self.addresses.difference(&wanted_ips).copied().collect();
+        for ip in stale {
+            self.shared.network.remove_service_address(ip).await;
+            self.addresses.remove(&ip);
+        }
+    }
+}
+
+async fn forward(
+    socket: TcpListener,
+    backend: watch::Receiver<Backend>,
+    endpoints: Arc<EndpointTable>,
+) {
+    loop {
+        let Ok((mut downstream, _)) = socket.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let candidates = endpoints.candidates(&backend.borrow());
+        tokio::spawn(async move {
+            // No ready endpoint: the connection is closed at once, as kube-proxy rejects it.
+            for target in candidates.into_iter().take(3) {
+                let connect = TcpStream::connect(target);
+                if let Ok(Ok(mut upstream)) =
+                    tokio::time::timeout(Duration::from_secs(2), connect).await
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut downstream, &mut upstream).await;
+                    return;
+                }
+            }
+        });
+    }
+}
