@@ -21,12 +21,26 @@ manifests: ## Regenerate config/crd/bases from the Rust CRD types
 	$(COXSWAIN) crd --out-dir config/crd/bases
 
 .PHONY: generate
-generate: manifests ## Regenerate every generated artifact
+generate: manifests bundle ## Regenerate every generated artifact
+
+##@ OLM bundle
+
+.PHONY: bundle
+bundle: manifests ## Regenerate bundle/ and bundle.Dockerfile from config/ and the Rust CRD types
+	$(COXSWAIN) bundle
+
+.PHONY: bundle-check
+bundle-check: ## Fail if bundle/ or bundle.Dockerfile differ from what `make bundle` writes
+	$(COXSWAIN) bundle --check
+
+.PHONY: bundle-validate
+bundle-validate: ## Run operator-framework's bundle validators on bundle/ (zero errors and zero warnings)
+	hack/olm/validate.sh bundle
 
 ##@ Test
 
 .PHONY: test
-test: fmt-check clippy check-proxy-deps k8s-bin ## fmt, clippy, the proxy's dependency guard, then every test (unit and against a real local control plane)
+test: fmt-check clippy check-proxy-deps bundle-check bundle-validate k8s-bin ## fmt, clippy, the proxy's dependency guard, bundle drift and OLM validation, then every test (unit and against a real local control plane)
 	$(CARGO) test --workspace
 
 .PHONY: fmt

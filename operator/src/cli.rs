@@ -29,6 +29,8 @@ pub enum Command {
     Serve(Serve),
     /// Print every Coxswain CRD as multi-document YAML (or write one file per CRD).
     Crd(CrdArgs),
+    /// Write the OLM bundle (bundle/ and bundle.Dockerfile) from config/ and the CRD types.
+    Bundle(BundleArgs),
     /// Work with routing snapshots offline: see what Coxswain does with manifests before
     /// applying them.
     Snapshot(SnapshotArgs),
@@ -128,6 +130,19 @@ pub struct CrdArgs {
     /// Write one `<group>_<plural>.yaml` file per CRD into this directory instead of printing.
     #[arg(long, env = "COXSWAIN_CRD_OUT_DIR")]
     pub out_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct BundleArgs {
+    /// Repository root: config/ and PROJECT are read from it, bundle/ and bundle.Dockerfile
+    /// are written into it.
+    #[arg(long, default_value = ".")]
+    pub root: PathBuf,
+
+    /// Write nothing; fail, listing the files, when the committed bundle differs from a fresh
+    /// generation.
+    #[arg(long)]
+    pub check: bool,
 }
 
 #[derive(Debug, Args)]

@@ -30,6 +30,16 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Bundle(args) => {
+            use coxswain_operator::bundle;
+            let generated = bundle::generate(&bundle::Layout::new(&args.root))?;
+            if args.check {
+                generated.check(&args.root)?;
+            } else {
+                generated.write(&args.root)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Snapshot(args) => {
             let skipped = coxswain_operator::snapshot_cmd::run(&args.command)?;
             if skipped > 0 {
