@@ -2,7 +2,7 @@
 //! discovery hub; the identity and discovery listeners serve proxies.
 //!
 //! With a Lease configured, only the leader writes status and serves discovery streams; every
-//! replica serves bootstrap. (The leader pod label for the discovery Service is still to come.)
+//! replica serves bootstrap. The provisioning operator (dedicated proxies) runs beside them.
 
 use crate::compile::{self, ScopeKey};
 use crate::discovery::{DiscoveryService, Hub};
@@ -29,6 +29,17 @@ pub struct ControllerConfig {
     pub shared_proxy_service_account: String,
     /// Leader election; None: this replica always leads (single-replica setups and tests).
     pub lease: Option<crate::leader::LeaseConfig>,
+    /// Image of dedicated proxies when no CoxswainGatewayParameters sets one; None: this
+    /// binary's release image.
+    pub proxy_image: Option<String>,
+}
+
+/// The release image of this build, the dedicated proxies' default.
+pub fn release_image() -> String {
+    format!(
+        "ghcr.io/coxswain-labs/coxswain:v{}",
+        env!("CARGO_PKG_VERSION")
+    )
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -142,6 +153,22 @@ pub async fn run(
     });
     tracing::info!(discovery = %config.discovery_addr, bootstrap = %config.bootstrap_addr, "controller listening");
 
+    let (stop_provisioning, provisioning_stopped) = tokio::sync::oneshot::channel::<()>();
+    let provisioning = tokio::spawn(crate::provision::run(
+        Arc::new(crate::provision::Context::new(
+            client.clone(),
+            config.controller_name.clone(),
+            config.namespace.clone(),
+            config.proxy_image.clone().unwrap_or_else(release_image),
+            ca.cert_pem().to_owned(),
+            leader.clone(),
+            config.lease.as_ref().map(|l| l.identity.clone()),
+        )),
+        async {
+            let _ = provisioning_stopped.await;
+        },
+    ));
+
     let reflector = Reflector::start(&client);
     let compile_config = compile::Config {
         controller_name: config.controller_name.clone(),
@@ -201,6 +228,8 @@ pub async fn run(
         )
         .await;
     }
+    let _ = stop_provisioning.send(());
+    let _ = provisioning.await;
     // Hand the Lease over at once instead of letting a standby wait for it to expire.
     let _ = stop_election.send(());
     if let Some(e) = election {

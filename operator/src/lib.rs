@@ -9,6 +9,7 @@ pub mod discovery;
 pub mod identity;
 pub mod leader;
 pub mod manifests;
+pub mod provision;
 pub mod reflector;
 pub mod snapshot_cmd;
 pub mod status;

@@ -152,6 +152,7 @@ fn serve_controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
             bootstrap_addr: args.bootstrap_addr,
             server_names,
             shared_proxy_service_account: args.shared_proxy_service_account.clone(),
+            proxy_image: args.proxy_image.clone(),
             lease: Some(coxswain_operator::leader::LeaseConfig {
                 namespace: ns.clone(),
                 name: names::LEADER_LEASE.to_owned(),

@@ -17,41 +17,8 @@ use coxswain_proxy::discovery::DiscoveryConfig;
 use coxswain_testenv::TestEnv;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
-use kube::api::{DynamicObject, Patch, PatchParams};
-use kube::discovery::{ApiResource, Discovery};
 use std::time::Duration;
-use support::{free_port, get, service_account_token};
-
-/// Server-side applies multi-document YAML, whatever the kinds.
-async fn apply(client: &kube::Client, yaml: &str) {
-    let discovery = Discovery::new(client.clone()).run().await.unwrap();
-    for doc in serde_yaml::Deserializer::from_str(yaml) {
-        let obj: DynamicObject = serde::Deserialize::deserialize(doc).unwrap();
-        let gvk = obj.types.as_ref().unwrap();
-        let (group, version) = gvk
-            .api_version
-            .rsplit_once('/')
-            .unwrap_or(("", &gvk.api_version));
-        let (ar, caps) = discovery
-            .resolve_gvk(&kube::api::GroupVersionKind::gvk(group, version, &gvk.kind))
-            .unwrap_or_else(|| panic!("no API for {}", gvk.kind));
-        let api: Api<DynamicObject> = match (caps.scope, obj.metadata.namespace.as_deref()) {
-            (kube::discovery::Scope::Namespaced, Some(ns)) => {
-                Api::namespaced_with(client.clone(), ns, &ar)
-            }
-            _ => Api::all_with(client.clone(), &ar),
-        };
-        let name = obj.metadata.name.clone().unwrap();
-        api.patch(
-            &name,
-            &PatchParams::apply("coxswain-test").force(),
-            &Patch::Apply(&obj),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("applying {} {name}: {e}", gvk.kind));
-        let _: &ApiResource = &ar;
-    }
-}
+use support::{apply_yaml, free_port, get, service_account_token};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applied_routes_reach_the_proxy_and_serve_traffic() {
@@ -67,6 +34,7 @@ async fn applied_routes_reach_the_proxy_and_serve_traffic() {
         bootstrap_addr: ([127, 0, 0, 1], bootstrap_port).into(),
         server_names: vec!["localhost".into()],
         shared_proxy_service_account: "coxswain-proxy".into(),
+        proxy_image: None,
         lease: Some(coxswain_operator::leader::LeaseConfig {
             namespace: ns.clone(),
             name: "coxswain-leader".into(),
@@ -124,7 +92,7 @@ async fn applied_routes_reach_the_proxy_and_serve_traffic() {
 
     // Apply what a user would: a class, a Gateway, a Service with endpoints, a route.
     let listen = free_port();
-    apply(
+    apply_yaml(
         &env.client,
         &format!(
             r#"

@@ -137,3 +137,33 @@ spec:
 "#
     )
 }
+
+/// Server-side applies multi-document YAML, whatever the kinds (field manager coxswain-test).
+pub async fn apply_yaml(client: &kube::Client, yaml: &str) {
+    use kube::api::{DynamicObject, GroupVersionKind, Patch, PatchParams};
+    use kube::discovery::{Discovery, Scope};
+    let discovery = Discovery::new(client.clone()).run().await.unwrap();
+    for doc in serde_yaml::Deserializer::from_str(yaml) {
+        let obj: DynamicObject = serde::Deserialize::deserialize(doc).unwrap();
+        let types = obj.types.as_ref().unwrap();
+        let (group, version) = types
+            .api_version
+            .rsplit_once('/')
+            .unwrap_or(("", &types.api_version));
+        let (resource, caps) = discovery
+            .resolve_gvk(&GroupVersionKind::gvk(group, version, &types.kind))
+            .unwrap_or_else(|| panic!("no API for {}", types.kind));
+        let api: Api<DynamicObject> = match (caps.scope, obj.metadata.namespace.as_deref()) {
+            (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
+            _ => Api::all_with(client.clone(), &resource),
+        };
+        let name = obj.metadata.name.clone().unwrap();
+        api.patch(
+            &name,
+            &PatchParams::apply("coxswain-test").force(),
+            &Patch::Apply(&obj),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying {} {name}: {e}", types.kind));
+    }
+}
