@@ -47,6 +47,33 @@ async fn run(mut cmd: Command, what: &str) -> String {
     .unwrap()
 }
 
+/// `kubectl apply -k config/default`, once per test binary: two client-side applies racing
+/// would both try to create the namespace.
+async fn apply_config_default(env: &TestEnv) {
+    static APPLIED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let mut cmd = env.cluster().kubectl();
+    cmd.arg("apply")
+        .arg("-k")
+        .arg(repo_root().join("config/default"));
+    tokio::task::spawn_blocking(move || {
+        let mut applied = APPLIED.lock().unwrap_or_else(|p| p.into_inner());
+        if *applied {
+            return;
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "kubectl apply -k config/default failed ({}):\n{}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        *applied = true;
+    })
+    .await
+    .unwrap();
+}
+
 /// A child process killed when the test ends, however it ends.
 struct Process(Child);
 
@@ -120,12 +147,7 @@ async fn config_default_installs_and_its_rbac_is_all_the_controller_needs() {
     let admin_kubeconfig = env.cluster().kubeconfig().to_owned();
 
     // 1. The install manifests apply as they are.
-    let mut apply = env.cluster().kubectl();
-    apply
-        .arg("apply")
-        .arg("-k")
-        .arg(repo_root().join("config/default"));
-    run(apply, "kubectl apply -k config/default").await;
+    apply_config_default(&env).await;
 
     // Both Deployments' Pods are admitted in a namespace enforcing the restricted Pod Security
     // Standard (no test node runs them here).
@@ -312,10 +334,21 @@ kind: CoxswainIngressClassParameters
 metadata: {{name: defaults, namespace: {ns}}}
 spec: {{accessLog: true}}
 ---
+# A Gateway with a dedicated proxy: provisioning applies its ServiceAccount, trust bundle,
+# Deployment and Service in this namespace (the Pods stay pending: no node runs them here).
 apiVersion: gateway.coxswain-labs.dev/v1alpha1
 kind: CoxswainGatewayParameters
-metadata: {{name: unused, namespace: {ns}}}
-spec: {{replicas: 1}}
+metadata: {{name: dedicated, namespace: {ns}}}
+spec: {{replicas: 1, serviceType: ClusterIP}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: own-proxy, namespace: {ns}}}
+spec:
+  gatewayClassName: {class}
+  infrastructure:
+    parametersRef: {{group: gateway.coxswain-labs.dev, kind: CoxswainGatewayParameters, name: dedicated}}
+  listeners: [{{name: http, port: 8080, protocol: HTTP}}]
 "#,
         class = names::CLASS_NAME,
         controller = names::CONTROLLER_NAME,
@@ -439,12 +472,7 @@ async fn the_shared_proxy_service_account_has_no_rights() {
     let env = TestEnv::new().await;
     let client = env.client.clone();
     let system = names::DEFAULT_NAMESPACE;
-    let mut apply = env.cluster().kubectl();
-    apply
-        .arg("apply")
-        .arg("-k")
-        .arg(repo_root().join("config/default"));
-    run(apply, "kubectl apply -k config/default").await;
+    apply_config_default(&env).await;
 
     // Nothing binds it, in any namespace.
     let bound = |subjects: Option<Vec<k8s_openapi::api::rbac::v1::Subject>>| {
