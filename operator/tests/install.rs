@@ -412,6 +412,28 @@ spec:
     )
     .await;
 
+    // ... and the Gateway with its own parameters gets its dedicated proxy's objects.
+    let dedicated = names::dedicated_proxy_name("own-proxy", names::CLASS_NAME);
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> = env.api();
+    let services: Api<k8s_openapi::api::core::v1::Service> = env.api();
+    let accounts: Api<ServiceAccount> = env.api();
+    eventually(
+        "the dedicated proxy's objects",
+        Duration::from_secs(60),
+        || {
+            let (deployments, services, accounts) =
+                (deployments.clone(), services.clone(), accounts.clone());
+            let name = dedicated.clone();
+            async move {
+                deployments.get_opt(&name).await.ok()??;
+                services.get_opt(&name).await.ok()??;
+                accounts.get_opt(&name).await.ok()??;
+                Some(())
+            }
+        },
+    )
+    .await;
+
     // 6. Leadership: the Lease is held by this replica, and its Pod carries the leader label
     // that the discovery Service selects.
     let leases: Api<Lease> = Api::namespaced(client.clone(), system);
