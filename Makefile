@@ -5,6 +5,7 @@ SHELL := bash
 
 CARGO ?= cargo
 COXSWAIN = $(CARGO) run --quiet -p coxswain-operator --bin coxswain --
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
 .PHONY: help
 help: ## List the targets
@@ -74,7 +75,10 @@ k8s-bin: ## Build (or reuse) etcd, kube-apiserver, kube-controller-manager and k
 	hack/cluster/build.sh >/dev/null
 
 .PHONY: cluster-up
-cluster-up: ## Start the local control plane and install the Gateway API and Coxswain CRDs
+cluster-up: ## Start the local control plane and the test node (Pods run as processes), install the Gateway API and Coxswain CRDs
+	$(CARGO) build --quiet -p coxswain-operator --bin coxswain -p coxswain-testenv --bin coxswain-node
+	COXSWAIN_NODE_BIN="$(TARGET_DIR)/debug/coxswain-node" \
+	COXSWAIN_NODE_IMAGES="coxswain=$(TARGET_DIR)/debug/coxswain" \
 	hack/cluster/up.sh
 
 .PHONY: cluster-down
@@ -84,11 +88,8 @@ cluster-down: ## Stop the local control plane and remove its state
 ##@ Run
 
 .PHONY: demo
-demo: ## Run Coxswain on a local cluster (needs the test node, issue 10)
-	@echo "make demo: not available yet: it needs pods to run on the local cluster (the test node, issue 10)"
-	@echo "           and the controller's status writer (issue 7). Meanwhile 'make cluster-up' starts the"
-	@echo "           control plane; 'coxswain serve controller' and 'coxswain serve proxy' run against it."
-	@exit 1
+demo: ## Run Coxswain for real on a local cluster: installed from config/default as Pods, traffic through it
+	hack/demo.sh
 
 .PHONY: bench-proxy
 bench-proxy: ## wrk: coxswain vs nginx vs HAProxy as reverse proxies (installs them; not part of make test)

@@ -1,0 +1,252 @@
+//! Coxswain installed the way a user installs it without OLM, `kubectl apply -k config/default`,
+//! running as Pods on the test node: the controller replicas elect a leader, the shared pool
+//! and a Gateway's dedicated proxy bootstrap their SVIDs from projected tokens, and real HTTP
+//! through LoadBalancer addresses reaches echo-basic Pods. Gateway status says Programmed.
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+
+mod support;
+
+use coxswain_api::names;
+use coxswain_testenv::{TestEnv, eventually};
+use gateway_api::apis::standard::gateways::Gateway;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use kube::Api;
+use kube::api::ListParams;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+use support::apply_yaml;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const WAIT: Duration = Duration::from_secs(120);
+
+/// One HTTP/1.0 request; the status line and the body.
+async fn request(addr: SocketAddr, path: &str, host: &str) -> Option<(String, String)> {
+    let connect = tokio::net::TcpStream::connect(addr);
+    let mut stream = tokio::time::timeout(Duration::from_secs(3), connect)
+        .await
+        .ok()?
+        .ok()?;
+    let req = format!("GET {path} HTTP/1.0\r\nHost: {host}\r\n\r\n");
+    stream.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    Some((head.lines().next()?.to_owned(), body.to_owned()))
+}
+
+async fn ready_replicas(api: &Api<Deployment>, name: &str, want: i32) {
+    eventually(
+        &format!("Deployment {name} with {want} ready replicas"),
+        WAIT,
+        || {
+            let api = api.clone();
+            async move {
+                let d = api.get_opt(name).await.ok()??;
+                (d.status?.ready_replicas? >= want).then_some(())
+            }
+        },
+    )
+    .await;
+}
+
+async fn load_balancer_ip(api: &Api<Service>, name: &str) -> std::net::IpAddr {
+    eventually(&format!("a LoadBalancer address for {name}"), WAIT, || {
+        let api = api.clone();
+        async move {
+            let svc = api.get_opt(name).await.ok()??;
+            svc.status?
+                .load_balancer?
+                .ingress?
+                .first()?
+                .ip
+                .as_deref()?
+                .parse()
+                .ok()
+        }
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn installed_from_config_default_it_serves_traffic_from_pods() {
+    let env = TestEnv::new().await;
+    let ns = env.namespace.clone();
+    let cluster = env.cluster();
+    tokio::task::spawn_blocking(move || {
+        cluster.start_node(&[("coxswain", Path::new(env!("CARGO_BIN_EXE_coxswain")))])
+    })
+    .await
+    .unwrap();
+
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = cluster
+        .kubectl()
+        .args(["apply", "--server-side", "-k"])
+        .arg(repo.join("config/default"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "kubectl apply -k config/default: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let system = names::DEFAULT_NAMESPACE;
+    let deployments: Api<Deployment> = Api::namespaced(env.client.clone(), system);
+    ready_replicas(&deployments, "coxswain-controller", 2).await;
+    // Exactly one controller Pod carries the leader label the discovery Service selects.
+    let pods: Api<Pod> = Api::namespaced(env.client.clone(), system);
+    let leaders = eventually("one leader Pod", WAIT, || {
+        let pods = pods.clone();
+        async move {
+            let lp = ListParams::default().labels(&format!(
+                "{}={}",
+                names::LEADER_LABEL,
+                names::LEADER_LABEL_VALUE
+            ));
+            let list = pods.list(&lp).await.ok()?;
+            (list.items.len() == 1).then_some(list.items.len())
+        }
+    })
+    .await;
+    assert_eq!(leaders, 1);
+
+    // The application: echo-basic behind a Service, a dedicated Gateway and a shared one.
+    apply_yaml(
+        &env.client,
+        &format!(
+            r#"
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: echo, namespace: {ns}}}
+spec:
+  replicas: 2
+  selector: {{matchLabels: {{app: echo}}}}
+  template:
+    metadata: {{labels: {{app: echo}}}}
+    spec:
+      containers:
+      - name: echo
+        image: gcr.io/k8s-staging-gateway-api/echo-basic:v20240412-v1.0.0-394-g40c666fd
+        ports: [{{name: http, containerPort: 3000}}]
+        env:
+        - {{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}
+        - {{name: NAMESPACE, valueFrom: {{fieldRef: {{fieldPath: metadata.namespace}}}}}}
+        readinessProbe: {{httpGet: {{path: /, port: http}}, periodSeconds: 1}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: echo, namespace: {ns}}}
+spec:
+  selector: {{app: echo}}
+  ports: [{{name: http, port: 8080, targetPort: http}}]
+---
+apiVersion: gateway.coxswain-labs.dev/v1alpha1
+kind: CoxswainGatewayParameters
+metadata: {{name: edge-params, namespace: {ns}}}
+spec: {{replicas: 1, serviceType: LoadBalancer}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: coxswain}}
+spec: {{controllerName: {controller}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: {ns}}}
+spec:
+  gatewayClassName: coxswain
+  infrastructure:
+    parametersRef: {{group: gateway.coxswain-labs.dev, kind: CoxswainGatewayParameters, name: edge-params}}
+  listeners: [{{name: http, port: 8080, protocol: HTTP}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: main, namespace: {ns}}}
+spec:
+  gatewayClassName: coxswain
+  listeners: [{{name: http, port: 80, protocol: HTTP}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: dedicated, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: edge}}]
+  rules: [{{backendRefs: [{{name: echo, port: 8080}}]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: shared, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: main}}]
+  hostnames: [shared.example]
+  rules: [{{backendRefs: [{{name: echo, port: 8080}}]}}]
+"#,
+            controller = names::CONTROLLER_NAME
+        ),
+    )
+    .await;
+
+    // The dedicated proxy runs as a Pod of its own Deployment, bootstraps its SVID from its
+    // projected token, and answers on its Service's LoadBalancer address.
+    let name = names::dedicated_proxy_name("edge", "coxswain");
+    let app_deployments: Api<Deployment> = env.api();
+    ready_replicas(&app_deployments, &name, 1).await;
+    let services: Api<Service> = env.api();
+    let edge_ip = load_balancer_ip(&services, &name).await;
+    let (status, body) = eventually(
+        "echo-basic through the dedicated proxy",
+        WAIT,
+        || async move {
+            let r = request(SocketAddr::new(edge_ip, 8080), "/dedicated", "edge.example").await?;
+            r.0.contains(" 200 ").then_some(r)
+        },
+    )
+    .await;
+    let json: serde_json::Value =
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {status} {body}"));
+    assert_eq!(json["namespace"], ns.as_str(), "{json}");
+    assert_eq!(json["path"], "/dedicated", "{json}");
+    assert!(
+        json["pod"]
+            .as_str()
+            .unwrap_or_default()
+            .starts_with("echo-"),
+        "{json}"
+    );
+
+    // The shared pool answers for the shared Gateway on its own LoadBalancer address.
+    let system_services: Api<Service> = Api::namespaced(env.client.clone(), system);
+    let shared_ip = load_balancer_ip(&system_services, "coxswain-proxy").await;
+    let (_, body) = eventually("echo-basic through the shared pool", WAIT, || async move {
+        let r = request(SocketAddr::new(shared_ip, 80), "/shared", "shared.example").await?;
+        r.0.contains(" 200 ").then_some(r)
+    })
+    .await;
+    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(json["path"], "/shared", "{json}");
+
+    // What `kubectl get gateway -o yaml` tells a person: both Gateways Programmed.
+    let gateways: Api<Gateway> = env.api();
+    for gw in ["edge", "main"] {
+        eventually(&format!("Gateway {gw} Programmed"), WAIT, || {
+            let gateways = gateways.clone();
+            async move {
+                let g = gateways.get(gw).await.ok()?;
+                let programmed = g
+                    .status?
+                    .conditions?
+                    .into_iter()
+                    .find(|c| c.type_ == "Programmed")?;
+                (programmed.status == "True").then_some(())
+            }
+        })
+        .await;
+    }
+}
