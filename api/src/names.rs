@@ -23,6 +23,9 @@ pub const LEADER_LABEL_VALUE: &str = "true";
 
 /// ServiceAccount of the shared proxy pool, in the controller's namespace.
 pub const SHARED_PROXY_SERVICE_ACCOUNT: &str = "coxswain-proxy";
+/// The shared proxy pool's client-facing Service (LoadBalancer), in the controller's namespace:
+/// its address is every shared-pool Gateway's and Ingress's address.
+pub const SHARED_PROXY_SERVICE: &str = "coxswain-proxy";
 /// Service in front of the leader's discovery stream listener.
 pub const DISCOVERY_SERVICE: &str = "coxswain-controller-discovery";
 /// Service in front of every replica's bootstrap (identity) listener.

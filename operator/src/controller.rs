@@ -224,6 +224,7 @@ pub async fn run(
             &compiled,
             &hub,
             &config.controller_name,
+            &config.namespace,
             &leader,
         )
         .await;

@@ -80,7 +80,10 @@ async fn label_pods(pods: &Api<Pod>, me: &str, leading: bool) -> Result<(), kube
         .await?;
     for pod in &labelled.items {
         let name = pod.metadata.name.as_deref().unwrap_or_default();
-        if name != me || !leading {
+        // The leader clears every other Pod; a standby only its own, or it would strip the
+        // label from the live leader between that leader's renewals.
+        let stale = if leading { name != me } else { name == me };
+        if stale {
             // A null value removes the label in a merge patch.
             pods.patch(name, &PatchParams::default(), &Patch::Merge(&set(None)))
                 .await?;

@@ -1,5 +1,5 @@
 //! The status writer: turns the compiler's decisions into `status` patches on GatewayClasses,
-//! Gateways and HTTPRoutes. It keeps lastTransitionTime when a condition's status did not
+//! Gateways, HTTPRoutes and Ingresses (their addresses: the proxy Service's load balancer). It keeps lastTransitionTime when a condition's status did not
 //! change, writes only this controller's `status.parents` entries of a route (other
 //! controllers' entries are kept), and skips patches that would change nothing, so its own
 //! writes do not make it loop.
@@ -11,6 +11,7 @@ use crate::discovery::Hub;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
 use gateway_api::apis::standard::httproutes::HttpRoute;
+use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
@@ -78,6 +79,7 @@ pub async fn write(
     compiled: &Compiled,
     hub: &Hub,
     controller_name: &str,
+    controller_namespace: &str,
     leader: &std::sync::atomic::AtomicBool,
 ) {
     let leading = || leader.load(std::sync::atomic::Ordering::Acquire);
@@ -171,15 +173,29 @@ pub async fn write(
         );
         let existing = existing_conditions(current.clone());
         let rendered = render_conditions(&conditions, &existing, &now);
+        // The address clients use: the dedicated proxy's Service, or the shared pool's.
+        let (svc_ns, svc_name) = if decision.dedicated {
+            (
+                ns,
+                coxswain_api::names::dedicated_proxy_name(name, &gw.spec.gateway_class_name),
+            )
+        } else {
+            (
+                controller_namespace,
+                coxswain_api::names::SHARED_PROXY_SERVICE.to_owned(),
+            )
+        };
+        let addresses = gateway_addresses(store, svc_ns, &svc_name);
         let unchanged = same_conditions(&rendered, &existing)
-            && current
-                .as_ref()
-                .is_some_and(|c| same_listeners(&listeners, &c["listeners"]));
+            && current.as_ref().is_some_and(|c| {
+                same_listeners(&listeners, &c["listeners"])
+                    && c["addresses"].as_array().cloned().unwrap_or_default() == addresses
+            });
         if unchanged || !leading() {
             continue;
         }
         let api: Api<Gateway> = Api::namespaced(client.clone(), ns);
-        let patch = json!({"status": {"conditions": rendered, "listeners": listeners}});
+        let patch = json!({"status": {"conditions": rendered, "listeners": listeners, "addresses": addresses}});
         if let Err(e) = api.patch_status(name, &params, &Patch::Merge(&patch)).await {
             tracing::warn!(gateway = %key, error = %e, "status not written");
         }
@@ -234,6 +250,87 @@ pub async fn write(
             tracing::warn!(httproute = %format!("{ns}/{name}"), error = %e, "status not written");
         }
     }
+
+    // Ingresses of our classes are served by the shared pool: its address is theirs.
+    let shared = load_balancer_ingress(
+        store,
+        controller_namespace,
+        coxswain_api::names::SHARED_PROXY_SERVICE,
+    );
+    for ingress in &store.ingresses {
+        let (Some(ns), Some(name)) = (
+            ingress.metadata.namespace.as_deref(),
+            ingress.metadata.name.as_deref(),
+        ) else {
+            continue;
+        };
+        if !decisions.ingresses.contains_key(&ObjectKey::new(ns, name)) {
+            continue;
+        }
+        let current = ingress
+            .status
+            .as_ref()
+            .and_then(|s| s.load_balancer.as_ref())
+            .and_then(|lb| serde_json::to_value(lb.ingress.clone().unwrap_or_default()).ok())
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default();
+        if current == shared || !leading() {
+            continue;
+        }
+        let api: Api<Ingress> = Api::namespaced(client.clone(), ns);
+        let patch = json!({"status": {"loadBalancer": {"ingress": shared}}});
+        if let Err(e) = api.patch_status(name, &params, &Patch::Merge(&patch)).await {
+            tracing::warn!(ingress = %format!("{ns}/{name}"), error = %e, "status not written");
+        }
+    }
+}
+
+/// The Service's load-balancer entries (`{ip}` / `{hostname}`); for a Service without a load
+/// balancer, its cluster IP, so in-cluster clients still learn where to connect.
+fn load_balancer_ingress(store: &Store, ns: &str, name: &str) -> Vec<Value> {
+    let Some(svc) = store.services.iter().find(|s| {
+        s.metadata.namespace.as_deref() == Some(ns) && s.metadata.name.as_deref() == Some(name)
+    }) else {
+        return Vec::new();
+    };
+    let lb: Vec<Value> = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| match (&i.ip, &i.hostname) {
+            (Some(ip), _) => Some(json!({"ip": ip})),
+            (None, Some(host)) => Some(json!({"hostname": host})),
+            _ => None,
+        })
+        .collect();
+    if !lb.is_empty() {
+        return lb;
+    }
+    svc.spec
+        .as_ref()
+        .and_then(|s| s.cluster_ip.as_deref())
+        .filter(|ip| !ip.is_empty() && *ip != "None")
+        .map(|ip| vec![json!({"ip": ip})])
+        .unwrap_or_default()
+}
+
+/// Gateway `status.addresses` from the same Service.
+fn gateway_addresses(store: &Store, ns: &str, name: &str) -> Vec<Value> {
+    load_balancer_ingress(store, ns, name)
+        .into_iter()
+        .filter_map(|entry| {
+            if let Some(ip) = entry["ip"].as_str() {
+                Some(json!({"type": "IPAddress", "value": ip}))
+            } else {
+                entry["hostname"]
+                    .as_str()
+                    .map(|h| json!({"type": "Hostname", "value": h}))
+            }
+        })
+        .collect()
 }
 
 /// Equal but for lastTransitionTime, which `render_conditions` already carried over.

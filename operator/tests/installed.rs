@@ -9,10 +9,12 @@ mod support;
 use coxswain_api::names;
 use coxswain_testenv::{TestEnv, eventually};
 use gateway_api::apis::standard::gateways::Gateway;
+use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::networking::v1::Ingress;
 use kube::Api;
-use kube::api::ListParams;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
@@ -78,7 +80,7 @@ async fn installed_from_config_default_it_serves_traffic_from_pods() {
     let env = TestEnv::new().await;
     let ns = env.namespace.clone();
     let cluster = env.cluster();
-    tokio::task::spawn_blocking(move || {
+    let node = tokio::task::spawn_blocking(move || {
         cluster.start_node(&[("coxswain", Path::new(env!("CARGO_BIN_EXE_coxswain")))])
     })
     .await
@@ -180,6 +182,21 @@ spec:
   parentRefs: [{{name: edge}}]
   rules: [{{backendRefs: [{{name: echo, port: 8080}}]}}]
 ---
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {{name: coxswain}}
+spec: {{controller: {controller}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {{name: echo, namespace: {ns}}}
+spec:
+  ingressClassName: coxswain
+  rules:
+  - host: ingress.example
+    http:
+      paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: echo, port: {{number: 8080}}}}}}}}]
+---
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {{name: shared, namespace: {ns}}}
@@ -232,21 +249,177 @@ spec:
     let json: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(json["path"], "/shared", "{json}");
 
-    // What `kubectl get gateway -o yaml` tells a person: both Gateways Programmed.
+    // The Ingress, through the same shared pool; its status carries the pool's address.
+    let (_, body) = eventually("echo-basic through the Ingress", WAIT, || async move {
+        let r = request(
+            SocketAddr::new(shared_ip, 80),
+            "/ingress",
+            "ingress.example",
+        )
+        .await?;
+        r.0.contains(" 200 ").then_some(r)
+    })
+    .await;
+    assert!(body.contains("\"path\": \"/ingress\""), "{body}");
+    let ingresses: Api<Ingress> = env.api();
+    eventually("Ingress status.loadBalancer", WAIT, || {
+        let ingresses = ingresses.clone();
+        async move {
+            let ing = ingresses.get("echo").await.ok()?;
+            let ip = ing.status?.load_balancer?.ingress?.first()?.ip.clone()?;
+            (ip == shared_ip.to_string()).then_some(())
+        }
+    })
+    .await;
+
+    // What `kubectl get gateway -o yaml` tells a person: both Gateways Programmed, each with
+    // the address that reaches it.
     let gateways: Api<Gateway> = env.api();
-    for gw in ["edge", "main"] {
-        eventually(&format!("Gateway {gw} Programmed"), WAIT, || {
-            let gateways = gateways.clone();
-            async move {
-                let g = gateways.get(gw).await.ok()?;
-                let programmed = g
-                    .status?
-                    .conditions?
-                    .into_iter()
-                    .find(|c| c.type_ == "Programmed")?;
-                (programmed.status == "True").then_some(())
-            }
-        })
+    for (gw, address) in [("edge", edge_ip), ("main", shared_ip)] {
+        eventually(
+            &format!("Gateway {gw} Programmed at {address}"),
+            WAIT,
+            || {
+                let gateways = gateways.clone();
+                async move {
+                    let status = gateways.get(gw).await.ok()?.status?;
+                    let programmed = status
+                        .conditions?
+                        .into_iter()
+                        .find(|c| c.type_ == "Programmed")?;
+                    let addresses = status.addresses?;
+                    (programmed.status == "True" && addresses.first()?.value == address.to_string())
+                        .then_some(())
+                }
+            },
+        )
         .await;
     }
+
+    // Editing the route changes the answer; deleting it gives 404.
+    let routes: Api<HttpRoute> = env.api();
+    let redirect = serde_json::json!({"spec": {"rules": [{"filters": [{"type": "RequestRedirect",
+        "requestRedirect": {"hostname": "moved.example", "statusCode": 302}}]}]}});
+    routes
+        .patch("shared", &PatchParams::default(), &Patch::Merge(&redirect))
+        .await
+        .unwrap();
+    eventually("the edited route's redirect", WAIT, || async move {
+        let r = request(SocketAddr::new(shared_ip, 80), "/x", "shared.example").await?;
+        r.0.contains(" 302 ").then_some(())
+    })
+    .await;
+    routes
+        .delete("shared", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("404 once the route is gone", WAIT, || async move {
+        let r = request(SocketAddr::new(shared_ip, 80), "/x", "shared.example").await?;
+        r.0.contains(" 404 ").then_some(())
+    })
+    .await;
+
+    // Failover: the leader is killed (no grace, so its Lease is not handed over). A client
+    // sends requests through the shared pool throughout; the other replica takes the Lease
+    // within one TTL and the proxies follow it, with no failed request.
+    let leader_label = format!("{}={}", names::LEADER_LABEL, names::LEADER_LABEL_VALUE);
+    let (leader, leader_uid) = eventually("the current leader", WAIT, || {
+        let (pods, leader_label) = (pods.clone(), leader_label.clone());
+        async move {
+            let list = pods
+                .list(&ListParams::default().labels(&leader_label))
+                .await
+                .ok()?;
+            let meta = &list.items.first()?.metadata;
+            Some((meta.name.clone()?, meta.uid.clone()?))
+        }
+    })
+    .await;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let addr = SocketAddr::new(shared_ip, 80);
+                match request(addr, "/during-failover", "ingress.example").await {
+                    Some((status, _)) if status.contains(" 200 ") => ok += 1,
+                    other => failed.push(format!("{other:?}")),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (ok, failed)
+        }
+    });
+    // A crash: SIGKILL, so nothing hands the Lease over; the Pod is then force-deleted so
+    // the node does not restart it in place.
+    let pid = node
+        .container_pid(&leader_uid, "controller")
+        .expect("the leader's pid");
+    let killed_at = std::time::Instant::now();
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "kill -KILL {pid}");
+    let force = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    pods.delete(&leader, &force).await.unwrap();
+    let new_leader = eventually("a new leader", WAIT, || {
+        let (pods, leader_label, leader) = (pods.clone(), leader_label.clone(), leader.clone());
+        async move {
+            let list = pods
+                .list(&ListParams::default().labels(&leader_label))
+                .await
+                .ok()?;
+            let name = list.items.first()?.metadata.name.clone()?;
+            (name != leader).then_some(name)
+        }
+    })
+    .await;
+    let takeover = killed_at.elapsed();
+    // The proxies follow the new leader: a change made now reaches them.
+    apply_yaml(
+        &env.client,
+        &format!(
+            r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: after-failover, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: main}}]
+  hostnames: [after.example]
+  rules: [{{backendRefs: [{{name: echo, port: 8080}}]}}]
+"#
+        ),
+    )
+    .await;
+    eventually("a route applied after the failover", WAIT, || async move {
+        let r = request(SocketAddr::new(shared_ip, 80), "/after", "after.example").await?;
+        r.0.contains(" 200 ").then_some(())
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = client.await.unwrap();
+    eprintln!(
+        "failover: {new_leader} took over from {leader} in {takeover:?}; {ok} requests, {} failed",
+        failed.len()
+    );
+    // The standby checks every 5 s and the Lease lasts 15 s: no sooner than the Lease's
+    // remaining life, no later than a TTL plus one check.
+    assert!(
+        takeover < Duration::from_secs(15 + 5),
+        "takeover within one TTL (15 s) and a renew period: {takeover:?}"
+    );
+    assert!(
+        takeover > Duration::from_secs(5),
+        "a crashed leader hands nothing over; the Lease had to expire: {takeover:?}"
+    );
+    assert!(ok > 50, "the client kept sending: {ok}");
+    assert!(
+        failed.is_empty(),
+        "requests failed during the failover: {failed:?}"
+    );
 }

@@ -146,8 +146,15 @@ async fn the_leader_labels_its_own_pod_and_only_it() {
     })
     .await;
 
-    // Handing over moves the label.
+    // A standby beside it never takes the label away from the leader: sampled over ten of
+    // their renew periods, it stays on ctl-a alone.
     let (b, _stop_b, _task_b) = replica_in_pod(&env, "ctl-b", Some("ctl-b"));
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(leader_labelled(&env).await, ["ctl-a"], "the label flapped");
+    }
+
+    // Handing over moves the label.
     let _ = stop_a.send(());
     task_a.await.unwrap();
     eventually("only ctl-b labelled", Duration::from_secs(10), || {

@@ -152,6 +152,19 @@ pub struct TestNode {
     pub network: node::Network,
     /// Where each Pod's container logs are (`<ns>_<pod>_<uid>/<container>.log`).
     pub pods_dir: PathBuf,
+    pids_dir: PathBuf,
+}
+
+impl TestNode {
+    /// The process id of a running container (its process group leader), for tests that crash
+    /// a container the way a kernel OOM kill or a node fault would.
+    pub fn container_pid(&self, pod_uid: &str, container: &str) -> Option<u32> {
+        std::fs::read_to_string(self.pids_dir.join(format!("{pod_uid}-{container}")))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
 }
 
 impl Cluster {
@@ -221,6 +234,7 @@ impl Cluster {
             Ok(TestNode {
                 network,
                 pods_dir: dir.join("node/pods"),
+                pids_dir: dir.join("node/pids"),
             })
         });
         match started {
