@@ -91,6 +91,10 @@ cluster-down: ## Stop the local control plane and remove its state
 demo: ## Run Coxswain for real on a local cluster: installed from config/default as Pods, traffic through it
 	hack/demo.sh
 
+.PHONY: bench-propagation
+bench-propagation: ## Route propagation: HTTPRoute create -> first 200 through the shared proxy, p50/p99 of 100 routes added to 1,000 (release build; root, test node)
+	$(CARGO) run --release -p coxswain-operator --example propagation
+
 .PHONY: bench-proxy
 bench-proxy: ## wrk: coxswain vs nginx vs HAProxy as reverse proxies (installs them; not part of make test)
 	hack/bench/proxy.sh

@@ -78,6 +78,7 @@ fn gateway_params(image: &str) -> String {
 image: {image}
 podTemplate:
   spec:
+    hostNetwork: true
     tolerations: [{{key: spot, operator: Exists, effect: NoSchedule}}]
     containers:
     - name: proxy
@@ -277,6 +278,35 @@ spec:
         env_vars.to_string().contains(r#"["KEEP","class"]"#),
         "{env_vars}"
     );
+
+    // hostNetwork is one of the settings no podTemplate may change: restored, and said so on
+    // the Gateway as an Event.
+    assert_eq!(
+        deployment
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .host_network,
+        None
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+    let note = eventually("the override Event on the Gateway", WAIT, || {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find_map(|e| {
+                let about_edge = e.regarding.as_ref()?.name.as_deref() == Some("edge");
+                (about_edge && e.reason.as_deref() == Some("SecurityOverrideIgnored"))
+                    .then_some(e.note.unwrap_or_default())
+            })
+        }
+    })
+    .await;
+    assert!(note.contains("spec.hostNetwork"), "{note}");
 
     // Editing the parameters rolls the Deployment.
     let params: Api<CoxswainGatewayParameters> = env.api();
