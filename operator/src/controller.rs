@@ -58,6 +58,30 @@ pub enum ControllerError {
 
 /// The listeners' certificate lives a year; it is issued at start (not rotated while running).
 const SERVER_CERT_LIFETIME: Duration = Duration::from_secs(365 * 24 * 3600);
+/// How often the installed Gateway API release is looked up again.
+const VERSION_RECHECK: Duration = Duration::from_secs(30);
+
+/// The `gateway.networking.k8s.io/bundle-version` of the installed GatewayClass CRD; None when
+/// the CRD is absent or unreadable (then no SupportedVersion claim is made).
+async fn gateway_api_version(client: &kube::Client) -> Option<String> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let crds: kube::Api<CustomResourceDefinition> = kube::Api::all(client.clone());
+    match crds
+        .get_opt("gatewayclasses.gateway.networking.k8s.io")
+        .await
+    {
+        Ok(crd) => crd?
+            .metadata
+            .annotations?
+            .get("gateway.networking.k8s.io/bundle-version")
+            .cloned(),
+        Err(e) => {
+            tracing::debug!(error = %e, "Gateway API version not readable");
+            None
+        }
+    }
+}
+
 /// Changes arriving within this window are compiled together.
 const DEBOUNCE: Duration = Duration::from_millis(50);
 
@@ -170,10 +194,11 @@ pub async fn run(
     ));
 
     let reflector = Reflector::start(&client);
-    let compile_config = compile::Config {
+    let mut compile_config = compile::Config {
         controller_name: config.controller_name.clone(),
         ..Default::default()
     };
+    let mut version_checked: Option<std::time::Instant> = None;
     tokio::pin!(stop);
     loop {
         tokio::select! {
@@ -182,6 +207,12 @@ pub async fn run(
             () = &mut stop => break,
         }
         tokio::time::sleep(DEBOUNCE).await;
+        // The installed Gateway API release, for GatewayClass SupportedVersion; re-read now
+        // and then, since CRDs are upgraded under a running controller.
+        if version_checked.is_none_or(|at| at.elapsed() > VERSION_RECHECK) {
+            compile_config.gateway_api_version = gateway_api_version(&client).await;
+            version_checked = Some(std::time::Instant::now());
+        }
         let store = reflector.snapshot();
         let compiled = compile::compile(&store, &compile_config);
         // Dedicated Gateways: their proxies' ServiceAccounts may bootstrap and subscribe.

@@ -230,9 +230,15 @@ spec:
     let classes: Api<gateway_api::apis::standard::gatewayclasses::GatewayClass> =
         Api::all(env.client.clone());
     let class = classes.get("coxswain").await.unwrap();
+    let class_conditions = class.status.unwrap().conditions;
     assert_eq!(
-        condition(&class.status.unwrap().conditions, "Accepted"),
+        condition(&class_conditions, "Accepted"),
         Some(("True".into(), "Accepted".into()))
+    );
+    // The local cluster runs the Gateway API release this controller supports.
+    assert_eq!(
+        condition(&class_conditions, "SupportedVersion"),
+        Some(("True".into(), "SupportedVersion".into()))
     );
 
     // The writer skips no-op patches: once settled, its own writes do not make it write again.
@@ -253,6 +259,136 @@ spec:
         before, after,
         "the status writer keeps rewriting an unchanged status"
     );
+
+    // Invalid routes get the spec's reasons while the valid one keeps serving.
+    let named_port = free_port();
+    apply_yaml(
+        &env.client,
+        &format!(
+            r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: named, namespace: {ns}}}
+spec:
+  gatewayClassName: coxswain
+  listeners: [{{name: http, port: {named_port}, protocol: HTTP, hostname: named.example}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: missing-backend, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: edge}}]
+  hostnames: [missing.example]
+  rules: [{{backendRefs: [{{name: does-not-exist, port: 80}}]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: cross-namespace, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: edge}}]
+  hostnames: [cross.example]
+  rules: [{{backendRefs: [{{name: kubernetes, namespace: default, port: 443}}]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: wrong-host, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: named}}]
+  hostnames: [elsewhere.example]
+  rules: [{{backendRefs: [{{name: app, port: 80}}]}}]
+"#
+        ),
+    )
+    .await;
+    let reason_of = |route: &'static str, type_: &'static str| {
+        let routes = routes.clone();
+        async move {
+            let r = routes.get(route).await.ok()?;
+            let parent = r.status?.parents.into_iter().next()?;
+            let c = parent.conditions.into_iter().find(|c| c.type_ == type_)?;
+            Some((c.status, c.reason))
+        }
+    };
+    for (route, type_, want) in [
+        (
+            "missing-backend",
+            "ResolvedRefs",
+            ("False", "BackendNotFound"),
+        ),
+        (
+            "cross-namespace",
+            "ResolvedRefs",
+            ("False", "RefNotPermitted"),
+        ),
+        (
+            "wrong-host",
+            "Accepted",
+            ("False", "NoMatchingListenerHostname"),
+        ),
+    ] {
+        coxswain_testenv::eventually(
+            &format!("{route}: {type_}={}/{}", want.0, want.1),
+            Duration::from_secs(30),
+            || async {
+                let got = reason_of(route, type_).await?;
+                (got.0 == want.0 && got.1 == want.1).then_some(())
+            },
+        )
+        .await;
+    }
+    let still = get(listen, "/old/page").await.unwrap();
+    assert!(
+        still.starts_with("HTTP/1.1 301"),
+        "the valid route serves on: {still}"
+    );
+
+    // A parent entry written by another controller survives this controller's writes.
+    let current = routes.get("app").await.unwrap();
+    let mut parents = serde_json::to_value(&current.status.unwrap().parents).unwrap();
+    parents.as_array_mut().unwrap().push(serde_json::json!({
+        "parentRef": {"name": "theirs", "group": "gateway.networking.k8s.io", "kind": "Gateway"},
+        "controllerName": "example.com/other-controller",
+        "conditions": [{"type": "Accepted", "status": "True", "reason": "Accepted", "message": "",
+                        "lastTransitionTime": "2026-01-01T00:00:00Z", "observedGeneration": 1}],
+    }));
+    routes
+        .patch_status(
+            "app",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"status": {"parents": parents}})),
+        )
+        .await
+        .unwrap();
+    // Our entry must be rewritten: a new generation changes its observedGeneration.
+    routes
+        .patch(
+            "app",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"hostnames": ["app.example"]}})),
+        )
+        .await
+        .unwrap();
+    let parents = coxswain_testenv::eventually(
+        "our entry rewritten for generation 2",
+        Duration::from_secs(30),
+        || async {
+            let r = routes.get("app").await.ok()?;
+            let parents = r.status?.parents;
+            let ours = parents
+                .iter()
+                .find(|p| p.controller_name == "coxswain-labs.dev/gateway-controller")?;
+            ours.conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(2))
+                .then_some(parents)
+        },
+    )
+    .await;
+    let theirs = parents
+        .iter()
+        .find(|p| p.controller_name == "example.com/other-controller")
+        .expect("the other controller's entry was dropped");
+    assert_eq!(theirs.parent_ref.name, "theirs");
 
     let _ = stop_proxy.send(());
     proxy.await.unwrap().unwrap();

@@ -109,8 +109,40 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
                 Some(_) => Condition::new(reason::ACCEPTED, true, reason::ACCEPTED, "", generation),
             },
         };
-        accepted_classes.insert(name, condition.is_true());
-        out.class_status.insert(name.to_owned(), vec![condition]);
+        let mut conditions = vec![condition];
+        if let Some(version) = config.gateway_api_version.as_deref() {
+            let supported = supported_gateway_api(version);
+            let message = if supported {
+                format!("Gateway API {version}")
+            } else {
+                format!(
+                    "Gateway API {version} is installed; Coxswain supports {SUPPORTED_GATEWAY_API}"
+                )
+            };
+            if !supported {
+                // The spec: a class of an unsupported release is not accepted either.
+                conditions[0] = Condition::new(
+                    reason::ACCEPTED,
+                    false,
+                    reason::UNSUPPORTED_VERSION,
+                    message.clone(),
+                    generation,
+                );
+            }
+            conditions.push(Condition::new(
+                reason::SUPPORTED_VERSION,
+                supported,
+                if supported {
+                    reason::SUPPORTED_VERSION
+                } else {
+                    reason::UNSUPPORTED_VERSION
+                },
+                message,
+                generation,
+            ));
+        }
+        accepted_classes.insert(name, conditions[0].is_true());
+        out.class_status.insert(name.to_owned(), conditions);
     }
     let dedicated_classes: BTreeSet<&str> = store
         .gateway_classes
@@ -617,4 +649,15 @@ fn resolve_certificate(
         )
     })?;
     Ok((format!("{ns}/{}", r.name), pair))
+}
+
+/// Gateway API releases whose CRDs this controller is built and tested against.
+const SUPPORTED_GATEWAY_API: &str = "v1.4.x and v1.5.x";
+
+/// `vMAJOR.MINOR.PATCH[-pre]` within the supported range.
+pub(crate) fn supported_gateway_api(version: &str) -> bool {
+    let mut parts = version.trim_start_matches('v').split(['.', '-']);
+    let major = parts.next().and_then(|p| p.parse::<u32>().ok());
+    let minor = parts.next().and_then(|p| p.parse::<u32>().ok());
+    matches!((major, minor), (Some(1), Some(4 | 5)))
 }

@@ -34,6 +34,9 @@ pub struct Config {
     /// Ports the shared pool serves Ingresses on.
     pub ingress_http_port: u32,
     pub ingress_https_port: u32,
+    /// The installed Gateway API release (the CRDs' `gateway.networking.k8s.io/bundle-version`
+    /// annotation), when known: GatewayClasses then carry `SupportedVersion`.
+    pub gateway_api_version: Option<String>,
 }
 
 impl Default for Config {
@@ -42,6 +45,7 @@ impl Default for Config {
             controller_name: names::CONTROLLER_NAME.to_owned(),
             ingress_http_port: 80,
             ingress_https_port: 443,
+            gateway_api_version: None,
         }
     }
 }

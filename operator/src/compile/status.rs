@@ -151,6 +151,8 @@ pub mod reason {
     pub const PENDING: &str = "Pending";
     pub const INVALID: &str = "Invalid";
     pub const INVALID_PARAMETERS: &str = "InvalidParameters";
+    pub const SUPPORTED_VERSION: &str = "SupportedVersion";
+    pub const UNSUPPORTED_VERSION: &str = "UnsupportedVersion";
     pub const LISTENERS_NOT_VALID: &str = "ListenersNotValid";
     pub const UNSUPPORTED_ADDRESS: &str = "UnsupportedAddress";
     pub const NO_CONFLICTS: &str = "NoConflicts";

@@ -141,6 +141,44 @@ spec: {controllerName: example.com/other}
 }
 
 #[test]
+fn gateway_classes_report_the_installed_gateway_api_version() {
+    let mut store = Store::default();
+    let mut errors = Vec::new();
+    store.load_yaml(Path::new("fixture.yaml"), BASE, &mut errors);
+    assert!(errors.is_empty(), "{errors:?}");
+    let with = |version: &str| {
+        let config = Config {
+            gateway_api_version: Some(version.to_owned()),
+            ..Config::default()
+        };
+        compile(&store, &config).status.gateway_classes["coxswain"].clone()
+    };
+    let ok = with("v1.5.1");
+    assert!(find(&ok, "SupportedVersion").is_true());
+    assert!(find(&ok, "Accepted").is_true());
+    let old = with("v1.2.0");
+    let (supported, accepted) = (find(&old, "SupportedVersion"), find(&old, "Accepted"));
+    assert_eq!(
+        (supported.status, supported.reason),
+        (ConditionStatus::False, "UnsupportedVersion")
+    );
+    assert_eq!(
+        (accepted.status, accepted.reason),
+        (ConditionStatus::False, "UnsupportedVersion")
+    );
+    assert!(
+        supported.message.contains("v1.2.0"),
+        "{}",
+        supported.message
+    );
+    // Unknown (no CRD annotation read): no claim either way.
+    let unknown = compile(&store, &Config::default()).status.gateway_classes["coxswain"].clone();
+    assert!(unknown.iter().all(|c| c.type_ != "SupportedVersion"));
+    assert!(super::gateway::supported_gateway_api("v1.4.0-rc.1"));
+    assert!(!super::gateway::supported_gateway_api("garbage"));
+}
+
+#[test]
 fn gateway_class_with_missing_parameters_is_not_accepted() {
     let class = r#"
 apiVersion: gateway.networking.k8s.io/v1
