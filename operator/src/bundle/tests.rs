@@ -256,11 +256,17 @@ fn nothing_is_bound_to_the_proxy_service_account_and_no_role_can_create_crds() {
                 for key in ["apiGroups", "resources", "verbs"] {
                     assert!(!all(key).contains(&"*"), "{}: wildcard {key}", o.describe());
                 }
-                assert!(
-                    !all("resources").contains(&"customresourcedefinitions"),
-                    "{}",
-                    o.describe()
-                );
+                // Reading the Gateway API CRD's version annotation is fine; changing CRDs is not.
+                if all("resources").contains(&"customresourcedefinitions") {
+                    assert_eq!(all("verbs"), ["get"], "{}: CRD verbs", o.describe());
+                    assert!(
+                        rule["resourceNames"]
+                            .as_array()
+                            .is_some_and(|n| !n.is_empty()),
+                        "{}: CRD access must name its CRDs",
+                        o.describe()
+                    );
+                }
             }
         }
     }
