@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the local control plane (etcd, kube-apiserver, kube-controller-manager, kubectl) and
-# the Gateway API conformance echo server (echo-basic, run by the test node for its image) from
-# their Go modules into a cache outside the clone, and reuses binaries already there.
+# the binaries the test node runs for images (echo-basic, CoreDNS) from their Go modules into a
+# cache outside the clone, and reuses binaries already there.
 # Prints the bin directory on stdout; progress goes to stderr.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -30,14 +30,19 @@ if [[ ! -f "$stamp" ]]; then
   touch "$stamp"
   echo "built in $(( $(date +%s) - start ))s" >&2
 fi
-# echo-basic has its own module (and stamp): the conformance module's dependency set must not
-# move Kubernetes' versions.
-echo_stamp="$K8S_BIN/.echo-basic-$(sha256sum ../echo-basic/go.sum | cut -c1-16)"
-if [[ ! -f "$echo_stamp" || ! -x "$K8S_BIN/echo-basic" ]]; then
-  echo "building echo-basic (Gateway API $GATEWAY_API_VERSION conformance) into $K8S_BIN" >&2
-  (cd ../echo-basic && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" \
-    -o "$K8S_BIN/echo-basic" sigs.k8s.io/gateway-api/conformance/echo-basic)
-  rm -f "$K8S_BIN"/.echo-basic-*
-  touch "$echo_stamp"
-fi
+# Images the test node runs as local binaries, each from a Go module of its own (and stamp), so
+# their dependency sets never move Kubernetes' versions: echo-basic (the conformance backends)
+# and CoreDNS (the conformance suite's UDP backend).
+build_tool() { # name module-dir package
+  local name=$1 dir=$2 pkg=$3 tool_stamp
+  tool_stamp="$K8S_BIN/.$name-$(sha256sum "$dir/go.sum" | cut -c1-16)"
+  if [[ ! -f "$tool_stamp" || ! -x "$K8S_BIN/$name" ]]; then
+    echo "building $name into $K8S_BIN" >&2
+    (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$K8S_BIN/$name" "$pkg")
+    rm -f "$K8S_BIN/.$name-"*
+    touch "$tool_stamp"
+  fi
+}
+build_tool echo-basic ../echo-basic sigs.k8s.io/gateway-api/conformance/echo-basic
+build_tool coredns ../coredns github.com/coredns/coredns
 echo "$K8S_BIN"

@@ -42,11 +42,11 @@ install_crds() {
 # The test node (test/testenv, `coxswain-node`): runs Pods as processes in network namespaces.
 # Started only when COXSWAIN_NODE_BIN names its binary (make cluster-up builds it); the Rust
 # test harness runs the same agent in-process instead. COXSWAIN_NODE_IMAGES adds image=binary
-# pairs (space-separated) to the built-in echo-basic one.
+# pairs (space-separated) to the built-in echo-basic and coredns ones.
 start_node() {
   [[ -n "${COXSWAIN_NODE_BIN:-}" ]] || return 0
   alive node && return 0
-  local images=(--image "echo-basic=$bin/echo-basic")
+  local images=(--image "echo-basic=$bin/echo-basic" --image "coredns=$bin/coredns")
   local pair
   for pair in ${COXSWAIN_NODE_IMAGES:-}; do images+=(--image "$pair"); done
   start node "$COXSWAIN_NODE_BIN" --kubeconfig "$kubeconfig" --cluster-dir "$dir" "${images[@]}"

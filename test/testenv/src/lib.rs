@@ -169,8 +169,8 @@ impl TestNode {
 
 impl Cluster {
     /// Starts the test node on this cluster once per test binary: Pods then run as processes.
-    /// `images` maps image names (e.g. `coxswain`) to local binaries; `echo-basic` is always
-    /// there. The first call's images are the ones used. Panics when the node cannot start (it
+    /// `images` maps image names (e.g. `coxswain`) to local binaries; `echo-basic` and `coredns`
+    /// (built by hack/cluster/build.sh) are always there. The first call's images are the ones used. Panics when the node cannot start (it
     /// needs root, for network namespaces).
     pub fn start_node(&'static self, images: &[(&str, &Path)]) -> &'static TestNode {
         static NODE: OnceLock<Result<TestNode, String>> = OnceLock::new();
@@ -186,7 +186,9 @@ impl Cluster {
                 .iter()
                 .map(|(name, path)| ((*name).to_owned(), path.to_path_buf()))
                 .collect();
-            map.insert("echo-basic".into(), k8s_bin_dir().join("echo-basic"));
+            for built in ["echo-basic", "coredns"] {
+                map.insert(built.into(), k8s_bin_dir().join(built));
+            }
             let config = node::NodeConfig::for_cluster(&dir, map).map_err(|e| e.to_string())?;
             let network = node::Network::new(config.net_index);
             let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();

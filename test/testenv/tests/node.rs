@@ -275,6 +275,9 @@ async fn load_balancer_service_gets_an_address_that_forwards_to_its_pods() {
 
 fn shell_pod(name: &str, script: &str, restart_policy: &str) -> Pod {
     let script = serde_json::to_string(script).unwrap_or_default();
+    // Also mounted over $HOME, which holds the node's own state (~/.cache/coxswain): the other
+    // volumes must still mount (their sources are staged before any target is covered).
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".into());
     apply(&format!(
         r#"{{
   "apiVersion": "v1", "kind": "Pod",
@@ -290,7 +293,8 @@ fn shell_pod(name: &str, script: &str, restart_policy: &str) -> Pod {
               {{"name": "POD_NAME", "valueFrom": {{"fieldRef": {{"fieldPath": "metadata.name"}}}}}},
               {{"name": "MESSAGE", "value": "$(GREETING) from $(POD_NAME), not $(LATER)"}},
               {{"name": "LATER", "value": "later"}}],
-      "volumeMounts": [{{"name": "config", "mountPath": "/etc/test-config"}}]
+      "volumeMounts": [{{"name": "config", "mountPath": "/etc/test-config"}},
+                       {{"name": "config", "mountPath": "{home}"}}]
     }}],
     "volumes": [{{"name": "config", "configMap": {{"name": "{name}"}}}}]
   }}

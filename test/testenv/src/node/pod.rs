@@ -23,13 +23,29 @@ const VOLUME_SYNC: Duration = Duration::from_secs(10);
 
 /// Mounts the volumes, changes directory, then becomes the container's command. Runs inside the
 /// Pod's mount namespace (made by `ip netns exec` or `unshare`), so the mounts stay private.
+/// Every source is first bound under a private tmpfs, then onto its target: a target covering
+/// a source's path (a volume at /root while the node's state is under /root/.cache) cannot
+/// hide the sources mounted after it. Arguments: workdir, the mount count N, N sources, N
+/// (target, mode) pairs, `--`, the command.
 const LAUNCH: &str = r#"set -e
-workdir=$1; shift
+workdir=$1; count=$2; shift 2
+stage=/run/coxswain-node-stage
+/bin/mkdir -p "$stage"
+/bin/mount -t tmpfs -o mode=0700 coxswain-stage "$stage"
+n=0
+while [ "$n" -lt "$count" ]; do
+  n=$((n + 1))
+  if [ -d "$1" ]; then /bin/mkdir -p "$stage/$n"; else : > "$stage/$n"; fi
+  /bin/mount --bind "$1" "$stage/$n"
+  shift
+done
+n=0
 while [ "$1" != "--" ]; do
-  src=$1; dst=$2; mode=$3; shift 3
-  if [ -d "$src" ]; then /bin/mkdir -p "$dst"
+  n=$((n + 1))
+  dst=$1; mode=$2; shift 2
+  if [ -d "$stage/$n" ]; then /bin/mkdir -p "$dst"
   else /bin/mkdir -p "$(/usr/bin/dirname "$dst")"; [ -e "$dst" ] || : > "$dst"; fi
-  /bin/mount --bind "$src" "$dst"
+  /bin/mount --bind "$stage/$n" "$dst"
   if [ "$mode" = ro ]; then /bin/mount -o remount,bind,ro "$dst"; fi
 done
 shift
@@ -505,8 +521,12 @@ impl Supervisor {
         }
         argv.extend(spec.args.iter().flatten().map(expand));
 
-        let mut mounts: Vec<String> = Vec::new();
-        for m in spec.volume_mounts.iter().flatten() {
+        // Parents before children, so a nested mount lands on top of its parent's.
+        let mut volume_mounts: Vec<_> = spec.volume_mounts.iter().flatten().collect();
+        volume_mounts.sort_by_key(|m| m.mount_path.trim_end_matches('/').matches('/').count());
+        let mut sources: Vec<String> = Vec::new();
+        let mut targets: Vec<String> = Vec::new();
+        for m in volume_mounts {
             let Some(src) = self.volumes.host_path(&m.name) else {
                 return Err((
                     "CreateContainerConfigError".into(),
@@ -520,16 +540,14 @@ impl Supervisor {
                 Some(sub) if !sub.is_empty() => src.join(sub),
                 _ => src.to_owned(),
             };
-            mounts.push(src.display().to_string());
-            mounts.push(m.mount_path.clone());
-            mounts.push(
-                if m.read_only.unwrap_or(false) {
-                    "ro"
-                } else {
-                    "rw"
-                }
-                .into(),
-            );
+            sources.push(src.display().to_string());
+            targets.push(m.mount_path.clone());
+            let mode = if m.read_only.unwrap_or(false) {
+                "ro"
+            } else {
+                "rw"
+            };
+            targets.push(mode.into());
         }
         let log = self.dir.join(format!("{}.log", spec.name));
         let open = |p: &PathBuf| {
@@ -561,7 +579,9 @@ impl Supervisor {
         command
             .args(["/bin/sh", "-c", LAUNCH, "coxswain-node-launch"])
             .arg(spec.working_dir.as_deref().unwrap_or("/"))
-            .args(&mounts)
+            .arg(sources.len().to_string())
+            .args(&sources)
+            .args(&targets)
             .arg("--")
             .args(&argv)
             .env_clear()

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# `make conformance`: the Gateway API conformance suite (the release pinned in go.mod, which is
+# the one hack/cluster installs) against Coxswain installed from config/default on a local
+# cluster with the test node. Profile GATEWAY-HTTP; features come from the GatewayClass's
+# status.supportedFeatures. Writes the report to reports/ and the full log next to it.
+set -euo pipefail
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+cd "$repo"
+# shellcheck source=hack/cluster/env.sh
+source hack/cluster/env.sh
+# An instance of its own, beside `make cluster-up`'s.
+export COXSWAIN_CLUSTER_DIR="${COXSWAIN_CONFORMANCE_CLUSTER_DIR:-$COXSWAIN_CACHE/clusters/conformance}"
+export COXSWAIN_ETCD_PORT=24790 COXSWAIN_ETCD_PEER_PORT=24791
+export COXSWAIN_APISERVER_PORT=27443 COXSWAIN_KCM_PORT=27457
+target="${CARGO_TARGET_DIR:-$repo/target}"
+profiles="${COXSWAIN_CONFORMANCE_PROFILES:-GATEWAY-HTTP}"
+version="v$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
+report="$here/reports/$GATEWAY_API_VERSION/coxswain/${GATEWAY_API_CHANNEL}-${version}-default-report.yaml"
+mkdir -p "$(dirname "$report")"
+
+cargo build --quiet -p coxswain-operator --bin coxswain -p coxswain-testenv --bin coxswain-node
+export COXSWAIN_NODE_BIN="$target/debug/coxswain-node"
+export COXSWAIN_NODE_IMAGES="coxswain=$target/debug/coxswain"
+kubeconfig="$(hack/cluster/up.sh)"
+kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$kubeconfig" "$@"; }
+kubectl apply --server-side --force-conflicts -k config/default >&2
+kubectl -n coxswain-system rollout status deployment/coxswain-controller --timeout 180s >&2
+kubectl apply --server-side --force-conflicts -f "$here/gatewayclass.yaml" >&2
+kubectl wait --for condition=Accepted --timeout 120s gatewayclass/coxswain >&2
+
+bin="$COXSWAIN_CACHE/conformance/conformance-$GATEWAY_API_VERSION.test"
+mkdir -p "$(dirname "$bin")"
+(cd "$here" && go test -c -o "$bin" .)
+started=$(date +%s)
+set +e
+KUBECONFIG="$kubeconfig" "$bin" -test.run TestConformance -test.v -test.timeout 90m \
+  --gateway-class=coxswain \
+  --conformance-profiles="$profiles" \
+  --organization=coxswain-labs --project=coxswain \
+  --url=https://github.com/coxswain-labs/coxswain --version="$version" \
+  --contact=https://github.com/coxswain-labs/coxswain/issues \
+  --report-output="$report" \
+  ${COXSWAIN_CONFORMANCE_ARGS:-} 2>&1 | tee "$COXSWAIN_CLUSTER_DIR/logs/conformance.log"
+status=${PIPESTATUS[0]}
+set -e
+echo "conformance: exit $status after $(( $(date +%s) - started ))s; report $report; log $COXSWAIN_CLUSTER_DIR/logs/conformance.log" >&2
+echo "conformance: the cluster is left running; stop it with COXSWAIN_CLUSTER_DIR=$COXSWAIN_CLUSTER_DIR hack/cluster/down.sh" >&2
+exit "$status"
