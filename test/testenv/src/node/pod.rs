@@ -25,13 +25,15 @@ const VOLUME_SYNC: Duration = Duration::from_secs(10);
 /// Pod's mount namespace (made by `ip netns exec` or `unshare`), so the mounts stay private.
 /// Every source is first bound under a private tmpfs, then onto its target: a target covering
 /// a source's path (a volume at /root while the node's state is under /root/.cache) cannot
-/// hide the sources mounted after it. Arguments: workdir, the mount count N, N sources, N
-/// (target, mode) pairs, `--`, the command.
+/// hide the sources mounted after it, nor the executable. Arguments: workdir, the executable,
+/// the mount count N, N sources, N (target, mode) pairs, `--`, the arguments.
 const LAUNCH: &str = r#"set -e
-workdir=$1; count=$2; shift 2
+workdir=$1; exe=$2; count=$3; shift 3
 stage=/run/coxswain-node-stage
 /bin/mkdir -p "$stage"
 /bin/mount -t tmpfs -o mode=0700 coxswain-stage "$stage"
+: > "$stage/exe"
+/bin/mount --bind "$exe" "$stage/exe"
 n=0
 while [ "$n" -lt "$count" ]; do
   n=$((n + 1))
@@ -50,7 +52,7 @@ while [ "$1" != "--" ]; do
 done
 shift
 cd "$workdir"
-exec "$@"
+exec "$stage/exe" "$@"
 "#;
 
 fn now() -> String {
@@ -579,11 +581,12 @@ impl Supervisor {
         command
             .args(["/bin/sh", "-c", LAUNCH, "coxswain-node-launch"])
             .arg(spec.working_dir.as_deref().unwrap_or("/"))
+            .arg(&argv[0])
             .arg(sources.len().to_string())
             .args(&sources)
             .args(&targets)
             .arg("--")
-            .args(&argv)
+            .args(&argv[1..])
             .env_clear()
             .envs(env)
             .stdin(Stdio::null())
