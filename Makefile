@@ -91,6 +91,10 @@ cluster-down: ## Stop the local control plane and remove its state
 demo: ## Run Coxswain for real on a local cluster: installed from config/default as Pods, traffic through it
 	hack/demo.sh
 
+.PHONY: conformance
+conformance: ## Gateway API conformance suite (GATEWAY-HTTP) against Coxswain on a local cluster; report under test/conformance/reports/ (root, test node; ~3 min warm)
+	test/conformance/run.sh
+
 .PHONY: bench-propagation
 bench-propagation: ## Route propagation: HTTPRoute create -> first 200 through the shared proxy, p50/p99 of 100 routes added to 1,000 (release build; root, test node)
 	$(CARGO) run --release -p coxswain-operator --example propagation

@@ -16,6 +16,11 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, Client};
 use serde_json::{Value, json};
 
+/// `GatewayClass.status.supportedFeatures`: only features whose Gateway API conformance tests
+/// pass against this build (`make conformance`, test/conformance/reports/); the suite reads
+/// this list to decide what to run.
+pub const SUPPORTED_FEATURES: &[&str] = &["Gateway", "HTTPRoute", "ReferenceGrant"];
+
 /// What `conditions` look like on the object now, for transition times and no-op detection.
 fn existing_conditions(status: Option<Value>) -> Vec<Value> {
     status
@@ -101,11 +106,21 @@ pub async fn write(
                 .and_then(|s| serde_json::to_value(s).ok()),
         );
         let rendered = render_conditions(conditions, &existing, &now);
-        if same_conditions(&rendered, &existing) || !leading() {
+        let features: Vec<Value> = SUPPORTED_FEATURES
+            .iter()
+            .map(|name| json!({"name": name}))
+            .collect();
+        let current_features = class
+            .status
+            .as_ref()
+            .and_then(|s| serde_json::to_value(&s.supported_features).ok())
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default();
+        if (same_conditions(&rendered, &existing) && current_features == features) || !leading() {
             continue;
         }
         let api: Api<GatewayClass> = Api::all(client.clone());
-        let patch = json!({"status": {"conditions": rendered}});
+        let patch = json!({"status": {"conditions": rendered, "supportedFeatures": features}});
         if let Err(e) = api.patch_status(name, &params, &Patch::Merge(&patch)).await {
             tracing::warn!(gatewayclass = name, error = %e, "status not written");
         }

@@ -16,7 +16,7 @@ export COXSWAIN_APISERVER_PORT=27443 COXSWAIN_KCM_PORT=27457
 target="${CARGO_TARGET_DIR:-$repo/target}"
 profiles="${COXSWAIN_CONFORMANCE_PROFILES:-GATEWAY-HTTP}"
 version="v$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
-report="$here/reports/$GATEWAY_API_VERSION/coxswain/${GATEWAY_API_CHANNEL}-${version}-default-report.yaml"
+report="${COXSWAIN_CONFORMANCE_REPORT:-$here/reports/$GATEWAY_API_VERSION/coxswain/${GATEWAY_API_CHANNEL}-${version}-default-report.yaml}"
 mkdir -p "$(dirname "$report")"
 
 cargo build --quiet -p coxswain-operator --bin coxswain -p coxswain-testenv --bin coxswain-node

@@ -29,6 +29,10 @@ pub struct AcceptedListener {
     pub allows_http_route: bool,
     /// HTTPS: the certificate's name in the snapshot.
     pub certificate: Option<String>,
+    /// False for a listener whose only problem is an unresolved reference (a missing or
+    /// unreadable certificate): routes still attach to it and are counted in attachedRoutes,
+    /// as the spec asks, but it serves nothing.
+    pub programmable: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -228,7 +232,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
             generation,
             &mut out.certificates,
         );
-        let valid = accepted.len();
+        let valid = accepted.iter().filter(|l| l.programmable).count();
         let total = gateway.spec.listeners.len();
         let (accepted_cond, programmed_cond) = match &gateway_problem {
             Some((r, msg)) => (
@@ -479,7 +483,8 @@ fn compile_listeners(
             attached_routes: 0,
             conditions,
         });
-        if let (true, Some(port), Some(protocol)) = (usable, port, protocol) {
+        let attachable = usable || (kinds_ok && accepted_problem.is_none() && conflict.is_none());
+        if let (true, Some(port), Some(protocol)) = (attachable, port, protocol) {
             accepted.push(AcceptedListener {
                 name: l.name.clone(),
                 port,
@@ -488,6 +493,7 @@ fn compile_listeners(
                 allowed_namespaces: allowed_namespaces(store, l),
                 allows_http_route: true,
                 certificate,
+                programmable: usable,
             });
         }
     }

@@ -123,6 +123,9 @@ pub fn compile(
                     *out.attached
                         .entry((gw.key.clone(), listener.name.clone()))
                         .or_default() += 1;
+                    if !listener.programmable {
+                        continue;
+                    }
                     for host in hosts {
                         for rule in &rules {
                             for (match_index, m) in rule.matches.iter().enumerate() {

@@ -85,7 +85,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
     // hostname must not fall through to a less specific listener (listener isolation).
     let mut slots: Vec<Slot> = Vec::new();
     for gw in gateways.served.values() {
-        for l in &gw.listeners {
+        for l in gw.listeners.iter().filter(|l| l.programmable) {
             slots.push(Slot {
                 scope: gw.scope.clone(),
                 port: l.port,

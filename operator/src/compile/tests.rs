@@ -370,6 +370,37 @@ spec:
 }
 
 #[test]
+fn routes_attach_to_a_listener_with_unresolved_certificates_but_are_not_served() {
+    // The spec counts attachedRoutes regardless of the listener's own ResolvedRefs; such a
+    // listener still serves nothing.
+    let gw = https_gateway("web").replace("name: cert,", "name: does-not-exist,");
+    let route = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: attached, namespace: web}
+spec:
+  parentRefs: [{name: secure, sectionName: https}]
+  hostnames: [app.example.com]
+  rules: [{backendRefs: [{name: missing, port: 8080}]}]
+"#;
+    let c = compile_yaml(&[BASE, &gw, route]);
+    let resolved = listener_condition(&c, "secure", "https", "ResolvedRefs");
+    assert_eq!(resolved.status, ConditionStatus::False);
+    let programmed = listener_condition(&c, "secure", "https", "Programmed");
+    assert_eq!(programmed.status, ConditionStatus::False);
+    let listener = &c.status.gateways[&key("web", "secure")].listeners[0];
+    assert_eq!(listener.attached_routes, 1);
+    assert_eq!(
+        route_condition(&c, "attached", "ResolvedRefs").status,
+        ConditionStatus::False
+    );
+    assert!(
+        shared(&c).listeners.is_empty(),
+        "an unprogrammed listener gets no port"
+    );
+}
+
+#[test]
 fn https_certificate_refs_resolve_only_with_a_reference_grant() {
     // stringData is what kubectl accepts; the API server turns it into data.
     let secret = TLS_SECRET
