@@ -13,8 +13,7 @@ mod support;
 
 use coxswain_api::names;
 use coxswain_api::snapshot as snap;
-use coxswain_operator::controller::{self, ControllerConfig};
-use coxswain_operator::identity::store::CaMode;
+use coxswain_operator::controller;
 use coxswain_proxy::discovery::DiscoveryConfig;
 use coxswain_testenv::{TestEnv, eventually};
 use gateway_api::apis::standard::httproutes::HttpRoute;
@@ -22,7 +21,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::PostParams;
 use std::time::{Duration, Instant};
-use support::{apply_yaml, free_port, service_account_token};
+use support::{apply_yaml, free_port, local_controller_config, service_account_token};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn env_count(name: &str, default: usize) -> usize {
@@ -85,18 +84,7 @@ async fn main() {
     let (_stop_controller, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(controller::run(
         env.client.clone(),
-        ControllerConfig {
-            namespace: ns.clone(),
-            controller_name: names::CONTROLLER_NAME.into(),
-            trust_domain: "cluster.local".into(),
-            ca_mode: CaMode::Auto,
-            discovery_addr: ([127, 0, 0, 1], discovery_port).into(),
-            bootstrap_addr: ([127, 0, 0, 1], bootstrap_port).into(),
-            server_names: vec!["localhost".into()],
-            shared_proxy_service_account: names::SHARED_PROXY_SERVICE_ACCOUNT.into(),
-            lease: None,
-            proxy_image: None,
-        },
+        local_controller_config(&ns, names::CONTROLLER_NAME, discovery_port, bootstrap_port),
         async {
             let _ = stopped.await;
         },

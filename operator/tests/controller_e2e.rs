@@ -11,39 +11,33 @@
 mod support;
 
 use coxswain_api::snapshot as snap;
-use coxswain_operator::controller::{self, ControllerConfig};
-use coxswain_operator::identity::store::CaMode;
+use coxswain_operator::controller;
 use coxswain_proxy::discovery::DiscoveryConfig;
 use coxswain_testenv::TestEnv;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use std::time::Duration;
-use support::{apply_yaml, free_port, get, service_account_token};
+use support::{apply_yaml, free_port, get, local_controller_config, service_account_token};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applied_routes_reach_the_proxy_and_serve_traffic() {
     let env = TestEnv::new().await;
     let ns = env.namespace.clone();
     let (discovery_port, bootstrap_port) = (free_port(), free_port());
-    let config = ControllerConfig {
+    let mut config = local_controller_config(
+        &ns,
+        "coxswain-labs.dev/gateway-controller",
+        discovery_port,
+        bootstrap_port,
+    );
+    config.lease = Some(coxswain_operator::leader::LeaseConfig {
         namespace: ns.clone(),
-        controller_name: "coxswain-labs.dev/gateway-controller".into(),
-        trust_domain: "cluster.local".into(),
-        ca_mode: CaMode::Auto,
-        discovery_addr: ([127, 0, 0, 1], discovery_port).into(),
-        bootstrap_addr: ([127, 0, 0, 1], bootstrap_port).into(),
-        server_names: vec!["localhost".into()],
-        shared_proxy_service_account: "coxswain-proxy".into(),
-        proxy_image: None,
-        lease: Some(coxswain_operator::leader::LeaseConfig {
-            namespace: ns.clone(),
-            name: "coxswain-leader".into(),
-            identity: "controller-0".into(),
-            duration: Duration::from_secs(5),
-            renew_every: Duration::from_millis(500),
-            pod: None,
-        }),
-    };
+        name: "coxswain-leader".into(),
+        identity: "controller-0".into(),
+        duration: Duration::from_secs(5),
+        renew_every: Duration::from_millis(500),
+        pod: None,
+    });
     let (stop_ctl, ctl_stopped) = tokio::sync::oneshot::channel::<()>();
     let ctl = tokio::spawn(controller::run(env.client.clone(), config, async {
         let _ = ctl_stopped.await;

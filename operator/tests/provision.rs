@@ -10,8 +10,7 @@ use coxswain_api::discovery::discovery_client::DiscoveryClient;
 use coxswain_api::discovery::{ProxyMessage, Subscribe, WIRE_VERSION, proxy_message};
 use coxswain_api::names;
 use coxswain_api::snapshot as snap;
-use coxswain_operator::controller::{self, ControllerConfig};
-use coxswain_operator::identity::store::CaMode;
+use coxswain_operator::controller;
 use coxswain_operator::provision::render::{self, Inputs};
 use coxswain_proxy::discovery::DiscoveryConfig;
 use coxswain_testenv::{TestEnv, eventually};
@@ -22,7 +21,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use std::time::Duration;
-use support::{apply_yaml, free_port, http_get, service_account_token};
+use support::{apply_yaml, free_port, http_get, local_controller_config, service_account_token};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -38,19 +37,13 @@ struct RunningController {
 
 fn start_controller(env: &TestEnv) -> RunningController {
     let (discovery_port, bootstrap_port) = (free_port(), free_port());
-    let config = ControllerConfig {
-        namespace: env.namespace.clone(),
-        // Tests share one cluster: each controller serves only its own test's classes.
-        controller_name: controller_name(env),
-        trust_domain: "cluster.local".into(),
-        ca_mode: CaMode::Auto,
-        discovery_addr: ([127, 0, 0, 1], discovery_port).into(),
-        bootstrap_addr: ([127, 0, 0, 1], bootstrap_port).into(),
-        server_names: vec!["localhost".into()],
-        shared_proxy_service_account: names::SHARED_PROXY_SERVICE_ACCOUNT.into(),
-        lease: None,
-        proxy_image: None,
-    };
+    // Tests share one cluster: each controller serves only its own test's classes.
+    let config = local_controller_config(
+        &env.namespace,
+        &controller_name(env),
+        discovery_port,
+        bootstrap_port,
+    );
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(controller::run(env.client.clone(), config, async {
         let _ = stopped.await;

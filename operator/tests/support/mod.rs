@@ -167,3 +167,25 @@ pub async fn apply_yaml(client: &kube::Client, yaml: &str) {
         .unwrap_or_else(|e| panic!("applying {} {name}: {e}", types.kind));
     }
 }
+
+/// A controller for tests: listeners on loopback (certificate for `localhost`), CA created on
+/// demand, the shared pool's default ServiceAccount, no Lease (it always leads), default image.
+pub fn local_controller_config(
+    namespace: &str,
+    controller_name: &str,
+    discovery_port: u16,
+    bootstrap_port: u16,
+) -> coxswain_operator::controller::ControllerConfig {
+    coxswain_operator::controller::ControllerConfig {
+        namespace: namespace.to_owned(),
+        controller_name: controller_name.to_owned(),
+        trust_domain: "cluster.local".into(),
+        ca_mode: coxswain_operator::identity::store::CaMode::Auto,
+        discovery_addr: ([127, 0, 0, 1], discovery_port).into(),
+        bootstrap_addr: ([127, 0, 0, 1], bootstrap_port).into(),
+        server_names: vec!["localhost".into()],
+        shared_proxy_service_account: coxswain_api::names::SHARED_PROXY_SERVICE_ACCOUNT.into(),
+        lease: None,
+        proxy_image: None,
+    }
+}
