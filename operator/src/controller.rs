@@ -32,6 +32,10 @@ pub struct ControllerConfig {
     /// Image of dedicated proxies when no CoxswainGatewayParameters sets one; None: this
     /// binary's release image.
     pub proxy_image: Option<String>,
+    /// `/healthz` and `/readyz` (and `/metrics`); None: not served.
+    pub health_addr: Option<SocketAddr>,
+    /// `/metrics` (and the health endpoints); None or the same as `health_addr`: one listener.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// The release image of this build, the dedicated proxies' default.
@@ -48,6 +52,8 @@ pub enum ControllerError {
     Ca(#[from] store::CaStoreError),
     #[error("issuing the listeners' certificate: {0}")]
     ServerCert(#[source] crate::identity::CaError),
+    #[error(transparent)]
+    Admin(#[from] coxswain_proxy::admin::AdminError),
     #[error("binding {addr}: {source}")]
     Bind {
         addr: SocketAddr,
@@ -109,6 +115,15 @@ pub async fn run(
         .map_err(ControllerError::ServerCert)?;
 
     let leader = Arc::new(AtomicBool::new(config.lease.is_none()));
+    let admin = Arc::new(crate::admin::State::new(leader.clone()));
+    for addr in [config.health_addr, config.metrics_addr]
+        .into_iter()
+        .flatten()
+        .collect::<std::collections::BTreeSet<_>>()
+    {
+        let bound = crate::admin::serve(addr, admin.clone()).await?;
+        tracing::info!(admin = %bound, "health and metrics endpoints listening");
+    }
     let (stop_election, election_stopped) = tokio::sync::oneshot::channel::<()>();
     let election = config.lease.clone().map(|lease| {
         tokio::spawn(crate::leader::run(
@@ -148,21 +163,23 @@ pub async fn run(
         trust_domain: config.trust_domain.clone(),
     };
     let (c, k) = (cert.clone(), key.clone());
+    let health = admin.clone();
     tokio::spawn(async move {
-        if let Err(e) =
+        let result =
             crate::identity::server::serve(bootstrap, &c, &k, identity, std::future::pending())
-                .await
-        {
-            tracing::error!(error = %e, "bootstrap listener stopped");
-        }
+                .await;
+        let error = result.err().map(|e| e.to_string()).unwrap_or_default();
+        tracing::error!(%error, "bootstrap listener stopped");
+        health.listener_failed("bootstrap", &error);
     });
     let service = DiscoveryService {
         hub: hub.clone(),
         leader: leader.clone(),
     };
     let ca_pem = ca.cert_pem().to_owned();
+    let health = admin.clone();
     tokio::spawn(async move {
-        if let Err(e) = crate::discovery::serve(
+        let result = crate::discovery::serve(
             discovery,
             &cert,
             &key,
@@ -170,11 +187,12 @@ pub async fn run(
             service,
             std::future::pending(),
         )
-        .await
-        {
-            tracing::error!(error = %e, "discovery listener stopped");
-        }
+        .await;
+        let error = result.err().map(|e| e.to_string()).unwrap_or_default();
+        tracing::error!(%error, "discovery listener stopped");
+        health.listener_failed("discovery", &error);
     });
+    admin.listeners_bound();
     tracing::info!(discovery = %config.discovery_addr, bootstrap = %config.bootstrap_addr, "controller listening");
 
     let (stop_provisioning, provisioning_stopped) = tokio::sync::oneshot::channel::<()>();
@@ -194,6 +212,14 @@ pub async fn run(
     ));
 
     let reflector = Reflector::start(&client);
+    let mut status = crate::status::StatusWriter::new(
+        client.clone(),
+        config.controller_name.clone(),
+        config.namespace.clone(),
+        leader.clone(),
+        admin.clone(),
+        config.lease.as_ref().map(|l| l.identity.clone()),
+    );
     let mut compile_config = compile::Config {
         controller_name: config.controller_name.clone(),
         ..Default::default()
@@ -207,6 +233,14 @@ pub async fn run(
             () = &mut stop => break,
         }
         tokio::time::sleep(DEBOUNCE).await;
+        admin.set_connected_proxies(hub.connected());
+        let unsynced = reflector.unsynced();
+        if !unsynced.is_empty() {
+            tracing::debug!(waiting_for = ?unsynced, "caches still listing; not compiling yet");
+            admin.set_unsynced(unsynced);
+            continue;
+        }
+        admin.set_unsynced(Vec::new());
         // The installed Gateway API release, for GatewayClass SupportedVersion; re-read now
         // and then, since CRDs are upgraded under a running controller.
         if version_checked.is_none_or(|at| at.elapsed() > VERSION_RECHECK) {
@@ -214,7 +248,9 @@ pub async fn run(
             version_checked = Some(std::time::Instant::now());
         }
         let store = reflector.snapshot();
+        let started = std::time::Instant::now();
         let compiled = compile::compile(&store, &compile_config);
+        admin.compiled(started.elapsed(), store.counts());
         // Dedicated Gateways: their proxies' ServiceAccounts may bootstrap and subscribe.
         {
             let mut allow = allowlist.write().unwrap_or_else(|p| p.into_inner());
@@ -249,16 +285,7 @@ pub async fn run(
             tracing::debug!(?scope, version = %snapshot.version, "publishing snapshot");
             hub.publish(scope.clone(), snapshot.clone());
         }
-        crate::status::write(
-            &client,
-            &store,
-            &compiled,
-            &hub,
-            &config.controller_name,
-            &config.namespace,
-            &leader,
-        )
-        .await;
+        status.write(&store, &compiled, &hub).await;
     }
     let _ = stop_provisioning.send(());
     let _ = provisioning.await;

@@ -1,6 +1,7 @@
 //! The controller role of Coxswain and the wiring of the `coxswain` binary.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod bundle;
 pub mod cli;
 pub mod compile;

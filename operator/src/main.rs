@@ -153,6 +153,8 @@ fn serve_controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
             server_names,
             shared_proxy_service_account: args.shared_proxy_service_account.clone(),
             proxy_image: args.proxy_image.clone(),
+            health_addr: Some(args.admin.health_addr),
+            metrics_addr: Some(args.admin.metrics_addr),
             lease: Some(coxswain_operator::leader::LeaseConfig {
                 namespace: ns.clone(),
                 name: names::LEADER_LEASE.to_owned(),

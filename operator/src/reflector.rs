@@ -5,6 +5,10 @@
 //! Objects are cached through `DeserializeGuard`: one object these types cannot read (for
 //! example an HTTPRoute using an experimental-channel filter) is logged and left out, instead
 //! of failing the whole list and stalling every other object of its kind.
+//!
+//! Nothing is compiled before every cache has listed once (or found its CRD absent): a
+//! snapshot built from half-filled caches would send proxies routes without backends and
+//! write statuses that are wrong for a moment.
 
 use crate::compile::Store;
 use coxswain_api::{CoxswainGatewayParameters, CoxswainIngressClassParameters};
@@ -22,6 +26,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering};
 use tokio::sync::Notify;
 
 /// Readers of every cache.
@@ -41,11 +46,25 @@ pub struct Reflector {
     gateway_parameters: Cache<CoxswainGatewayParameters>,
     /// Notified after any cache changed.
     pub changed: Arc<Notify>,
+    /// Per kind: has its initial list completed?
+    sync: Vec<(String, Arc<AtomicU8>)>,
 }
+
+const LISTING: u8 = 0;
+const SYNCED: u8 = 1;
+/// The kind's CRD is not installed: nothing to wait for until it appears.
+const ABSENT: u8 = 2;
+/// The apiserver refuses the list (RBAC): the controller must not compile without it.
+const REFUSED: u8 = 3;
 
 type Cache<K> = reflector::Store<DeserializeGuard<K>>;
 
-fn reflect<K>(client: &Client, config: watcher::Config, changed: Arc<Notify>) -> Cache<K>
+fn reflect<K>(
+    client: &Client,
+    config: watcher::Config,
+    changed: Arc<Notify>,
+    sync: &mut Vec<(String, Arc<AtomicU8>)>,
+) -> Cache<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
@@ -54,6 +73,8 @@ where
     let (reader, writer) = reflector::store();
     let kind = K::kind(&K::DynamicType::default()).into_owned();
     let stream = reflector(writer, watcher(api, config).default_backoff());
+    let state = Arc::new(AtomicU8::new(LISTING));
+    sync.push((kind.clone(), state.clone()));
     tokio::spawn(async move {
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
@@ -70,10 +91,28 @@ where
                             "object skipped: it does not match the types this controller reads"
                         );
                     }
+                    if let watcher::Event::InitDone = &event {
+                        state.store(SYNCED, Ordering::Release);
+                    }
                     changed.notify_one();
                 }
                 // Missing CRDs and API hiccups: the watcher backs off and retries.
-                Err(e) => tracing::debug!(%kind, error = %e, "watch error"),
+                Err(e) => {
+                    if let watcher::Error::InitialListFailed(kube::Error::Api(status)) = &e {
+                        let now = match status.code {
+                            404 => ABSENT,
+                            401 | 403 => REFUSED,
+                            _ => LISTING,
+                        };
+                        if state.swap(now, Ordering::AcqRel) != now {
+                            if now == REFUSED {
+                                tracing::warn!(%kind, error = %e, "listing refused; check the controller's RBAC");
+                            }
+                            changed.notify_one();
+                        }
+                    }
+                    tracing::debug!(%kind, error = %e, "watch error");
+                }
             }
         }
     });
@@ -86,21 +125,38 @@ impl Reflector {
         let changed = Arc::new(Notify::new());
         let all = watcher::Config::default();
         let tls = watcher::Config::default().fields("type=kubernetes.io/tls");
+        let mut sync = Vec::new();
+        let c = &changed;
+        let s = &mut sync;
         Self {
-            gateway_classes: reflect(client, all.clone(), changed.clone()),
-            gateways: reflect(client, all.clone(), changed.clone()),
-            http_routes: reflect(client, all.clone(), changed.clone()),
-            reference_grants: reflect(client, all.clone(), changed.clone()),
-            services: reflect(client, all.clone(), changed.clone()),
-            endpoint_slices: reflect(client, all.clone(), changed.clone()),
-            secrets: reflect(client, tls, changed.clone()),
-            namespaces: reflect(client, all.clone(), changed.clone()),
-            ingresses: reflect(client, all.clone(), changed.clone()),
-            ingress_classes: reflect(client, all.clone(), changed.clone()),
-            ingress_class_parameters: reflect(client, all.clone(), changed.clone()),
-            gateway_parameters: reflect(client, all, changed.clone()),
+            gateway_classes: reflect(client, all.clone(), c.clone(), s),
+            gateways: reflect(client, all.clone(), c.clone(), s),
+            http_routes: reflect(client, all.clone(), c.clone(), s),
+            reference_grants: reflect(client, all.clone(), c.clone(), s),
+            services: reflect(client, all.clone(), c.clone(), s),
+            endpoint_slices: reflect(client, all.clone(), c.clone(), s),
+            secrets: reflect(client, tls, c.clone(), s),
+            namespaces: reflect(client, all.clone(), c.clone(), s),
+            ingresses: reflect(client, all.clone(), c.clone(), s),
+            ingress_classes: reflect(client, all.clone(), c.clone(), s),
+            ingress_class_parameters: reflect(client, all.clone(), c.clone(), s),
+            gateway_parameters: reflect(client, all, c.clone(), s),
             changed,
+            sync,
         }
+    }
+
+    /// The kinds whose first list has not completed, with why; empty once every cache is
+    /// filled or its CRD is known to be absent.
+    pub fn unsynced(&self) -> Vec<String> {
+        self.sync
+            .iter()
+            .filter_map(|(kind, state)| match state.load(Ordering::Acquire) {
+                SYNCED | ABSENT => None,
+                REFUSED => Some(format!("{kind} (list forbidden)")),
+                _ => Some(kind.clone()),
+            })
+            .collect()
     }
 
     /// A copy of every cache, as the compiler's input.

@@ -1,9 +1,11 @@
-//! The status writer: turns the compiler's decisions into `status` patches on GatewayClasses,
-//! Gateways, HTTPRoutes and Ingresses (their addresses: the proxy Service's load balancer). It keeps lastTransitionTime when a condition's status did not
-//! change, writes only this controller's `status.parents` entries of a route (other
-//! controllers' entries are kept), and skips patches that would change nothing, so its own
-//! writes do not make it loop.
+//! The status writer: turns the compiler's decisions into server-side applies of `status` on
+//! GatewayClasses, Gateways, HTTPRoutes and Ingresses (their addresses: the proxy Service's
+//! load balancer). It keeps lastTransitionTime when a condition's status did not change,
+//! writes only this controller's `status.parents` entries of a route (other controllers'
+//! entries are kept), skips writes that would change nothing, so its own writes do not make
+//! it loop, and turns condition transitions into Events.
 
+use crate::admin;
 use crate::compile::ScopeKey;
 use crate::compile::status::{Condition, ConditionStatus, ObjectKey, StatusDecisions, reason};
 use crate::compile::{Compiled, Store};
@@ -11,10 +13,16 @@ use crate::discovery::Hub;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
 use gateway_api::apis::standard::httproutes::HttpRoute;
+use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Patch, PatchParams};
-use kube::{Api, Client};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::{Api, Client, Resource};
 use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use tokio::sync::mpsc;
 
 /// `GatewayClass.status.supportedFeatures`: only features whose Gateway API conformance tests
 /// pass against this build (`make conformance`, test/conformance/reports/); the suite reads
@@ -99,229 +107,509 @@ fn programmed(conditions: &mut [Condition], serving: bool) {
     }
 }
 
-/// Writes every status that differs from what the objects carry.
-///
-/// Only while `leader` holds; it is re-checked right before each patch, so a replica that lost
-/// the Lease stops writing within one request.
-pub async fn write(
-    client: &Client,
-    store: &Store,
-    compiled: &Compiled,
-    hub: &Hub,
-    controller_name: &str,
-    controller_namespace: &str,
-    leader: &std::sync::atomic::AtomicBool,
-) {
-    let leading = || leader.load(std::sync::atomic::Ordering::Acquire);
-    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-    let decisions: &StatusDecisions = &compiled.status;
-    let params = PatchParams::default();
+/// Events are best effort: when the publisher falls this far behind, new ones are dropped.
+const EVENT_BACKLOG: usize = 1024;
+/// The Events API's limit on a note.
+const MAX_NOTE: usize = 1024;
 
-    for class in &store.gateway_classes {
-        let Some(name) = class.metadata.name.as_deref() else {
-            continue;
+/// Reason of the Warning Event an Ingress gets for each problem, and of the Normal one when
+/// its problems are gone.
+pub const INGRESS_PROBLEM: &str = "InvalidConfiguration";
+pub const INGRESS_RESOLVED: &str = "ConfigurationResolved";
+
+/// Writes statuses by server-side apply (field manager `coxswain-controller`), and publishes
+/// an Event for each condition transition a person should see.
+pub struct StatusWriter {
+    client: Client,
+    controller_name: String,
+    controller_namespace: String,
+    leader: Arc<AtomicBool>,
+    admin: Arc<admin::State>,
+    events: mpsc::Sender<(ObjectReference, Event)>,
+    /// The (status, reason) last reported per object condition, so a transition is reported
+    /// once even while the cache still shows the status from before our own write.
+    reported: HashMap<String, (ConditionStatus, &'static str)>,
+    /// The problems last reported per Ingress.
+    ingress_problems: HashMap<ObjectKey, Vec<String>>,
+}
+
+/// A condition change worth an Event: a problem appearing (Warning), or a good state being
+/// reached (Normal).
+fn event_for(c: &Condition, first_report: bool, announce_true: bool) -> Option<EventType> {
+    // Conflicted is the one condition where True is bad.
+    let bad = if c.type_ == reason::CONFLICTED {
+        c.status == ConditionStatus::True
+    } else {
+        c.status == ConditionStatus::False && c.reason != reason::PENDING
+    };
+    let good = if c.type_ == reason::CONFLICTED {
+        c.status == ConditionStatus::False
+    } else {
+        c.status == ConditionStatus::True
+    };
+    if bad {
+        Some(EventType::Warning)
+    } else if good && (!first_report || announce_true) {
+        Some(EventType::Normal)
+    } else {
+        None
+    }
+}
+
+fn truncate(mut note: String) -> String {
+    if note.len() > MAX_NOTE {
+        let mut cut = MAX_NOTE - 3;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+        note.push_str("...");
+    }
+    note
+}
+
+impl StatusWriter {
+    pub fn new(
+        client: Client,
+        controller_name: String,
+        controller_namespace: String,
+        leader: Arc<AtomicBool>,
+        admin: Arc<admin::State>,
+        instance: Option<String>,
+    ) -> Self {
+        let (events, mut pending) = mpsc::channel::<(ObjectReference, Event)>(EVENT_BACKLOG);
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: coxswain_api::names::FIELD_MANAGER.to_owned(),
+                instance,
+            },
+        );
+        let counts = admin.clone();
+        // Publishing is slow next to compiling; it must never hold up status or snapshots.
+        tokio::spawn(async move {
+            while let Some((object, event)) = pending.recv().await {
+                let type_ = match event.type_ {
+                    EventType::Normal => "Normal",
+                    EventType::Warning => "Warning",
+                };
+                match recorder.publish(&event, &object).await {
+                    Ok(()) => counts.event(type_),
+                    Err(e) => {
+                        tracing::debug!(error = %e, reason = %event.reason, "event not published")
+                    }
+                }
+            }
+        });
+        Self {
+            client,
+            controller_name,
+            controller_namespace,
+            leader,
+            admin,
+            events,
+            reported: HashMap::new(),
+            ingress_problems: HashMap::new(),
+        }
+    }
+
+    fn leading(&self) -> bool {
+        self.leader.load(Ordering::Acquire)
+    }
+
+    fn emit(&self, object: &ObjectReference, type_: EventType, reason: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(truncate(note)),
+            action: "Reconcile".to_owned(),
+            secondary: None,
         };
-        let Some(conditions) = decisions.gateway_classes.get(name) else {
-            continue;
-        };
-        let existing = existing_conditions(
-            class
+        if self.events.try_send((object.clone(), event)).is_err() {
+            tracing::debug!(%reason, "event backlog full; event dropped");
+        }
+    }
+
+    /// Events for the conditions of one object (or one of its listeners or parents) whose
+    /// status or reason changed since last reported; `existing` is what the object carries,
+    /// used the first time a condition is seen.
+    #[allow(clippy::too_many_arguments)]
+    fn transitions(
+        &self,
+        next: &mut HashMap<String, (ConditionStatus, &'static str)>,
+        object: &ObjectReference,
+        scope: &str,
+        subject: &str,
+        conditions: &[Condition],
+        existing: &[Value],
+        announce_true: bool,
+    ) {
+        for c in conditions {
+            let key = format!("{scope}|{subject}|{}", c.type_);
+            let now = (c.status, c.reason);
+            let before = self.reported.get(&key);
+            let changed = match before {
+                Some(before) => *before != now,
+                None => !existing.iter().any(|e| {
+                    e["type"] == c.type_
+                        && e["status"] == status_str(c.status)
+                        && e["reason"] == c.reason
+                }),
+            };
+            let first = before.is_none() && !existing.iter().any(|e| e["type"] == c.type_);
+            next.insert(key, now);
+            if !changed {
+                continue;
+            }
+            if let Some(type_) = event_for(c, first, announce_true) {
+                let mut note = format!("{subject}{}={}", c.type_, status_str(c.status));
+                if !c.message.is_empty() {
+                    note.push_str(": ");
+                    note.push_str(&c.message);
+                }
+                self.emit(object, type_, c.reason, note);
+            }
+        }
+    }
+
+    async fn apply<K>(&self, api: Api<K>, kind: &'static str, name: &str, body: Value) -> bool
+    where
+        K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        // Right before the write: a replica that lost the Lease stops within one request.
+        if !self.leading() {
+            return false;
+        }
+        let params = PatchParams::apply(coxswain_api::names::FIELD_MANAGER).force();
+        match api.patch_status(name, &params, &Patch::Apply(&body)).await {
+            Ok(_) => {
+                self.admin.status_write(kind, true);
+                true
+            }
+            // Someone else changed the object since our cache saw it; its watch event brings
+            // the new version and another pass.
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                self.admin.status_conflict(kind);
+                tracing::debug!(%kind, %name, "status conflict; retrying on the next pass");
+                false
+            }
+            Err(e) => {
+                self.admin.status_write(kind, false);
+                tracing::warn!(%kind, %name, error = %e, "status not written");
+                false
+            }
+        }
+    }
+
+    /// Writes every status that differs from what the objects carry.
+    pub async fn write(&mut self, store: &Store, compiled: &Compiled, hub: &Hub) {
+        if !self.leading() {
+            // A standby reports nothing; when it takes over it compares with the objects.
+            self.reported.clear();
+            self.ingress_problems.clear();
+            return;
+        }
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let decisions: &StatusDecisions = &compiled.status;
+        let mut next = HashMap::new();
+        let controller_name = self.controller_name.clone();
+
+        for class in &store.gateway_classes {
+            let Some(name) = class.metadata.name.as_deref() else {
+                continue;
+            };
+            let Some(conditions) = decisions.gateway_classes.get(name) else {
+                continue;
+            };
+            let existing = existing_conditions(
+                class
+                    .status
+                    .as_ref()
+                    .and_then(|s| serde_json::to_value(s).ok()),
+            );
+            let object = class.object_ref(&());
+            self.transitions(
+                &mut next,
+                &object,
+                &format!("GatewayClass/{name}"),
+                "",
+                conditions,
+                &existing,
+                true,
+            );
+            let rendered = render_conditions(conditions, &existing, &now);
+            let features: Vec<Value> = SUPPORTED_FEATURES
+                .iter()
+                .map(|name| json!({"name": name}))
+                .collect();
+            let current_features = class
                 .status
                 .as_ref()
-                .and_then(|s| serde_json::to_value(s).ok()),
-        );
-        let rendered = render_conditions(conditions, &existing, &now);
-        let features: Vec<Value> = SUPPORTED_FEATURES
-            .iter()
-            .map(|name| json!({"name": name}))
-            .collect();
-        let current_features = class
-            .status
-            .as_ref()
-            .and_then(|s| serde_json::to_value(&s.supported_features).ok())
-            .and_then(|v| v.as_array().cloned())
-            .unwrap_or_default();
-        if (same_conditions(&rendered, &existing) && current_features == features) || !leading() {
-            continue;
-        }
-        let api: Api<GatewayClass> = Api::all(client.clone());
-        let patch = json!({"status": {"conditions": rendered, "supportedFeatures": features}});
-        if let Err(e) = api.patch_status(name, &params, &Patch::Merge(&patch)).await {
-            tracing::warn!(gatewayclass = name, error = %e, "status not written");
-        }
-    }
-
-    for gw in &store.gateways {
-        let (Some(ns), Some(name)) = (
-            gw.metadata.namespace.as_deref(),
-            gw.metadata.name.as_deref(),
-        ) else {
-            continue;
-        };
-        let key = ObjectKey::new(ns, name);
-        let Some(decision) = decisions.gateways.get(&key) else {
-            continue;
-        };
-        let scope = if decision.dedicated {
-            ScopeKey::Gateway(key.clone())
-        } else {
-            ScopeKey::SharedPool
-        };
-        let version = compiled
-            .snapshots
-            .get(&scope)
-            .map(|s| s.version.clone())
-            .unwrap_or_default();
-        let current = gw
-            .status
-            .as_ref()
-            .and_then(|s| serde_json::to_value(s).ok());
-        let mut all_serving = true;
-        let mut listeners = Vec::new();
-        for l in &decision.listeners {
-            let port = gw
-                .spec
-                .listeners
-                .iter()
-                .find(|x| x.name == l.name)
-                .map(|x| x.port)
-                .unwrap_or(0);
-            let serving = u32::try_from(port).is_ok_and(|p| hub.serving(&scope, &version, p));
-            let mut conditions = l.conditions.clone();
-            programmed(&mut conditions, serving);
-            all_serving &= serving
-                || conditions
-                    .iter()
-                    .any(|c| c.type_ == reason::PROGRAMMED && c.reason == reason::INVALID);
-            let existing = current
-                .as_ref()
-                .and_then(|s| s["listeners"].as_array().cloned())
-                .and_then(|ls| ls.into_iter().find(|x| x["name"] == l.name.as_str()))
-                .map(|x| existing_conditions(Some(x)))
+                .and_then(|s| serde_json::to_value(&s.supported_features).ok())
+                .and_then(|v| v.as_array().cloned())
                 .unwrap_or_default();
-            listeners.push(json!({
-                "name": l.name,
-                "supportedKinds": l.supported_kinds,
-                "attachedRoutes": l.attached_routes,
-                "conditions": render_conditions(&conditions, &existing, &now),
-            }));
-        }
-        let mut conditions = decision.conditions.clone();
-        programmed(
-            &mut conditions,
-            all_serving && !decision.listeners.is_empty(),
-        );
-        let existing = existing_conditions(current.clone());
-        let rendered = render_conditions(&conditions, &existing, &now);
-        // The address clients use: the dedicated proxy's Service, or the shared pool's.
-        let (svc_ns, svc_name) = if decision.dedicated {
-            (
-                ns,
-                coxswain_api::names::dedicated_proxy_name(name, &gw.spec.gateway_class_name),
-            )
-        } else {
-            (
-                controller_namespace,
-                coxswain_api::names::SHARED_PROXY_SERVICE.to_owned(),
-            )
-        };
-        let addresses = gateway_addresses(store, svc_ns, &svc_name);
-        let unchanged = same_conditions(&rendered, &existing)
-            && current.as_ref().is_some_and(|c| {
-                same_listeners(&listeners, &c["listeners"])
-                    && c["addresses"].as_array().cloned().unwrap_or_default() == addresses
+            if same_conditions(&rendered, &existing) && current_features == features {
+                continue;
+            }
+            let body = json!({
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "GatewayClass",
+                "metadata": {"name": name},
+                "status": {"conditions": rendered, "supportedFeatures": features},
             });
-        if unchanged || !leading() {
-            continue;
+            let api: Api<GatewayClass> = Api::all(self.client.clone());
+            self.apply(api, "GatewayClass", name, body).await;
         }
-        let api: Api<Gateway> = Api::namespaced(client.clone(), ns);
-        let patch = json!({"status": {"conditions": rendered, "listeners": listeners, "addresses": addresses}});
-        if let Err(e) = api.patch_status(name, &params, &Patch::Merge(&patch)).await {
-            tracing::warn!(gateway = %key, error = %e, "status not written");
-        }
-    }
 
-    for route in &store.http_routes {
-        let (Some(ns), Some(name)) = (
-            route.metadata.namespace.as_deref(),
-            route.metadata.name.as_deref(),
-        ) else {
-            continue;
-        };
-        let Some(ours) = decisions.http_routes.get(&ObjectKey::new(ns, name)) else {
-            continue;
-        };
-        let current = route
-            .status
-            .as_ref()
-            .and_then(|s| serde_json::to_value(s).ok());
-        let current_parents = current
-            .as_ref()
-            .and_then(|c| c["parents"].as_array().cloned())
-            .unwrap_or_default();
-        // Other controllers' entries stay as they are.
-        let mut parents: Vec<Value> = current_parents
-            .iter()
-            .filter(|p| p["controllerName"] != controller_name)
-            .cloned()
-            .collect();
-        for p in ours {
-            let parent_ref = serde_json::to_value(&p.parent_ref).unwrap_or(Value::Null);
-            let existing = current_parents
-                .iter()
-                .find(|e| {
-                    e["controllerName"] == controller_name
-                        && same_parent_ref(&e["parentRef"], &parent_ref)
-                })
-                .map(|e| existing_conditions(Some(e.clone())))
+        for gw in &store.gateways {
+            let (Some(ns), Some(name)) = (
+                gw.metadata.namespace.as_deref(),
+                gw.metadata.name.as_deref(),
+            ) else {
+                continue;
+            };
+            let key = ObjectKey::new(ns, name);
+            let Some(decision) = decisions.gateways.get(&key) else {
+                continue;
+            };
+            let scope = if decision.dedicated {
+                ScopeKey::Gateway(key.clone())
+            } else {
+                ScopeKey::SharedPool
+            };
+            let version = compiled
+                .snapshots
+                .get(&scope)
+                .map(|s| s.version.clone())
                 .unwrap_or_default();
-            parents.push(json!({
-                "parentRef": parent_ref,
-                "controllerName": p.controller_name,
-                "conditions": render_conditions(&p.conditions, &existing, &now),
-            }));
+            let current = gw
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let object = gw.object_ref(&());
+            let event_scope = format!("Gateway/{key}");
+            let mut all_serving = true;
+            let mut listeners = Vec::new();
+            for l in &decision.listeners {
+                let port = gw
+                    .spec
+                    .listeners
+                    .iter()
+                    .find(|x| x.name == l.name)
+                    .map(|x| x.port)
+                    .unwrap_or(0);
+                let serving = u32::try_from(port).is_ok_and(|p| hub.serving(&scope, &version, p));
+                let mut conditions = l.conditions.clone();
+                programmed(&mut conditions, serving);
+                all_serving &= serving
+                    || conditions
+                        .iter()
+                        .any(|c| c.type_ == reason::PROGRAMMED && c.reason == reason::INVALID);
+                let existing = current
+                    .as_ref()
+                    .and_then(|s| s["listeners"].as_array().cloned())
+                    .and_then(|ls| ls.into_iter().find(|x| x["name"] == l.name.as_str()))
+                    .map(|x| existing_conditions(Some(x)))
+                    .unwrap_or_default();
+                // Listener-level good news is in the Gateway's own Programmed Event.
+                self.transitions(
+                    &mut next,
+                    &object,
+                    &event_scope,
+                    &format!("listener {}: ", l.name),
+                    &conditions,
+                    &existing,
+                    false,
+                );
+                listeners.push(json!({
+                    "name": l.name,
+                    "supportedKinds": l.supported_kinds,
+                    "attachedRoutes": l.attached_routes,
+                    "conditions": render_conditions(&conditions, &existing, &now),
+                }));
+            }
+            let mut conditions = decision.conditions.clone();
+            programmed(
+                &mut conditions,
+                all_serving && !decision.listeners.is_empty(),
+            );
+            let existing = existing_conditions(current.clone());
+            self.transitions(
+                &mut next,
+                &object,
+                &event_scope,
+                "",
+                &conditions,
+                &existing,
+                true,
+            );
+            let rendered = render_conditions(&conditions, &existing, &now);
+            // The address clients use: the dedicated proxy's Service, or the shared pool's.
+            let (svc_ns, svc_name) = if decision.dedicated {
+                (
+                    ns,
+                    coxswain_api::names::dedicated_proxy_name(name, &gw.spec.gateway_class_name),
+                )
+            } else {
+                (
+                    self.controller_namespace.as_str(),
+                    coxswain_api::names::SHARED_PROXY_SERVICE.to_owned(),
+                )
+            };
+            let addresses = gateway_addresses(store, svc_ns, &svc_name);
+            let unchanged = same_conditions(&rendered, &existing)
+                && current.as_ref().is_some_and(|c| {
+                    same_listeners(&listeners, &c["listeners"])
+                        && c["addresses"].as_array().cloned().unwrap_or_default() == addresses
+                });
+            if unchanged {
+                continue;
+            }
+            let body = json!({
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "Gateway",
+                "metadata": {"name": name, "namespace": ns},
+                "status": {"conditions": rendered, "listeners": listeners, "addresses": addresses},
+            });
+            let api: Api<Gateway> = Api::namespaced(self.client.clone(), ns);
+            self.apply(api, "Gateway", name, body).await;
         }
-        if same_parents(&parents, &current_parents) || !leading() {
-            continue;
-        }
-        let api: Api<HttpRoute> = Api::namespaced(client.clone(), ns);
-        let patch = json!({"status": {"parents": parents}});
-        if let Err(e) = api.patch_status(name, &params, &Patch::Merge(&patch)).await {
-            tracing::warn!(httproute = %format!("{ns}/{name}"), error = %e, "status not written");
-        }
-    }
 
-    // Ingresses of our classes are served by the shared pool: its address is theirs.
-    let shared = load_balancer_ingress(
-        store,
-        controller_namespace,
-        coxswain_api::names::SHARED_PROXY_SERVICE,
-    );
-    for ingress in &store.ingresses {
-        let (Some(ns), Some(name)) = (
-            ingress.metadata.namespace.as_deref(),
-            ingress.metadata.name.as_deref(),
-        ) else {
-            continue;
-        };
-        if !decisions.ingresses.contains_key(&ObjectKey::new(ns, name)) {
-            continue;
+        for route in &store.http_routes {
+            let (Some(ns), Some(name)) = (
+                route.metadata.namespace.as_deref(),
+                route.metadata.name.as_deref(),
+            ) else {
+                continue;
+            };
+            let Some(ours) = decisions.http_routes.get(&ObjectKey::new(ns, name)) else {
+                continue;
+            };
+            let current = route
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let current_parents = current
+                .as_ref()
+                .and_then(|c| c["parents"].as_array().cloned())
+                .unwrap_or_default();
+            let object = route.object_ref(&());
+            let event_scope = format!("HTTPRoute/{ns}/{name}");
+            // Other controllers' entries stay as they are.
+            let mut parents: Vec<Value> = current_parents
+                .iter()
+                .filter(|p| p["controllerName"] != controller_name.as_str())
+                .cloned()
+                .collect();
+            for p in ours {
+                let parent_ref = serde_json::to_value(&p.parent_ref).unwrap_or(Value::Null);
+                let existing = current_parents
+                    .iter()
+                    .find(|e| {
+                        e["controllerName"] == controller_name.as_str()
+                            && same_parent_ref(&e["parentRef"], &parent_ref)
+                    })
+                    .map(|e| existing_conditions(Some(e.clone())))
+                    .unwrap_or_default();
+                let mut subject =
+                    format!("parent {}/{}", p.parent_ref.namespace, p.parent_ref.name);
+                if let Some(section) = &p.parent_ref.section_name {
+                    subject.push('/');
+                    subject.push_str(section);
+                }
+                subject.push_str(": ");
+                // Routes are many: only problems and recoveries are worth an Event.
+                self.transitions(
+                    &mut next,
+                    &object,
+                    &event_scope,
+                    &subject,
+                    &p.conditions,
+                    &existing,
+                    false,
+                );
+                parents.push(json!({
+                    "parentRef": parent_ref,
+                    "controllerName": p.controller_name,
+                    "conditions": render_conditions(&p.conditions, &existing, &now),
+                }));
+            }
+            if same_parents(&parents, &current_parents) {
+                continue;
+            }
+            // status.parents is an atomic list shared with other controllers: the apply
+            // carries the resourceVersion it was computed from, so it fails (and is redone)
+            // instead of dropping an entry another controller wrote in between.
+            let body = json!({
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "HTTPRoute",
+                "metadata": {
+                    "name": name,
+                    "namespace": ns,
+                    "resourceVersion": route.metadata.resource_version,
+                },
+                "status": {"parents": parents},
+            });
+            let api: Api<HttpRoute> = Api::namespaced(self.client.clone(), ns);
+            self.apply(api, "HTTPRoute", name, body).await;
         }
-        let current = ingress
-            .status
-            .as_ref()
-            .and_then(|s| s.load_balancer.as_ref())
-            .and_then(|lb| serde_json::to_value(lb.ingress.clone().unwrap_or_default()).ok())
-            .and_then(|v| v.as_array().cloned())
-            .unwrap_or_default();
-        if current == shared || !leading() {
-            continue;
+
+        // Ingresses of our classes are served by the shared pool: its address is theirs.
+        let shared = load_balancer_ingress(
+            store,
+            &self.controller_namespace,
+            coxswain_api::names::SHARED_PROXY_SERVICE,
+        );
+        let mut problems_now = HashMap::new();
+        for ingress in &store.ingresses {
+            let (Some(ns), Some(name)) = (
+                ingress.metadata.namespace.as_deref(),
+                ingress.metadata.name.as_deref(),
+            ) else {
+                continue;
+            };
+            let key = ObjectKey::new(ns, name);
+            let Some(decision) = decisions.ingresses.get(&key) else {
+                continue;
+            };
+            let before = self.ingress_problems.get(&key);
+            if before != Some(&decision.problems) {
+                let object = ingress.object_ref(&());
+                let known: &[String] = before.map(Vec::as_slice).unwrap_or_default();
+                for p in decision.problems.iter().filter(|p| !known.contains(p)) {
+                    self.emit(&object, EventType::Warning, INGRESS_PROBLEM, p.clone());
+                }
+                if decision.problems.is_empty() && !known.is_empty() {
+                    self.emit(
+                        &object,
+                        EventType::Normal,
+                        INGRESS_RESOLVED,
+                        "every rule is served".to_owned(),
+                    );
+                }
+            }
+            problems_now.insert(key, decision.problems.clone());
+            let current = ingress
+                .status
+                .as_ref()
+                .and_then(|s| s.load_balancer.as_ref())
+                .and_then(|lb| serde_json::to_value(lb.ingress.clone().unwrap_or_default()).ok())
+                .and_then(|v| v.as_array().cloned())
+                .unwrap_or_default();
+            if current == shared {
+                continue;
+            }
+            let body = json!({
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "Ingress",
+                "metadata": {"name": name, "namespace": ns},
+                "status": {"loadBalancer": {"ingress": shared}},
+            });
+            let api: Api<Ingress> = Api::namespaced(self.client.clone(), ns);
+            self.apply(api, "Ingress", name, body).await;
         }
-        let api: Api<Ingress> = Api::namespaced(client.clone(), ns);
-        let patch = json!({"status": {"loadBalancer": {"ingress": shared}}});
-        if let Err(e) = api.patch_status(name, &params, &Patch::Merge(&patch)).await {
-            tracing::warn!(ingress = %format!("{ns}/{name}"), error = %e, "status not written");
-        }
+        self.reported = next;
+        self.ingress_problems = problems_now;
     }
 }
 
@@ -392,4 +680,44 @@ fn same_parent_ref(a: &Value, b: &Value) -> bool {
     ["name", "namespace", "sectionName", "port"]
         .iter()
         .all(|k| a.get(k) == b.get(k))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cond(type_: &'static str, ok: bool, reason: &'static str) -> Condition {
+        Condition::new(type_, ok, reason, "", 1)
+    }
+
+    #[test]
+    fn problems_warn_and_good_news_is_announced_only_where_asked() {
+        let warn = Some(EventType::Warning);
+        let normal = Some(EventType::Normal);
+        let missing = cond(reason::RESOLVED_REFS, false, reason::BACKEND_NOT_FOUND);
+        assert_eq!(event_for(&missing, true, false), warn);
+        // Waiting for the data plane is not a problem.
+        let pending = cond(reason::PROGRAMMED, false, reason::PENDING);
+        assert_eq!(event_for(&pending, true, true), None);
+        // Conflicted is the condition where True is bad.
+        let conflicted = cond(reason::CONFLICTED, true, reason::HOSTNAME_CONFLICT);
+        assert_eq!(event_for(&conflicted, false, true), warn);
+        let resolved = cond(reason::CONFLICTED, false, reason::NO_CONFLICTS);
+        assert_eq!(event_for(&resolved, false, false), normal);
+        assert_eq!(event_for(&resolved, true, false), None);
+        let accepted = cond(reason::ACCEPTED, true, reason::ACCEPTED);
+        // A route accepted at once: nothing to say. A recovery, or a Gateway: an Event.
+        assert_eq!(event_for(&accepted, true, false), None);
+        assert_eq!(event_for(&accepted, false, false), normal);
+        assert_eq!(event_for(&accepted, true, true), normal);
+    }
+
+    #[test]
+    fn notes_are_cut_to_the_events_api_limit_on_a_char_boundary() {
+        let long = "é".repeat(MAX_NOTE);
+        let cut = truncate(long);
+        assert!(cut.len() <= MAX_NOTE, "{}", cut.len());
+        assert!(cut.ends_with("..."));
+        assert_eq!(truncate("short".into()), "short");
+    }
 }

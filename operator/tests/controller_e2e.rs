@@ -30,6 +30,8 @@ async fn applied_routes_reach_the_proxy_and_serve_traffic() {
         discovery_port,
         bootstrap_port,
     );
+    let health_port = free_port();
+    config.health_addr = Some(([127, 0, 0, 1], health_port).into());
     config.lease = Some(coxswain_operator::leader::LeaseConfig {
         namespace: ns.clone(),
         name: "coxswain-leader".into(),
@@ -235,6 +237,58 @@ spec:
         Some(("True".into(), "SupportedVersion".into()))
     );
 
+    // Statuses are server-side applied: the status subresource's fields belong to our manager.
+    let gw = gateways.get("edge").await.unwrap();
+    let managers: Vec<(String, String, String)> = gw
+        .metadata
+        .managed_fields
+        .iter()
+        .flatten()
+        .map(|m| {
+            (
+                m.manager.clone().unwrap_or_default(),
+                m.operation.clone().unwrap_or_default(),
+                m.subresource.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert!(
+        managers.contains(&(
+            "coxswain-controller".into(),
+            "Apply".into(),
+            "status".into()
+        )),
+        "status not applied by coxswain-controller: {managers:?}"
+    );
+
+    // The controller's own endpoints: ready (caches listed, first compile done), leading.
+    let ready = get(health_port, "/readyz").await.unwrap();
+    assert!(ready.starts_with("HTTP/1.1 200"), "{ready}");
+    assert!(
+        get(health_port, "/healthz")
+            .await
+            .unwrap()
+            .starts_with("HTTP/1.1 200")
+    );
+    let metrics = get(health_port, "/metrics").await.unwrap();
+    for line in [
+        "coxswain_controller_leader 1",
+        "coxswain_controller_ready 1",
+        "coxswain_controller_connected_proxies 1",
+        "coxswain_controller_objects{kind=\"Gateway\"} 1",
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line:?} missing from\n{metrics}"
+        );
+    }
+    assert!(
+        metrics.lines().any(|l| l.starts_with(
+            "coxswain_controller_status_writes_total{kind=\"Gateway\",outcome=\"ok\"}"
+        )),
+        "{metrics}"
+    );
+
     // The writer skips no-op patches: once settled, its own writes do not make it write again.
     let before = gateways
         .get("edge")
@@ -330,6 +384,54 @@ spec:
         )
         .await;
     }
+    // Transitions a person should see are Events on the objects: the Gateway's Programmed,
+    // and a Warning naming each broken route's problem.
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+    let event_of = |kind: &'static str, name: &'static str, reason: &'static str| {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name)
+                }) && e.reason.as_deref() == Some(reason)
+            })
+        }
+    };
+    for (kind, name, reason, type_) in [
+        ("Gateway", "edge", "Programmed", "Normal"),
+        ("HTTPRoute", "missing-backend", "BackendNotFound", "Warning"),
+        ("HTTPRoute", "cross-namespace", "RefNotPermitted", "Warning"),
+        (
+            "HTTPRoute",
+            "wrong-host",
+            "NoMatchingListenerHostname",
+            "Warning",
+        ),
+    ] {
+        let event = coxswain_testenv::eventually(
+            &format!("{type_} event {reason} on {kind} {name}"),
+            Duration::from_secs(30),
+            || event_of(kind, name, reason),
+        )
+        .await;
+        assert_eq!(event.type_.as_deref(), Some(type_));
+        assert_eq!(
+            event.reporting_controller.as_deref(),
+            Some("coxswain-controller")
+        );
+    }
+    let missing = event_of("HTTPRoute", "missing-backend", "BackendNotFound")
+        .await
+        .unwrap();
+    let note = missing.note.unwrap_or_default();
+    assert!(
+        note.contains("ResolvedRefs=False") && note.contains("does-not-exist"),
+        "the note says what is wrong: {note}"
+    );
+    // The valid route's good news is not announced: routes are many.
+    assert!(event_of("HTTPRoute", "app", "Accepted").await.is_none());
+
     let still = get(listen, "/old/page").await.unwrap();
     assert!(
         still.starts_with("HTTP/1.1 301"),

@@ -19,22 +19,33 @@ pub enum AdminError {
 
 /// Binds and serves in the background; returns the bound address.
 pub async fn serve(addr: SocketAddr, table: SharedTable) -> Result<SocketAddr, AdminError> {
+    serve_fn(addr, move |path| answer(path, &table)).await
+}
+
+/// The responder under `serve`, for any role's admin endpoints: `answer` maps a request path
+/// to a status line and a plain-text body. Only the request line is read; one response per
+/// connection.
+pub async fn serve_fn<F>(addr: SocketAddr, answer: F) -> Result<SocketAddr, AdminError>
+where
+    F: Fn(&str) -> (&'static str, String) + Send + Sync + 'static,
+{
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| AdminError::Bind { addr, source })?;
     let bound = listener.local_addr().unwrap_or(addr);
+    let answer = std::sync::Arc::new(answer);
     tokio::spawn(async move {
         loop {
             let Ok((mut conn, _)) = listener.accept().await else {
                 continue;
             };
-            let table = table.clone();
+            let answer = answer.clone();
             tokio::spawn(async move {
                 let mut buf = [0u8; 1024];
                 let n = conn.read(&mut buf).await.unwrap_or(0);
                 let request = String::from_utf8_lossy(&buf[..n]);
                 let path = request.split_whitespace().nth(1).unwrap_or("/");
-                let (status, body) = answer(path, &table);
+                let (status, body) = answer(path);
                 let response = format!(
                     "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()

@@ -28,6 +28,29 @@ pub struct Store {
     pub gateway_parameters: Vec<CoxswainGatewayParameters>,
 }
 
+impl Store {
+    /// Objects per kind, for the controller's metrics.
+    pub fn counts(&self) -> std::collections::BTreeMap<&'static str, usize> {
+        std::collections::BTreeMap::from([
+            ("GatewayClass", self.gateway_classes.len()),
+            ("Gateway", self.gateways.len()),
+            ("HTTPRoute", self.http_routes.len()),
+            ("ReferenceGrant", self.reference_grants.len()),
+            ("Service", self.services.len()),
+            ("EndpointSlice", self.endpoint_slices.len()),
+            ("Secret", self.secrets.len()),
+            ("Namespace", self.namespaces.len()),
+            ("Ingress", self.ingresses.len()),
+            ("IngressClass", self.ingress_classes.len()),
+            (
+                "CoxswainIngressClassParameters",
+                self.ingress_class_parameters.len(),
+            ),
+            ("CoxswainGatewayParameters", self.gateway_parameters.len()),
+        ])
+    }
+}
+
 /// A document that could not be loaded. The rest of the input still compiles.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {

@@ -85,6 +85,11 @@ impl Hub {
             .collect()
     }
 
+    /// How many proxies have a stream open, over every scope.
+    pub fn connected(&self) -> usize {
+        self.proxies.read().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// Whether every connected proxy of `scope` has acked `version` and bound `port`: what
     /// Programmed=True claims.
     pub fn serving(&self, scope: &ScopeKey, version: &str, port: u32) -> bool {

@@ -187,5 +187,7 @@ pub fn local_controller_config(
         shared_proxy_service_account: coxswain_api::names::SHARED_PROXY_SERVICE_ACCOUNT.into(),
         lease: None,
         proxy_image: None,
+        health_addr: None,
+        metrics_addr: None,
     }
 }
