@@ -203,6 +203,14 @@ pub struct ControllerArgs {
     #[arg(long, env = "COXSWAIN_PROXY_IMAGE")]
     pub proxy_image: Option<String>,
 
+    /// Port the shared pool serves Ingresses on over HTTP (the proxy Service's `http` port).
+    #[arg(long, env = "COXSWAIN_INGRESS_HTTP_PORT", default_value_t = 80)]
+    pub ingress_http_port: u16,
+
+    /// Port the shared pool serves Ingresses with TLS on.
+    #[arg(long, env = "COXSWAIN_INGRESS_HTTPS_PORT", default_value_t = 443)]
+    pub ingress_https_port: u16,
+
     #[command(flatten)]
     pub admin: AdminArgs,
 }

@@ -32,6 +32,8 @@ pub struct ControllerConfig {
     /// Image of dedicated proxies when no CoxswainGatewayParameters sets one; None: this
     /// binary's release image.
     pub proxy_image: Option<String>,
+    /// Ports the shared pool serves Ingresses on (HTTP, HTTPS).
+    pub ingress_ports: (u16, u16),
     /// `/healthz` and `/readyz` (and `/metrics`); None: not served.
     pub health_addr: Option<SocketAddr>,
     /// `/metrics` (and the health endpoints); None or the same as `health_addr`: one listener.
@@ -222,6 +224,8 @@ pub async fn run(
     );
     let mut compile_config = compile::Config {
         controller_name: config.controller_name.clone(),
+        ingress_http_port: config.ingress_ports.0.into(),
+        ingress_https_port: config.ingress_ports.1.into(),
         ..Default::default()
     };
     let mut version_checked: Option<std::time::Instant> = None;

@@ -10,14 +10,11 @@
 
 mod support;
 
-use coxswain_api::snapshot as snap;
 use coxswain_operator::controller;
-use coxswain_proxy::discovery::DiscoveryConfig;
 use coxswain_testenv::TestEnv;
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use std::time::Duration;
-use support::{apply_yaml, free_port, get, local_controller_config, service_account_token};
+use support::{SharedProxy, apply_yaml, free_port, get, local_controller_config};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applied_routes_reach_the_proxy_and_serve_traffic() {
@@ -45,46 +42,7 @@ async fn applied_routes_reach_the_proxy_and_serve_traffic() {
         let _ = ctl_stopped.await;
     }));
 
-    // The proxy: its token and the trust bundle the controller published.
-    let token = service_account_token(&env, "coxswain-proxy", "coxswain-discovery").await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("token"), token).unwrap();
-    let maps: Api<ConfigMap> = env.api();
-    let mut bundle = None;
-    for _ in 0..100 {
-        if let Ok(Some(cm)) = maps
-            .get_opt(coxswain_api::names::TRUST_BUNDLE_CONFIGMAP)
-            .await
-        {
-            bundle = cm.data.and_then(|d| d.get("ca.crt").cloned());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    std::fs::write(
-        dir.path().join("ca.crt"),
-        bundle.expect("trust bundle published"),
-    )
-    .unwrap();
-    let (stop_proxy, proxy_stopped) = tokio::sync::oneshot::channel::<()>();
-    let proxy = tokio::spawn(coxswain_proxy::discovery::serve(
-        DiscoveryConfig {
-            endpoints: vec![format!("https://localhost:{discovery_port}")],
-            bootstrap_endpoint: format!("https://localhost:{bootstrap_port}"),
-            token_path: dir.path().join("token"),
-            trust_bundle_path: dir.path().join("ca.crt"),
-            scope: snap::Scope {
-                kind: Some(snap::scope::Kind::SharedPool(snap::SharedPool {})),
-            },
-            node_id: "proxy-0".into(),
-        },
-        "127.0.0.1".parse().unwrap(),
-        ([127, 0, 0, 1], free_port()).into(),
-        Duration::from_secs(1),
-        async {
-            let _ = proxy_stopped.await;
-        },
-    ));
+    let proxy = SharedProxy::start(&env, discovery_port, bootstrap_port, "proxy-0").await;
 
     // Apply what a user would: a class, a Gateway, a Service with endpoints, a route.
     let listen = free_port();
@@ -486,8 +444,7 @@ spec:
         .expect("the other controller's entry was dropped");
     assert_eq!(theirs.parent_ref.name, "theirs");
 
-    let _ = stop_proxy.send(());
-    proxy.await.unwrap().unwrap();
+    proxy.stop().await;
     let _ = stop_ctl.send(());
     ctl.await.unwrap().unwrap();
 }

@@ -23,6 +23,10 @@ cargo build --quiet -p coxswain-operator --bin coxswain -p coxswain-testenv --bi
 export COXSWAIN_NODE_BIN="$target/debug/coxswain-node"
 export COXSWAIN_NODE_IMAGES="coxswain=$target/debug/coxswain"
 kubeconfig="$(hack/cluster/up.sh)"
+# CI stops the cluster when done; by hand it is left running for inspection.
+if [[ "${COXSWAIN_CONFORMANCE_TEARDOWN:-0}" == 1 ]]; then
+  trap 'hack/cluster/down.sh >&2 || true' EXIT
+fi
 kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 kubectl apply --server-side --force-conflicts -k config/default >&2
 kubectl -n coxswain-system rollout status deployment/coxswain-controller --timeout 180s >&2
@@ -45,5 +49,8 @@ KUBECONFIG="$kubeconfig" "$bin" -test.run TestConformance -test.v -test.timeout 
 status=${PIPESTATUS[0]}
 set -e
 echo "conformance: exit $status after $(( $(date +%s) - started ))s; report $report; log $COXSWAIN_CLUSTER_DIR/logs/conformance.log" >&2
-echo "conformance: the cluster is left running; stop it with COXSWAIN_CLUSTER_DIR=$COXSWAIN_CLUSTER_DIR hack/cluster/down.sh" >&2
-exit "$status"
+if [[ "${COXSWAIN_CONFORMANCE_TEARDOWN:-0}" != 1 ]]; then
+  echo "conformance: the cluster is left running; stop it with COXSWAIN_CLUSTER_DIR=$COXSWAIN_CLUSTER_DIR hack/cluster/down.sh" >&2
+fi
+(( status == 0 )) || exit "$status"
+"$here/check-report.sh" "$report"

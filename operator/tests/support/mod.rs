@@ -140,9 +140,19 @@ spec:
 
 /// Server-side applies multi-document YAML, whatever the kinds (field manager coxswain-test).
 pub async fn apply_yaml(client: &kube::Client, yaml: &str) {
+    if let Err(e) = try_apply_yaml(client, yaml).await {
+        panic!("{e}");
+    }
+}
+
+/// `apply_yaml` that reports instead of panicking, for kinds that may not be served yet.
+pub async fn try_apply_yaml(client: &kube::Client, yaml: &str) -> Result<(), String> {
     use kube::api::{DynamicObject, GroupVersionKind, Patch, PatchParams};
     use kube::discovery::{Discovery, Scope};
-    let discovery = Discovery::new(client.clone()).run().await.unwrap();
+    let discovery = Discovery::new(client.clone())
+        .run()
+        .await
+        .map_err(|e| format!("API discovery: {e}"))?;
     for doc in serde_yaml::Deserializer::from_str(yaml) {
         let obj: DynamicObject = serde::Deserialize::deserialize(doc).unwrap();
         let types = obj.types.as_ref().unwrap();
@@ -152,7 +162,7 @@ pub async fn apply_yaml(client: &kube::Client, yaml: &str) {
             .unwrap_or(("", &types.api_version));
         let (resource, caps) = discovery
             .resolve_gvk(&GroupVersionKind::gvk(group, version, &types.kind))
-            .unwrap_or_else(|| panic!("no API for {}", types.kind));
+            .ok_or_else(|| format!("no API for {}", types.kind))?;
         let api: Api<DynamicObject> = match (caps.scope, obj.metadata.namespace.as_deref()) {
             (Scope::Namespaced, Some(ns)) => Api::namespaced_with(client.clone(), ns, &resource),
             _ => Api::all_with(client.clone(), &resource),
@@ -164,8 +174,9 @@ pub async fn apply_yaml(client: &kube::Client, yaml: &str) {
             &Patch::Apply(&obj),
         )
         .await
-        .unwrap_or_else(|e| panic!("applying {} {name}: {e}", types.kind));
+        .map_err(|e| format!("applying {} {name}: {e}", types.kind))?;
     }
+    Ok(())
 }
 
 /// A controller for tests: listeners on loopback (certificate for `localhost`), CA created on
@@ -187,7 +198,79 @@ pub fn local_controller_config(
         shared_proxy_service_account: coxswain_api::names::SHARED_PROXY_SERVICE_ACCOUNT.into(),
         lease: None,
         proxy_image: None,
+        ingress_ports: (80, 443),
         health_addr: None,
         metrics_addr: None,
+    }
+}
+
+/// A shared-pool proxy subscribed to an in-process controller on loopback: bootstrapped with
+/// a TokenRequest token of ServiceAccount `coxswain-proxy` and the trust bundle the
+/// controller published.
+pub struct SharedProxy {
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<Result<(), coxswain_proxy::admin::AdminError>>,
+    _files: tempfile::TempDir,
+}
+
+impl SharedProxy {
+    pub async fn start(
+        env: &TestEnv,
+        discovery_port: u16,
+        bootstrap_port: u16,
+        node_id: &str,
+    ) -> Self {
+        use coxswain_api::snapshot as snap;
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let token = service_account_token(env, "coxswain-proxy", "coxswain-discovery").await;
+        let files = tempfile::tempdir().unwrap();
+        std::fs::write(files.path().join("token"), token).unwrap();
+        let maps: Api<ConfigMap> = env.api();
+        let bundle = coxswain_testenv::eventually(
+            "the controller publishes its trust bundle",
+            Duration::from_secs(10),
+            || async {
+                maps.get_opt(coxswain_api::names::TRUST_BUNDLE_CONFIGMAP)
+                    .await
+                    .ok()??
+                    .data?
+                    .get("ca.crt")
+                    .cloned()
+            },
+        )
+        .await;
+        std::fs::write(files.path().join("ca.crt"), bundle).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(coxswain_proxy::discovery::serve(
+            coxswain_proxy::discovery::DiscoveryConfig {
+                endpoints: vec![format!("https://localhost:{discovery_port}")],
+                bootstrap_endpoint: format!("https://localhost:{bootstrap_port}"),
+                token_path: files.path().join("token"),
+                trust_bundle_path: files.path().join("ca.crt"),
+                scope: snap::Scope {
+                    kind: Some(snap::scope::Kind::SharedPool(snap::SharedPool {})),
+                },
+                node_id: node_id.into(),
+            },
+            "127.0.0.1".parse().unwrap(),
+            ([127, 0, 0, 1], free_port()).into(),
+            Duration::from_secs(1),
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        Self {
+            stop: Some(stop),
+            task,
+            _files: files,
+        }
+    }
+
+    /// Stops it and waits for it to exit.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        (&mut self.task).await.unwrap().unwrap();
     }
 }
