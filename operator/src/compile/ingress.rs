@@ -109,6 +109,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
                 key,
                 IngressStatus {
                     problems: vec!["no spec".into()],
+                    ..Default::default()
                 },
             );
             continue;
@@ -241,7 +242,13 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
                 });
             }
         }
-        out.status.insert(key, IngressStatus { problems });
+        out.status.insert(
+            key,
+            IngressStatus {
+                problems,
+                ..Default::default()
+            },
+        );
     }
     if any_http {
         out.slots.push(Slot {
