@@ -238,6 +238,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
                         backends: backends.clone(),
                         timeouts: None,
                         direct_status,
+                        ..Default::default()
                     },
                 });
             }

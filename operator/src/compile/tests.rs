@@ -778,7 +778,8 @@ fn filters_compile_and_unsupported_ones_make_the_route_unacceptable() {
         r#""remove":["x-remove"]"#,
         r#""replacePrefixMatch":"/v2""#,
         r#""denominator":100,"numerator":25"#,
-        r#""backendRequestMs":500,"requestMs":10000"#,
+        r#""backendRequestMs":500,"#,
+        r#""requestMs":10000"#,
         r#""statusCode":301"#,
     ] {
         assert!(json.contains(needle), "{needle} not in {json}");
