@@ -75,6 +75,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         gateways: gateways.gateway_status,
         http_routes: routes.status,
         ingresses: ingresses.status,
+        ingress_classes: ingresses.class_problems,
     };
     for ((gw, listener), count) in &routes.attached {
         if let Some(l) = status

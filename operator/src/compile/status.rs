@@ -156,6 +156,10 @@ pub struct StatusDecisions {
     /// Only the parents this controller is responsible for.
     pub http_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     pub ingresses: BTreeMap<ObjectKey, IngressStatus>,
+    /// IngressClass name -> why its `spec.parameters` is not used (one Warning Event on the
+    /// IngressClass); its Ingresses are served without class defaults.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub ingress_classes: BTreeMap<String, String>,
 }
 
 /// Condition types and reasons, spelled as the Gateway API spells them.
