@@ -36,6 +36,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "Cluster.app_protocol",
             "#[serde(with = \"crate::snapshot::serde_enum::app_protocol\")]",
         )
+        .field_attribute(
+            "Route.upstream_protocol",
+            "#[serde(with = \"crate::snapshot::serde_enum::upstream_protocol\")]",
+        )
         .compile_fds(protox::compile([SNAPSHOT], ["proto"])?)?;
     // Discovery: gRPC services; snapshot types come from the module above.
     tonic_prost_build::configure()

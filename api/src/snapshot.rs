@@ -76,6 +76,7 @@ pub(crate) mod serde_enum {
     by_name!(header_kind, super::super::header_match::Kind);
     by_name!(query_kind, super::super::query_param_match::Kind);
     by_name!(app_protocol, super::super::AppProtocol);
+    by_name!(upstream_protocol, super::super::UpstreamProtocol);
 }
 
 #[cfg(test)]

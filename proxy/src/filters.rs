@@ -44,6 +44,11 @@ pub fn rewrite_path(
                 .unwrap_or(path);
             format!("{}{rest}", replacement.trim_end_matches('/'))
         }
+        // Without the route's regex there are no groups to fill in; the proxy renders these
+        // from its compiled route instead.
+        Some(path_modifier::Kind::ReplaceRegexMatch(template)) => {
+            crate::policy::Template::parse(template).render(|_| None, None)
+        }
         None => path.to_owned(),
     };
     if !out.starts_with('/') {
@@ -71,6 +76,9 @@ pub struct RedirectRequest<'a> {
 /// the request's; the port defaults to the scheme's well-known port when the scheme is set,
 /// else to the listener's port, and is left out when it is the scheme's default.
 pub fn redirect_location(req: &RedirectRequest<'_>, r: &snap::RequestRedirect) -> String {
+    if !r.location.is_empty() {
+        return r.location.clone();
+    }
     let scheme = if r.scheme.is_empty() {
         req.scheme
     } else {
@@ -165,6 +173,7 @@ mod tests {
             path,
             port,
             status_code: 302,
+            location: String::new(),
         }
     }
 

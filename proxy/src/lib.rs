@@ -12,6 +12,7 @@ pub mod admin;
 pub mod discovery;
 pub mod filters;
 pub mod metrics;
+pub mod policy;
 pub mod router;
 pub mod server;
 pub mod standalone;

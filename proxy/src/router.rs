@@ -43,6 +43,9 @@ pub struct Router {
 pub struct ClusterState {
     pub name: Box<str>,
     pub app_protocol: snap::AppProtocol,
+    /// SNI for TLS to this cluster: the Service's DNS name ("svc.ns.svc") for a
+    /// "ns/svc:port" cluster.
+    pub tls_name: Box<str>,
     /// Ready endpoints.
     ready: Vec<SocketAddr>,
     /// Serving but terminating: used only when nothing is ready (EndpointSlice semantics).
@@ -71,6 +74,15 @@ impl ClusterState {
         Self {
             name: c.name.as_str().into(),
             app_protocol: snap::AppProtocol::try_from(c.app_protocol).unwrap_or_default(),
+            tls_name: c
+                .name
+                .split_once('/')
+                .and_then(|(ns, rest)| {
+                    let svc = rest.split_once(':').map_or(rest, |(s, _)| s);
+                    (!ns.is_empty() && !svc.is_empty()).then(|| format!("{svc}.{ns}.svc"))
+                })
+                .unwrap_or_else(|| "backend".to_owned())
+                .into(),
             ready,
             fallback,
             next: AtomicUsize::new(0),
@@ -168,6 +180,8 @@ pub struct CompiledRoute {
     pub backends: Vec<ResolvedBackend>,
     /// This rule's request counters (shared across tables: swaps do not reset them).
     pub counters: Arc<crate::metrics::RouteCounters>,
+    /// Allowlist, CORS, body limit, rewrite template and the like, compiled.
+    pub policy: Arc<crate::policy::RoutePolicy>,
     total_weight: u64,
     next: AtomicUsize,
     mirror_seq: AtomicUsize,
@@ -209,6 +223,24 @@ impl CompiledRoute {
             }
         }
         Pick::InvalidBackend
+    }
+
+    /// The path and query after the route's regex rewrite template, if it has one: `$n` are
+    /// the capture groups of its regex path match against `path_and_query`'s path.
+    pub fn regex_rewrite(&self, path_and_query: &str) -> Option<String> {
+        let template = self.policy.rewrite.as_ref()?;
+        let (path, query) = match path_and_query.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (path_and_query, None),
+        };
+        let captures = match &self.path {
+            PathMatcher::Regex(r) => r.captures(path),
+            _ => None,
+        };
+        Some(template.render(
+            |n| captures.as_ref().and_then(|c| c.get(n)).map(|m| m.as_str()),
+            query,
+        ))
     }
 
     /// The path prefix this route matched on, for URL rewrites of the prefix.
@@ -548,6 +580,7 @@ fn compile_route(
             });
             metrics.route(&route, rule)
         },
+        policy: Arc::new(crate::policy::RoutePolicy::new(r)),
         total_weight: r.backends.iter().map(|b| u64::from(b.weight)).sum(),
         next: AtomicUsize::new(0),
         mirror_seq: AtomicUsize::new(0),

@@ -6,6 +6,7 @@
 //! the HTTP work: parsing, upstream connection pooling, h2, forwarding.
 
 use crate::filters::{self, EditHeaders, RedirectRequest};
+use crate::policy::{CorsPolicy, RoutePolicy};
 use crate::router::{Pick, Request};
 use crate::table::SharedTable;
 use crate::tls::SniResolver;
@@ -18,10 +19,12 @@ use pingora::listeners::tls::Acceptor;
 use pingora::prelude::{HttpPeer, ProxyHttp, Session};
 use pingora::protocols::ALPN;
 use pingora::protocols::l4::stream::Stream as L4Stream;
+use pingora::protocols::{GetSocketDigest, SocketDigest};
 use pingora::server::configuration::ServerConf;
 use pingora_proxy_alias::HttpProxy;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::os::unix::io::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -83,12 +86,21 @@ mod pingora_proxy_alias {
 #[derive(Default)]
 pub struct Ctx {
     route: Option<Arc<snap::Route>>,
+    policy: Option<Arc<RoutePolicy>>,
     matched_prefix: Option<Box<str>>,
+    /// The path and query a regex rewrite produced, computed while the route was at hand.
+    regex_rewrite: Option<String>,
     backend_filters: Vec<snap::Filter>,
     upstream: Option<SocketAddr>,
     h2c: bool,
+    /// Some: TLS to the backend, with this SNI name.
+    tls: Option<Box<str>>,
     counters: Option<Arc<crate::metrics::RouteCounters>>,
     upstream_sent: Option<std::time::Instant>,
+    started: Option<std::time::Instant>,
+    /// Request body bytes seen so far, against the route's limit.
+    body_bytes: u64,
+    access_log_off: bool,
 }
 
 /// The Pingora proxy logic for one listener port.
@@ -153,6 +165,62 @@ fn host_without_port(host: &str) -> &str {
     })
 }
 
+/// A CORS preflight: OPTIONS naming the method it asks about, from a page with an Origin.
+fn is_preflight(req: &RequestHeader) -> bool {
+    req.method == pingora::http::Method::OPTIONS
+        && req.headers.contains_key("origin")
+        && req.headers.contains_key("access-control-request-method")
+}
+
+/// The answer to a preflight: 204, with the Access-Control-* headers when the origin is
+/// allowed and without them otherwise (the browser then refuses the real request).
+async fn respond_preflight(
+    session: &mut Session,
+    cors: &CorsPolicy,
+    origin: Option<&str>,
+) -> pingora::Result<bool> {
+    let mut resp = ResponseHeader::build(204, Some(8))?;
+    if let Some(allowed) = origin.and_then(|o| cors.allow_origin(o)) {
+        resp.insert_header("access-control-allow-origin", allowed)?;
+        if allowed != "*" {
+            resp.append_header("vary", "Origin")?;
+        }
+        if cors.allow_credentials {
+            resp.insert_header("access-control-allow-credentials", "true")?;
+        }
+        resp.insert_header("access-control-allow-methods", &*cors.allow_methods)?;
+        if !cors.allow_headers.is_empty() {
+            resp.insert_header("access-control-allow-headers", &*cors.allow_headers)?;
+        }
+        if !cors.max_age.is_empty() {
+            resp.insert_header("access-control-max-age", &*cors.max_age)?;
+        }
+    }
+    resp.insert_header("content-length", "0")?;
+    session.write_response_header(Box::new(resp), true).await?;
+    Ok(true)
+}
+
+/// Content-Length, when present and a number.
+fn content_length(req: &RequestHeader) -> Option<u64> {
+    req.headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// "Kind/namespace/name" for log lines, without building a String.
+struct SourceName<'a>(Option<&'a snap::RouteSource>);
+
+impl std::fmt::Display for SourceName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0 {
+            Some(s) => write!(f, "{}/{}/{}", s.kind, s.namespace, s.name),
+            None => Ok(()),
+        }
+    }
+}
+
 async fn respond(
     session: &mut Session,
     status: u16,
@@ -176,8 +244,13 @@ impl ProxyHttp for Gateway {
     }
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<bool> {
+        ctx.started = Some(std::time::Instant::now());
         // Decide everything from one load of the table; nothing after this reads it again.
         let decision = {
+            let client_ip = session
+                .client_addr()
+                .and_then(|a| a.as_inet())
+                .map(|a| a.ip());
             let table = self.table.load();
             let req = session.req_header();
             let path_and_query = req.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -191,11 +264,18 @@ impl ProxyHttp for Gateway {
                 None => Decision::Status(404),
                 Some(route) => {
                     ctx.counters = Some(route.counters.clone());
+                    ctx.route = Some(route.route.clone());
+                    let policy = &route.policy;
+                    ctx.access_log_off = !policy.access_log;
                     let redirect = route.route.filters.iter().find_map(|f| match &f.kind {
                         Some(filter::Kind::RequestRedirect(r)) => Some(r.clone()),
                         _ => None,
                     });
-                    if let Some(r) = redirect {
+                    if let Some(list) = &policy.allowlist
+                        && !client_ip.is_some_and(|ip| list.allows(ip))
+                    {
+                        Decision::Status(403)
+                    } else if let Some(r) = redirect {
                         let location = filters::redirect_location(
                             &RedirectRequest {
                                 scheme: if self.https { "https" } else { "http" },
@@ -209,6 +289,18 @@ impl ProxyHttp for Gateway {
                         Decision::Redirect(u16::try_from(r.status_code).unwrap_or(302), location)
                     } else if route.route.direct_status != 0 {
                         Decision::Status(u16::try_from(route.route.direct_status).unwrap_or(500))
+                    } else if policy.cors.is_some() && is_preflight(req) {
+                        Decision::Preflight(
+                            policy.clone(),
+                            req.headers
+                                .get("origin")
+                                .and_then(|o| o.to_str().ok())
+                                .map(str::to_owned),
+                        )
+                    } else if policy.max_body_bytes > 0
+                        && content_length(req).is_some_and(|n| n > policy.max_body_bytes)
+                    {
+                        Decision::Status(413)
                     } else {
                         for f in &route.route.filters {
                             if let Some(filter::Kind::RequestMirror(m)) = &f.kind
@@ -225,11 +317,22 @@ impl ProxyHttp for Gateway {
                                 backend,
                                 cluster,
                             } => {
-                                ctx.route = Some(route.route.clone());
+                                ctx.policy = Some(policy.clone());
                                 ctx.matched_prefix = route.matched_prefix().map(Into::into);
+                                ctx.regex_rewrite = route.regex_rewrite(path_and_query);
                                 ctx.backend_filters = backend.filters.clone();
                                 ctx.upstream = Some(addr);
-                                ctx.h2c = cluster.app_protocol == snap::AppProtocol::H2c;
+                                let tls;
+                                (tls, ctx.h2c) = match policy.upstream_protocol {
+                                    snap::UpstreamProtocol::Unspecified => {
+                                        (false, cluster.app_protocol == snap::AppProtocol::H2c)
+                                    }
+                                    snap::UpstreamProtocol::Http1 => (false, false),
+                                    snap::UpstreamProtocol::H2c => (false, true),
+                                    snap::UpstreamProtocol::Tls => (true, false),
+                                    snap::UpstreamProtocol::TlsH2 => (true, true),
+                                };
+                                ctx.tls = tls.then(|| cluster.tls_name.clone());
                                 Decision::Forward
                             }
                             Pick::InvalidBackend => Decision::Status(500),
@@ -243,6 +346,66 @@ impl ProxyHttp for Gateway {
             Decision::Forward => Ok(false),
             Decision::Status(code) => respond(session, code, None).await,
             Decision::Redirect(code, location) => respond(session, code, Some(&location)).await,
+            Decision::Preflight(policy, origin) => match &policy.cors {
+                Some(cors) => respond_preflight(session, cors, origin.as_deref()).await,
+                None => respond(session, 204, None).await,
+            },
+        }
+    }
+
+    /// Counts a streamed body against the route's limit; past it, the request fails with 413
+    /// (Pingora answers it when no response has started).
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        _end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> pingora::Result<()> {
+        let limit = ctx.policy.as_ref().map_or(0, |p| p.max_body_bytes);
+        if limit > 0
+            && let Some(b) = body
+        {
+            ctx.body_bytes += b.len() as u64;
+            if ctx.body_bytes > limit {
+                return Err(pingora::Error::explain(
+                    pingora::ErrorType::HTTPStatus(413),
+                    "request body larger than the route's limit",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Pingora's default answer to a failed proxy attempt, except that a backend that timed out
+    /// gets 504 (as NGINX and the Gateway API answer it) rather than 502.
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &pingora::Error,
+        _ctx: &mut Ctx,
+    ) -> pingora::proxy::FailToProxy {
+        use pingora::ErrorType::{
+            ConnectTimedout, ConnectionClosed, HTTPStatus, ReadError, ReadTimedout, WriteError,
+            WriteTimedout,
+        };
+        let code = match (e.etype(), e.esource()) {
+            (HTTPStatus(code), _) => *code,
+            (ConnectTimedout | ReadTimedout | WriteTimedout, pingora::ErrorSource::Upstream) => 504,
+            (_, pingora::ErrorSource::Upstream) => 502,
+            // The client is gone: nobody to answer.
+            (WriteError | ReadError | ConnectionClosed, pingora::ErrorSource::Downstream) => 0,
+            (_, pingora::ErrorSource::Downstream) => 400,
+            _ => 500,
+        };
+        if code > 0
+            && let Err(err) = session.respond_error(code).await
+        {
+            tracing::debug!(error = %err, "could not send the error response");
+        }
+        pingora::proxy::FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
         }
     }
 
@@ -253,6 +416,9 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, _e: Option<&pingora::Error>, ctx: &mut Ctx) {
         self.record(session, ctx);
+        if !ctx.access_log_off {
+            access_log(session, ctx);
+        }
     }
 
     async fn upstream_peer(
@@ -263,11 +429,26 @@ impl ProxyHttp for Gateway {
         let Some(addr) = ctx.upstream else {
             return Err(pingora::Error::new_str("no upstream chosen"));
         };
-        let mut peer = HttpPeer::new(addr, false, String::new());
+        // TLS backends are not verified, as ingress-nginx does by default: they are addressed
+        // by Pod IP and usually present a certificate of their own making.
+        let mut peer = HttpPeer::new(
+            addr,
+            ctx.tls.is_some(),
+            ctx.tls.as_deref().unwrap_or_default().to_owned(),
+        );
+        if ctx.tls.is_some() {
+            peer.options.verify_cert = false;
+            peer.options.verify_hostname = false;
+        }
         if ctx.h2c {
             peer.options.alpn = ALPN::H2;
         }
         if let Some(t) = ctx.route.as_ref().and_then(|r| r.timeouts) {
+            let at_most = |a: Option<Duration>, ms: u64| match (a, ms) {
+                (a, 0) => a,
+                (None, ms) => Some(Duration::from_millis(ms)),
+                (Some(a), ms) => Some(a.min(Duration::from_millis(ms))),
+            };
             let backend = [t.backend_request_ms, t.request_ms]
                 .into_iter()
                 .filter(|ms| *ms > 0)
@@ -277,6 +458,13 @@ impl ProxyHttp for Gateway {
                 peer.options.read_timeout = Some(d);
                 peer.options.total_connection_timeout = Some(d);
             }
+            if t.connect_ms > 0 {
+                peer.options.connection_timeout = Some(Duration::from_millis(t.connect_ms));
+                peer.options.total_connection_timeout =
+                    at_most(peer.options.total_connection_timeout, t.connect_ms);
+            }
+            peer.options.read_timeout = at_most(peer.options.read_timeout, t.read_ms);
+            peer.options.write_timeout = at_most(peer.options.write_timeout, t.send_ms);
         }
         Ok(Box::new(peer))
     }
@@ -300,7 +488,18 @@ impl ProxyHttp for Gateway {
                     if !r.hostname.is_empty() {
                         upstream.insert_header("host", r.hostname.as_str())?;
                     }
-                    if let Some(m) = &r.path {
+                    let regex = matches!(
+                        r.path.as_ref().and_then(|p| p.kind.as_ref()),
+                        Some(snap::path_modifier::Kind::ReplaceRegexMatch(_))
+                    );
+                    if regex && let Some(new) = ctx.regex_rewrite.take() {
+                        match new.parse() {
+                            Ok(uri) => upstream.set_uri(uri),
+                            Err(e) => {
+                                tracing::warn!(path = %new, error = %e, "rewritten path is not a valid URI")
+                            }
+                        }
+                    } else if let Some(m) = &r.path {
                         let current = upstream
                             .uri
                             .path_and_query()
@@ -323,12 +522,31 @@ impl ProxyHttp for Gateway {
 
     async fn response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> pingora::Result<()> {
         if let Some(sent) = ctx.upstream_sent.take() {
             self.table.metrics().upstream_latency(sent.elapsed());
+        }
+        if let Some(cors) = ctx.policy.as_ref().and_then(|p| p.cors.as_ref())
+            && let Some(origin) = session
+                .req_header()
+                .headers
+                .get("origin")
+                .and_then(|o| o.to_str().ok())
+            && let Some(allowed) = cors.allow_origin(origin)
+        {
+            response.insert_header("access-control-allow-origin", allowed)?;
+            if allowed != "*" {
+                response.append_header("vary", "Origin")?;
+            }
+            if cors.allow_credentials {
+                response.insert_header("access-control-allow-credentials", "true")?;
+            }
+            if !cors.expose_headers.is_empty() {
+                response.insert_header("access-control-expose-headers", &*cors.expose_headers)?;
+            }
         }
         let Some(route) = ctx.route.clone() else {
             return Ok(());
@@ -372,6 +590,31 @@ enum Decision {
     Forward,
     Status(u16),
     Redirect(u16, String),
+    /// A CORS preflight answered here, with the request's Origin.
+    Preflight(Arc<RoutePolicy>, Option<String>),
+}
+
+/// One access log line per request, on its own target so it can be filtered or routed
+/// separately; with `--log-format json` each is a JSON object.
+fn access_log(session: &Session, ctx: &Ctx) {
+    let req = session.req_header();
+    let status = session.response_written().map_or(0, |r| r.status.as_u16());
+    let client = session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map(|a| a.ip());
+    tracing::info!(
+        target: "coxswain::access",
+        client = client.map(tracing::field::display),
+        method = req.method.as_str(),
+        host = request_host(req),
+        path = req.uri.path(),
+        status,
+        route = %SourceName(ctx.route.as_ref().and_then(|r| r.source.as_ref())),
+        upstream = ctx.upstream.map(tracing::field::display),
+        duration_ms = ctx.started.map_or(0, |s| s.elapsed().as_millis() as u64),
+        "request"
+    );
 }
 
 fn table_active(table: &SharedTable) -> Arc<AtomicUsize> {
@@ -548,7 +791,7 @@ async fn accept_loop(
     active: Arc<AtomicUsize>,
 ) {
     loop {
-        let (tcp, _) = match listener.accept().await {
+        let (tcp, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -564,7 +807,12 @@ async fn accept_loop(
         let guard = ActiveGuard::new(active.clone());
         tokio::spawn(async move {
             let _guard = guard;
-            let stream = L4Stream::from(tcp);
+            let mut stream = L4Stream::from(tcp);
+            // The client address, for allowlists and access logs (Pingora's own listeners do
+            // this; these accept loops are ours).
+            let digest = SocketDigest::from_raw_fd(stream.as_raw_fd());
+            let _ = digest.peer_addr.set(Some(peer.into()));
+            stream.set_socket_digest(digest);
             let stream: pingora::protocols::Stream = match tls {
                 None => Box::new(stream),
                 Some(acceptor) => match acceptor.tls_handshake(stream).await {

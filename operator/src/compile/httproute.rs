@@ -156,6 +156,7 @@ pub fn compile(
                                         backends: rule.backends.clone(),
                                         timeouts: rule.timeouts,
                                         direct_status: rule.direct_status,
+                                        ..Default::default()
                                     },
                                 });
                             }
@@ -403,6 +404,7 @@ fn compile_rule(
             Some(snap::Timeouts {
                 request_ms: parse(&t.request, "request")?,
                 backend_request_ms: parse(&t.backend_request, "backendRequest")?,
+                ..Default::default()
             })
         }
     };
@@ -559,6 +561,7 @@ fn compile_filter(
                     ));
                 }
             },
+            location: String::new(),
         })
     } else if let Some(u) = &f.url_rewrite {
         let path = match &u.path {

@@ -4,12 +4,14 @@
 //! Host wildcards (`*.example.com`) follow the Gateway API rule (one or more labels), which is
 //! wider than Ingress's single label.
 
+use super::annotations::{self, BackendProtocol, Canary, IngressAnnotations};
 use super::entries::{Entry, PrecedenceKey};
 use super::gateway::ScopeKey;
 use super::refs::{self, Index};
-use super::status::{IngressStatus, ObjectKey};
+use super::status::{AnnotationWarning, IngressStatus, ObjectKey};
 use super::store::Store;
 use super::{Config, Slot};
+use coxswain_api::CoxswainIngressClassParameters;
 use coxswain_api::snapshot::{self as snap, Protocol};
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
 use std::collections::BTreeMap;
@@ -23,6 +25,8 @@ pub struct IngressOutput {
     pub clusters: Vec<snap::Cluster>,
     pub certificates: BTreeMap<String, (String, String)>,
     pub status: BTreeMap<ObjectKey, IngressStatus>,
+    /// IngressClass name -> why its parameters reference is not used.
+    pub class_problems: BTreeMap<String, String>,
 }
 
 /// The IngressClass an Ingress belongs to, if it is one of ours.
@@ -55,6 +59,52 @@ fn our_class<'a>(ingress: &Ingress, ours: &[&'a IngressClass]) -> Option<&'a Ing
     }
 }
 
+/// The CoxswainIngressClassParameters an IngressClass points at. Ok(None): the class has no
+/// parameters. Err: the reference is wrong or dangling; the class's defaults are then not
+/// applied and the reason is reported on the IngressClass.
+pub fn class_parameters<'s>(
+    store: &'s Store,
+    class: &IngressClass,
+) -> Result<Option<&'s CoxswainIngressClassParameters>, String> {
+    let Some(p) = class.spec.as_ref().and_then(|s| s.parameters.as_ref()) else {
+        return Ok(None);
+    };
+    let group = p.api_group.as_deref().unwrap_or("");
+    if group != coxswain_api::names::INGRESS_GROUP || p.kind != "CoxswainIngressClassParameters" {
+        return Err(format!(
+            "spec.parameters refers to {}/{} {:?}; Coxswain reads only {}/CoxswainIngressClassParameters, so no class defaults apply",
+            if group.is_empty() { "core" } else { group },
+            p.kind,
+            p.name,
+            coxswain_api::names::INGRESS_GROUP,
+        ));
+    }
+    // CoxswainIngressClassParameters are namespaced: the reference needs scope Namespace.
+    let namespace = match (p.scope.as_deref(), p.namespace.as_deref()) {
+        (Some("Namespace"), Some(ns)) if !ns.is_empty() => ns,
+        _ => {
+            return Err(format!(
+                "spec.parameters {:?} needs scope: Namespace and a namespace (CoxswainIngressClassParameters are namespaced); no class defaults apply",
+                p.name
+            ));
+        }
+    };
+    store
+        .ingress_class_parameters
+        .iter()
+        .find(|c| {
+            c.metadata.name.as_deref() == Some(p.name.as_str())
+                && c.metadata.namespace.as_deref() == Some(namespace)
+        })
+        .map(Some)
+        .ok_or_else(|| {
+            format!(
+                "CoxswainIngressClassParameters {namespace}/{} not found; no class defaults apply",
+                p.name
+            )
+        })
+}
+
 /// An Ingress's annotations with its class's defaultAnnotations underneath: the Ingress's own
 /// value wins for every key it sets.
 pub fn effective_annotations(
@@ -63,18 +113,46 @@ pub fn effective_annotations(
     ingress: &Ingress,
 ) -> BTreeMap<String, String> {
     let mut out = BTreeMap::new();
-    if let Some(p) = class.spec.as_ref().and_then(|s| s.parameters.as_ref())
-        && p.api_group.as_deref() == Some(coxswain_api::names::INGRESS_GROUP)
-        && p.kind == "CoxswainIngressClassParameters"
-        && let Some(params) = store.ingress_class_parameters.iter().find(|c| {
-            c.metadata.name.as_deref() == Some(p.name.as_str())
-                && c.metadata.namespace.as_deref() == p.namespace.as_deref()
-        })
-    {
+    if let Ok(Some(params)) = class_parameters(store, class) {
         out.extend(params.spec.default_annotations.clone());
     }
     out.extend(ingress.metadata.annotations.clone().unwrap_or_default());
     out
+}
+
+/// One path of an Ingress, before it becomes routes.
+struct PathRoute {
+    host: String,
+    m: snap::RouteMatch,
+    backend: Result<String, String>,
+    rule: u32,
+}
+
+/// An Ingress of ours, parsed.
+struct Prepared {
+    key: ObjectKey,
+    created: Option<super::entries::jiff_like::Timestamp>,
+    annotations: IngressAnnotations,
+    /// The class's parameters say accessLog: false.
+    class_access_log_off: bool,
+    has_tls: bool,
+    paths: Vec<PathRoute>,
+    status: IngressStatus,
+}
+
+/// Where a canary attaches: host and path match.
+type PathKey = (String, i32, String);
+
+fn path_key(p: &PathRoute) -> PathKey {
+    let path = p.m.path.clone().unwrap_or_default();
+    (p.host.clone(), path.kind, path.value)
+}
+
+/// A canary Ingress's backend for one path.
+struct CanaryBackend {
+    cluster: String,
+    canary: Canary,
+    from: ObjectKey,
 }
 
 pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutput {
@@ -84,6 +162,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
         clusters: Vec::new(),
         certificates: BTreeMap::new(),
         status: BTreeMap::new(),
+        class_problems: BTreeMap::new(),
     };
     let ours: Vec<&IngressClass> = store
         .ingress_classes
@@ -93,31 +172,47 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
                 == Some(config.controller_name.as_str())
         })
         .collect();
+    let empty = BTreeMap::new();
     let mut any_http = false;
     let mut tls_hosts: Vec<(String, String)> = Vec::new();
+    let mut prepared: Vec<Prepared> = Vec::new();
     for ingress in &store.ingresses {
-        if our_class(ingress, &ours).is_none() {
+        let Some(class) = our_class(ingress, &ours) else {
             continue;
-        }
+        };
         let key = ObjectKey::new(
             ingress.metadata.namespace.as_deref().unwrap_or("default"),
             ingress.metadata.name.as_deref().unwrap_or_default(),
         );
-        let mut problems = Vec::new();
+        let params = match class_parameters(store, class) {
+            Ok(p) => p,
+            Err(problem) => {
+                let class_name = class.metadata.name.clone().unwrap_or_default();
+                out.class_problems.entry(class_name).or_insert(problem);
+                None
+            }
+        };
+        let (annotations, warnings) = annotations::parse(
+            ingress.metadata.annotations.as_ref().unwrap_or(&empty),
+            params.map_or(&empty, |p| &p.spec.default_annotations),
+            config.ingress_nginx_compat,
+        );
+        let mut status = IngressStatus {
+            warnings,
+            ..Default::default()
+        };
         let Some(spec) = &ingress.spec else {
-            out.status.insert(
-                key,
-                IngressStatus {
-                    problems: vec!["no spec".into()],
-                },
-            );
+            status.problems.push("no spec".into());
+            out.status.insert(key, status);
             continue;
         };
         let created = ingress.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let canary = annotations.canary.is_some();
 
-        // TLS: a certificate per listed host (or the default when hosts is empty).
+        // TLS: a certificate per listed host (or the default when hosts is empty). A canary's
+        // TLS is its primary's business.
         let mut has_tls = false;
-        for tls in spec.tls.iter().flatten() {
+        for tls in spec.tls.iter().flatten().filter(|_| !canary) {
             let Some(secret_name) = &tls.secret_name else {
                 continue;
             };
@@ -140,27 +235,39 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
                         tls_hosts.push((h.to_ascii_lowercase(), cert.clone()));
                     }
                 }
-                Err(p) => problems.push(p),
+                Err(p) => status.problems.push(p),
             }
         }
 
-        let mut routes: Vec<(String, snap::RouteMatch, Result<String, String>, u32)> = Vec::new();
+        let mut paths: Vec<PathRoute> = Vec::new();
         for (ri, rule) in spec.rules.iter().flatten().enumerate() {
             let host = rule.host.clone().unwrap_or_default().to_ascii_lowercase();
             for (pi, path) in rule.http.iter().flat_map(|h| h.paths.iter()).enumerate() {
                 let value = path.path.clone().unwrap_or_else(|| "/".into());
-                let kind = match path.path_type.as_str() {
-                    "Exact" => snap::path_match::Kind::Exact,
-                    _ => snap::path_match::Kind::Prefix,
-                };
                 if !value.starts_with('/') {
-                    problems.push(format!("path {value:?} must start with /"));
+                    status
+                        .problems
+                        .push(format!("path {value:?} must start with /"));
                     continue;
                 }
-                let value = if kind == snap::path_match::Kind::Prefix && value.len() > 1 {
-                    value.trim_end_matches('/').to_owned()
-                } else {
-                    value
+                let (kind, value) = match path.path_type.as_str() {
+                    "Exact" => (snap::path_match::Kind::Exact, value),
+                    "ImplementationSpecific" if annotations.regex_paths() => {
+                        // NGINX regex locations: case-insensitive, anchored at the start only.
+                        let pattern = format!("(?i:{value}).*");
+                        if let Err(e) = regex::Regex::new(&format!("^(?:{pattern})$")) {
+                            status.problems.push(format!(
+                                "path {value:?} is not a valid regular expression: {e}"
+                            ));
+                            continue;
+                        }
+                        (snap::path_match::Kind::Regex, pattern)
+                    }
+                    _ if value.len() > 1 => (
+                        snap::path_match::Kind::Prefix,
+                        value.trim_end_matches('/').to_owned(),
+                    ),
+                    _ => (snap::path_match::Kind::Prefix, value),
                 };
                 let m = snap::RouteMatch {
                     path: Some(snap::PathMatch {
@@ -170,10 +277,15 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
                     ..Default::default()
                 };
                 let backend = resolve(index, &key.namespace, &path.backend, &mut out.clusters);
-                routes.push((host.clone(), m, backend, (ri * 1000 + pi) as u32));
+                paths.push(PathRoute {
+                    host: host.clone(),
+                    m,
+                    backend,
+                    rule: (ri * 1000 + pi) as u32,
+                });
             }
         }
-        if let Some(default) = &spec.default_backend {
+        if let Some(default) = spec.default_backend.as_ref().filter(|_| !canary) {
             let backend = resolve(index, &key.namespace, default, &mut out.clusters);
             let m = snap::RouteMatch {
                 path: Some(snap::PathMatch {
@@ -185,16 +297,104 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
             // The default backend answers what no rule matches. On the catch-all host it also
             // follows every host's own rules (hosts inherit catch-all routes), and it sorts last
             // there because no path is shorter than "/".
-            routes.push((String::new(), m, backend, u32::MAX));
+            paths.push(PathRoute {
+                host: String::new(),
+                m,
+                backend,
+                rule: u32::MAX,
+            });
         }
-        for (_, _, backend, _) in &routes {
-            if let Err(p) = backend
-                && !problems.contains(p)
+        for p in &paths {
+            if let Err(problem) = &p.backend
+                && !status.problems.contains(problem)
             {
-                problems.push(p.clone());
+                status.problems.push(problem.clone());
             }
         }
-        any_http |= !routes.is_empty();
+        prepared.push(Prepared {
+            key,
+            created,
+            class_access_log_off: params.is_some_and(|p| p.spec.access_log == Some(false)),
+            annotations,
+            has_tls,
+            paths,
+            status,
+        });
+    }
+
+    // Canaries attach to the primary serving the same host and path; the first canary (in
+    // namespace/name order) for a path wins, as ingress-nginx allows one per path.
+    let mut canaries: BTreeMap<PathKey, CanaryBackend> = BTreeMap::new();
+    for p in prepared.iter_mut() {
+        let Some(canary) = p.annotations.canary.clone() else {
+            continue;
+        };
+        for path in &p.paths {
+            let Ok(cluster) = &path.backend else {
+                continue;
+            };
+            let k = path_key(path);
+            if let Some(existing) = canaries.get(&k) {
+                p.status.warnings.push(AnnotationWarning {
+                    annotation: format!("{}canary", annotations::PREFIX),
+                    reason: format!(
+                        "Ingress {} is already the canary for host {:?} path {:?}; this one is \
+                         not served there",
+                        existing.from, k.0, k.2
+                    ),
+                    fail_closed: false,
+                });
+                continue;
+            }
+            canaries.insert(
+                k,
+                CanaryBackend {
+                    cluster: cluster.clone(),
+                    canary: canary.clone(),
+                    from: p.key.clone(),
+                },
+            );
+        }
+    }
+    let primary_paths: std::collections::BTreeSet<PathKey> = prepared
+        .iter()
+        .filter(|p| p.annotations.canary.is_none())
+        .flat_map(|p| p.paths.iter().map(path_key))
+        .collect();
+    for p in prepared.iter_mut() {
+        if p.annotations.canary.is_none() {
+            continue;
+        }
+        for path in &p.paths {
+            let k = path_key(path);
+            if !primary_paths.contains(&k) && canaries.get(&k).is_some_and(|c| c.from == p.key) {
+                p.status.warnings.push(AnnotationWarning {
+                    annotation: format!("{}canary", annotations::PREFIX),
+                    reason: format!(
+                        "no Ingress without canary serves host {:?} path {:?}; the canary is not served there",
+                        k.0, path.m.path.as_ref().map_or("", |m| m.value.as_str())
+                    ),
+                    fail_closed: false,
+                });
+            }
+        }
+    }
+
+    for p in prepared {
+        let Prepared {
+            key,
+            created,
+            annotations: a,
+            class_access_log_off,
+            has_tls,
+            paths,
+            status,
+        } = p;
+        if a.canary.is_some() {
+            out.status.insert(key, status);
+            continue;
+        }
+        any_http |= !paths.is_empty();
         let ports: Vec<(u32, Protocol)> = if has_tls {
             vec![
                 (config.ingress_http_port, Protocol::Http),
@@ -203,45 +403,41 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
         } else {
             vec![(config.ingress_http_port, Protocol::Http)]
         };
-        for (host, m, backend, rule) in routes {
-            let (backends, direct_status) = match backend {
-                Ok(cluster) => (
-                    vec![snap::WeightedBackend {
-                        cluster,
-                        weight: 1,
-                        filters: vec![],
-                    }],
-                    0,
-                ),
-                // Like Gateway API's invalid backend: answer 500 rather than fall through.
-                Err(_) => (vec![], 500),
-            };
+        // ingress-nginx redirects TLS Ingresses to HTTPS unless told not to; Coxswain only
+        // when asked, or under compatibility, where a migrated Ingress keeps that default.
+        let ssl_redirect = a.force_ssl_redirect
+            || (has_tls && a.ssl_redirect.unwrap_or(config.ingress_nginx_compat));
+        let policy = RoutePolicy::new(&a, class_access_log_off);
+        for path in paths {
+            let canary = canaries.get(&path_key(&path));
             for (port, protocol) in &ports {
-                out.entries.push(Entry {
-                    scope: ScopeKey::SharedPool,
-                    port: *port,
-                    protocol: *protocol,
-                    listener_hostname: None,
-                    vhost: host.clone(),
-                    key: PrecedenceKey::new(&host, &m, created, &key, rule, 0),
-                    route: snap::Route {
+                let https_redirect = ssl_redirect && *protocol == Protocol::Http;
+                for (m, backends, direct_status) in variants(&path, canary) {
+                    let mut route = snap::Route {
                         source: Some(snap::RouteSource {
                             kind: "Ingress".into(),
                             namespace: key.namespace.clone(),
                             name: key.name.clone(),
-                            rule,
+                            rule: path.rule,
                             rule_name: String::new(),
                         }),
                         r#match: Some(m.clone()),
-                        filters: vec![],
-                        backends: backends.clone(),
-                        timeouts: None,
-                        direct_status,
-                    },
-                });
+                        ..Default::default()
+                    };
+                    policy.apply(&mut route, https_redirect, backends, direct_status);
+                    out.entries.push(Entry {
+                        scope: ScopeKey::SharedPool,
+                        port: *port,
+                        protocol: *protocol,
+                        listener_hostname: None,
+                        vhost: path.host.clone(),
+                        key: PrecedenceKey::new(&path.host, &m, created, &key, path.rule, 0),
+                        route,
+                    });
+                }
             }
         }
-        out.status.insert(key, IngressStatus { problems });
+        out.status.insert(key, status);
     }
     if any_http {
         out.slots.push(Slot {
@@ -269,6 +465,201 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
         });
     }
     out
+}
+
+/// The routes one Ingress path becomes: normally one; with a canary, the weighted split plus
+/// header routes (a header match ranks above none, so they are tried first).
+fn variants(
+    path: &PathRoute,
+    canary: Option<&CanaryBackend>,
+) -> Vec<(snap::RouteMatch, Vec<snap::WeightedBackend>, u32)> {
+    let backend = |cluster: &str, weight: u32| snap::WeightedBackend {
+        cluster: cluster.to_owned(),
+        weight,
+        filters: vec![],
+    };
+    let primary = match &path.backend {
+        Ok(c) => c,
+        // Like Gateway API's invalid backend: answer 500 rather than fall through.
+        Err(_) => return vec![(path.m.clone(), vec![], 500)],
+    };
+    let Some(c) = canary else {
+        return vec![(path.m.clone(), vec![backend(primary, 1)], 0)];
+    };
+    let mut out = Vec::new();
+    if let Some(header) = &c.canary.by_header {
+        let with = |value: &str| {
+            let mut m = path.m.clone();
+            m.headers.push(snap::HeaderMatch {
+                kind: snap::header_match::Kind::Exact as i32,
+                name: header.clone(),
+                value: value.to_owned(),
+            });
+            m
+        };
+        match &c.canary.by_header_value {
+            Some(v) => out.push((with(v), vec![backend(&c.cluster, 1)], 0)),
+            None => {
+                out.push((with("always"), vec![backend(&c.cluster, 1)], 0));
+                out.push((with("never"), vec![backend(primary, 1)], 0));
+            }
+        }
+    }
+    out.push((
+        path.m.clone(),
+        vec![
+            backend(primary, c.canary.total - c.canary.weight),
+            backend(&c.cluster, c.canary.weight),
+        ],
+        0,
+    ));
+    out
+}
+
+/// An Ingress's annotations as route fields, built once per Ingress.
+struct RoutePolicy {
+    filters: Vec<snap::Filter>,
+    redirect: Option<snap::Filter>,
+    timeouts: Option<snap::Timeouts>,
+    allowlist: Option<snap::ClientAllowlist>,
+    max_body: u64,
+    upstream_protocol: snap::UpstreamProtocol,
+    access_log_off: bool,
+    deny_all: bool,
+}
+
+impl RoutePolicy {
+    fn new(a: &IngressAnnotations, class_access_log_off: bool) -> Self {
+        use snap::filter::Kind;
+        let modifier = |e: &annotations::HeaderEdits| snap::HeaderModifier {
+            set: e
+                .set
+                .iter()
+                .map(|(name, value)| snap::Header {
+                    name: name.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+            add: e
+                .add
+                .iter()
+                .map(|(name, value)| snap::Header {
+                    name: name.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
+            remove: e.remove.clone(),
+        };
+        let mut filters = Vec::new();
+        if !a.request_headers.is_empty() {
+            filters.push(Kind::RequestHeaderModifier(modifier(&a.request_headers)));
+        }
+        if !a.response_headers.is_empty() {
+            filters.push(Kind::ResponseHeaderModifier(modifier(&a.response_headers)));
+        }
+        if let Some(t) = &a.rewrite_target {
+            filters.push(Kind::UrlRewrite(snap::UrlRewrite {
+                hostname: String::new(),
+                path: Some(snap::PathModifier {
+                    kind: Some(snap::path_modifier::Kind::ReplaceRegexMatch(t.0.clone())),
+                }),
+            }));
+        }
+        if let Some(c) = &a.cors {
+            filters.push(Kind::Cors(snap::Cors {
+                allow_origins: c.allow_origins.clone(),
+                allow_methods: c.allow_methods.clone(),
+                allow_headers: c.allow_headers.clone(),
+                expose_headers: c.expose_headers.clone(),
+                allow_credentials: c.allow_credentials,
+                max_age_seconds: c.max_age.as_secs(),
+            }));
+        }
+        let ms = |d: Option<std::time::Duration>| {
+            d.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        };
+        let timeouts =
+            (a.connect_timeout.is_some() || a.read_timeout.is_some() || a.send_timeout.is_some())
+                .then(|| snap::Timeouts {
+                    connect_ms: ms(a.connect_timeout),
+                    read_ms: ms(a.read_timeout),
+                    send_ms: ms(a.send_timeout),
+                    ..Default::default()
+                });
+        Self {
+            filters: filters
+                .into_iter()
+                .map(|k| snap::Filter { kind: Some(k) })
+                .collect(),
+            redirect: a.redirect.as_ref().map(|r| snap::Filter {
+                kind: Some(Kind::RequestRedirect(snap::RequestRedirect {
+                    location: r.location.clone(),
+                    status_code: u32::from(r.code),
+                    ..Default::default()
+                })),
+            }),
+            timeouts,
+            allowlist: a.allowlist.as_ref().map(|list| snap::ClientAllowlist {
+                cidrs: list
+                    .iter()
+                    .map(|c| snap::Cidr {
+                        address: c.addr.to_string(),
+                        prefix_len: u32::from(c.prefix),
+                    })
+                    .collect(),
+            }),
+            max_body: a.max_body_size.unwrap_or(0),
+            upstream_protocol: match a.backend_protocol {
+                None => snap::UpstreamProtocol::Unspecified,
+                Some(BackendProtocol::Http) => snap::UpstreamProtocol::Http1,
+                Some(BackendProtocol::H2c | BackendProtocol::Grpc) => snap::UpstreamProtocol::H2c,
+                Some(BackendProtocol::Https) => snap::UpstreamProtocol::Tls,
+                Some(BackendProtocol::Grpcs) => snap::UpstreamProtocol::TlsH2,
+            },
+            access_log_off: class_access_log_off || !a.access_log,
+            deny_all: a.deny_all,
+        }
+    }
+
+    /// Fills a route: access denied, then the HTTPS redirect (HTTP port only), then a fixed
+    /// redirect, then an invalid backend's status, else forwarding with every policy.
+    fn apply(
+        &self,
+        route: &mut snap::Route,
+        https_redirect: bool,
+        backends: Vec<snap::WeightedBackend>,
+        direct_status: u32,
+    ) {
+        route.access_log_off = self.access_log_off;
+        if self.deny_all {
+            route.direct_status = 403;
+            return;
+        }
+        route.client_allowlist = self.allowlist.clone();
+        if https_redirect {
+            route.filters = vec![snap::Filter {
+                kind: Some(snap::filter::Kind::RequestRedirect(snap::RequestRedirect {
+                    scheme: "https".into(),
+                    status_code: 308,
+                    ..Default::default()
+                })),
+            }];
+            return;
+        }
+        if let Some(r) = &self.redirect {
+            route.filters = vec![r.clone()];
+            return;
+        }
+        if direct_status != 0 {
+            route.direct_status = direct_status;
+            return;
+        }
+        route.filters = self.filters.clone();
+        route.backends = backends;
+        route.timeouts = self.timeouts;
+        route.max_request_body_bytes = self.max_body;
+        route.upstream_protocol = self.upstream_protocol as i32;
+    }
 }
 
 fn resolve(

@@ -7,6 +7,7 @@
 //! listeners; [`assemble`] groups entries into virtual hosts in precedence order per port and
 //! scope, and seals each snapshot with its content hash.
 
+pub mod annotations;
 pub mod entries;
 pub mod gateway;
 pub mod hostname;
@@ -37,6 +38,9 @@ pub struct Config {
     /// The installed Gateway API release (the CRDs' `gateway.networking.k8s.io/bundle-version`
     /// annotation), when known: GatewayClasses then carry `SupportedVersion`.
     pub gateway_api_version: Option<String>,
+    /// Read `nginx.ingress.kubernetes.io/` annotations as their Coxswain equivalents
+    /// (`--ingress-nginx-compat`).
+    pub ingress_nginx_compat: bool,
 }
 
 impl Default for Config {
@@ -46,6 +50,7 @@ impl Default for Config {
             ingress_http_port: 80,
             ingress_https_port: 443,
             gateway_api_version: None,
+            ingress_nginx_compat: false,
         }
     }
 }
@@ -70,6 +75,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         gateways: gateways.gateway_status,
         http_routes: routes.status,
         ingresses: ingresses.status,
+        ingress_classes: ingresses.class_problems,
     };
     for ((gw, listener), count) in &routes.attached {
         if let Some(l) = status

@@ -129,6 +129,22 @@ pub struct IngressStatus {
     /// Why the Ingress is not served, when it is ours but cannot be.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub problems: Vec<String>,
+    /// Annotations refused or ignored, one Warning Event each. The Ingress is still served
+    /// (fail-closed ones make its paths answer 403).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<AnnotationWarning>,
+}
+
+/// An annotation the compiler did not apply as written.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AnnotationWarning {
+    /// The full key, e.g. "ingress.coxswain-labs.dev/read-timeout".
+    pub annotation: String,
+    /// Why, and what happens instead; written for the Ingress's owner.
+    pub reason: String,
+    /// True when the annotation guards access and the Ingress denies requests because of it.
+    pub fail_closed: bool,
 }
 
 /// Every status the controller should write, keyed by object.
@@ -140,6 +156,10 @@ pub struct StatusDecisions {
     /// Only the parents this controller is responsible for.
     pub http_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     pub ingresses: BTreeMap<ObjectKey, IngressStatus>,
+    /// IngressClass name -> why its `spec.parameters` is not used (one Warning Event on the
+    /// IngressClass); its Ingresses are served without class defaults.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub ingress_classes: BTreeMap<String, String>,
 }
 
 /// Condition types and reasons, spelled as the Gateway API spells them.

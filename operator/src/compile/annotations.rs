@@ -1,0 +1,902 @@
+//! Ingress annotations as typed values.
+//!
+//! Every `ingress.coxswain-labs.dev/` annotation is parsed here into plain data; nothing is
+//! passed through to the proxy as text. With `ingress-nginx` compatibility on, the same parsers
+//! read the `nginx.ingress.kubernetes.io/` equivalents, so an Ingress written for ingress-nginx
+//! keeps its meaning. Snippets (raw NGINX configuration) are never used.
+//!
+//! Precedence, per annotation: the Ingress's own value, then the IngressClass's
+//! `defaultAnnotations`, then the built-in default. Within one of those sources the Coxswain key
+//! wins over its nginx equivalent. An invalid value is reported and ignored (the next source
+//! applies), except for access control: an invalid or unsupported one denies every request of
+//! the Ingress (`deny_all`) rather than open paths up.
+
+use super::status::AnnotationWarning;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::time::Duration;
+
+pub const PREFIX: &str = "ingress.coxswain-labs.dev/";
+pub const NGINX_PREFIX: &str = "nginx.ingress.kubernetes.io/";
+
+/// Our annotations (without prefix) and their ingress-nginx names, first match wins.
+const KNOWN: &[(&str, &[&str])] = &[
+    ("rewrite-target", &["rewrite-target"]),
+    ("use-regex", &["use-regex"]),
+    ("ssl-redirect", &["ssl-redirect"]),
+    ("force-ssl-redirect", &["force-ssl-redirect"]),
+    ("permanent-redirect", &["permanent-redirect"]),
+    ("permanent-redirect-code", &["permanent-redirect-code"]),
+    ("temporal-redirect", &["temporal-redirect"]),
+    ("temporal-redirect-code", &["temporal-redirect-code"]),
+    ("request-header-set", &[]),
+    ("request-header-add", &[]),
+    ("request-header-remove", &[]),
+    ("response-header-set", &[]),
+    ("response-header-add", &[]),
+    ("response-header-remove", &[]),
+    ("connect-timeout", &["proxy-connect-timeout"]),
+    ("read-timeout", &["proxy-read-timeout"]),
+    ("send-timeout", &["proxy-send-timeout"]),
+    ("backend-protocol", &["backend-protocol"]),
+    ("max-body-size", &["proxy-body-size"]),
+    (
+        "allowlist-source-range",
+        &["allowlist-source-range", "whitelist-source-range"],
+    ),
+    ("enable-cors", &["enable-cors"]),
+    ("cors-allow-origin", &["cors-allow-origin"]),
+    ("cors-allow-methods", &["cors-allow-methods"]),
+    ("cors-allow-headers", &["cors-allow-headers"]),
+    ("cors-expose-headers", &["cors-expose-headers"]),
+    ("cors-allow-credentials", &["cors-allow-credentials"]),
+    ("cors-max-age", &["cors-max-age"]),
+    ("canary", &["canary"]),
+    ("canary-weight", &["canary-weight"]),
+    ("canary-weight-total", &["canary-weight-total"]),
+    ("canary-by-header", &["canary-by-header"]),
+    ("canary-by-header-value", &["canary-by-header-value"]),
+    ("access-log", &[]),
+];
+
+/// ingress-nginx's access-log switch: a boolean where ours accepts only "off".
+const NGINX_ACCESS_LOG: &str = "enable-access-log";
+
+/// ingress-nginx access control Coxswain does not implement. Ignoring one would serve what
+/// ingress-nginx protected, so under compatibility they deny instead.
+fn nginx_access_control(name: &str) -> bool {
+    (name.starts_with("auth-") && !is_snippet(name)) || name == "denylist-source-range"
+}
+
+fn is_snippet(name: &str) -> bool {
+    name.ends_with("-snippet") || name == "snippet"
+}
+
+/// ingress-nginx's CORS defaults, which Coxswain keeps so a migrated Ingress answers the same.
+pub const DEFAULT_CORS_METHODS: &[&str] = &["GET", "PUT", "POST", "DELETE", "PATCH", "OPTIONS"];
+pub const DEFAULT_CORS_HEADERS: &[&str] = &[
+    "DNT",
+    "Keep-Alive",
+    "User-Agent",
+    "X-Requested-With",
+    "If-Modified-Since",
+    "Cache-Control",
+    "Content-Type",
+    "Range",
+    "Authorization",
+];
+pub const DEFAULT_CORS_MAX_AGE: Duration = Duration::from_secs(1_728_000);
+pub const DEFAULT_PERMANENT_CODE: u16 = 301;
+pub const DEFAULT_TEMPORAL_CODE: u16 = 302;
+pub const DEFAULT_CANARY_TOTAL: u32 = 100;
+/// Longest accepted timeout: anything longer is almost certainly a unit mistake.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// An Ingress's annotations, typed. `Default` is "no annotations": the built-in defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IngressAnnotations {
+    /// The path sent upstream; `$1`..`$9` are the capture groups of a regex path.
+    pub rewrite_target: Option<RewriteTarget>,
+    /// ImplementationSpecific paths are (case-insensitive, start-anchored) regular expressions.
+    pub use_regex: bool,
+    /// None: not set anywhere; the compiler applies its built-in default.
+    pub ssl_redirect: Option<bool>,
+    pub force_ssl_redirect: bool,
+    pub redirect: Option<Redirect>,
+    pub request_headers: HeaderEdits,
+    pub response_headers: HeaderEdits,
+    pub connect_timeout: Option<Duration>,
+    pub read_timeout: Option<Duration>,
+    pub send_timeout: Option<Duration>,
+    pub backend_protocol: Option<BackendProtocol>,
+    /// Largest request body in bytes; None or 0: no limit.
+    pub max_body_size: Option<u64>,
+    /// Client addresses allowed; None: everyone.
+    pub allowlist: Option<Vec<Cidr>>,
+    /// Some when enable-cors is true.
+    pub cors: Option<Cors>,
+    /// Some when canary is true: this Ingress takes a share of another's traffic.
+    pub canary: Option<Canary>,
+    pub access_log: bool,
+    /// An access-control annotation was invalid or is unsupported: every path answers 403.
+    pub deny_all: bool,
+}
+
+impl Default for IngressAnnotations {
+    fn default() -> Self {
+        Self {
+            rewrite_target: None,
+            use_regex: false,
+            ssl_redirect: None,
+            force_ssl_redirect: false,
+            redirect: None,
+            request_headers: HeaderEdits::default(),
+            response_headers: HeaderEdits::default(),
+            connect_timeout: None,
+            read_timeout: None,
+            send_timeout: None,
+            backend_protocol: None,
+            max_body_size: None,
+            allowlist: None,
+            cors: None,
+            canary: None,
+            access_log: true,
+            deny_all: false,
+        }
+    }
+}
+
+impl IngressAnnotations {
+    /// Whether ImplementationSpecific paths are regular expressions: use-regex, or a
+    /// rewrite-target (ingress-nginx enforces regex paths whenever rewrite-target is set).
+    pub fn regex_paths(&self) -> bool {
+        self.use_regex || self.rewrite_target.is_some()
+    }
+}
+
+/// A rewrite target, checked: starts with "/" or a capture group, no spaces or controls.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RewriteTarget(pub String);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Redirect {
+    /// Absolute http(s) URL or absolute path, sent as the Location unchanged.
+    pub location: String,
+    pub code: u16,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct HeaderEdits {
+    pub set: Vec<(String, String)>,
+    pub add: Vec<(String, String)>,
+    /// Lower-case names.
+    pub remove: Vec<String>,
+}
+
+impl HeaderEdits {
+    pub fn is_empty(&self) -> bool {
+        self.set.is_empty() && self.add.is_empty() && self.remove.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendProtocol {
+    Http,
+    Https,
+    H2c,
+    Grpc,
+    Grpcs,
+}
+
+/// An address block. Host bits are cleared when parsed ("10.0.0.7/8" is 10.0.0.0/8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cidr {
+    pub addr: IpAddr,
+    pub prefix: u8,
+}
+
+impl std::fmt::Display for Cidr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Cors {
+    /// "*" or origins ("https://a.example", "https://*.example.com", with optional port).
+    pub allow_origins: Vec<String>,
+    pub allow_methods: Vec<String>,
+    pub allow_headers: Vec<String>,
+    pub expose_headers: Vec<String>,
+    pub allow_credentials: bool,
+    pub max_age: Duration,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Canary {
+    /// Share of traffic: weight out of total.
+    pub weight: u32,
+    pub total: u32,
+    /// Requests whose header is "always" go to the canary, "never" to the primary.
+    pub by_header: Option<String>,
+    /// With by_header: this value (instead of "always") sends a request to the canary.
+    pub by_header_value: Option<String>,
+}
+
+/// Parses an Ingress's annotations over its class's defaults. `compat` reads ingress-nginx's
+/// annotations too. Returns the typed values and one warning per refused or ignored annotation.
+pub fn parse(
+    own: &BTreeMap<String, String>,
+    class_defaults: &BTreeMap<String, String>,
+    compat: bool,
+) -> (IngressAnnotations, Vec<AnnotationWarning>) {
+    let mut r = Reader {
+        layers: [(own, false), (class_defaults, true)],
+        compat,
+        warnings: Vec::new(),
+    };
+    r.check_keys();
+    let mut a = IngressAnnotations {
+        rewrite_target: r.get("rewrite-target", parse_rewrite_target),
+        use_regex: r.get("use-regex", parse_bool).unwrap_or(false),
+        ssl_redirect: r.get("ssl-redirect", parse_bool),
+        force_ssl_redirect: r.get("force-ssl-redirect", parse_bool).unwrap_or(false),
+        ..Default::default()
+    };
+
+    let permanent = r.get("permanent-redirect", parse_location);
+    let temporal = r.get("temporal-redirect", parse_location);
+    a.redirect = match (permanent, temporal) {
+        (Some(location), other) => {
+            if other.is_some() {
+                r.note(
+                    "temporal-redirect",
+                    "permanent-redirect is set too and wins; ignored",
+                );
+            }
+            let code = r
+                .get("permanent-redirect-code", parse_redirect_code)
+                .unwrap_or(DEFAULT_PERMANENT_CODE);
+            Some(Redirect { location, code })
+        }
+        (None, Some(location)) => {
+            let code = r
+                .get("temporal-redirect-code", parse_redirect_code)
+                .unwrap_or(DEFAULT_TEMPORAL_CODE);
+            Some(Redirect { location, code })
+        }
+        (None, None) => None,
+    };
+
+    a.request_headers = HeaderEdits {
+        set: r
+            .get("request-header-set", parse_header_lines)
+            .unwrap_or_default(),
+        add: r
+            .get("request-header-add", parse_header_lines)
+            .unwrap_or_default(),
+        remove: r
+            .get("request-header-remove", parse_header_names)
+            .unwrap_or_default(),
+    };
+    a.response_headers = HeaderEdits {
+        set: r
+            .get("response-header-set", parse_header_lines)
+            .unwrap_or_default(),
+        add: r
+            .get("response-header-add", parse_header_lines)
+            .unwrap_or_default(),
+        remove: r
+            .get("response-header-remove", parse_header_names)
+            .unwrap_or_default(),
+    };
+
+    a.connect_timeout = r.get("connect-timeout", parse_timeout);
+    a.read_timeout = r.get("read-timeout", parse_timeout);
+    a.send_timeout = r.get("send-timeout", parse_timeout);
+    a.backend_protocol = r.get("backend-protocol", parse_backend_protocol);
+    a.max_body_size = r.get("max-body-size", parse_size);
+
+    match r.get_or_deny("allowlist-source-range", parse_cidrs) {
+        Access::Unset => {}
+        Access::Allow(list) => a.allowlist = Some(list),
+        Access::Deny => a.deny_all = true,
+    }
+
+    if r.get("enable-cors", parse_bool).unwrap_or(false) {
+        a.cors = Some(Cors {
+            allow_origins: r
+                .get("cors-allow-origin", parse_origins)
+                .unwrap_or_else(|| vec!["*".into()]),
+            allow_methods: r
+                .get("cors-allow-methods", parse_methods)
+                .unwrap_or_else(|| owned(DEFAULT_CORS_METHODS)),
+            allow_headers: r
+                .get("cors-allow-headers", parse_cors_headers)
+                .unwrap_or_else(|| owned(DEFAULT_CORS_HEADERS)),
+            expose_headers: r
+                .get("cors-expose-headers", parse_cors_headers)
+                .unwrap_or_default(),
+            allow_credentials: r.get("cors-allow-credentials", parse_bool).unwrap_or(true),
+            max_age: r
+                .get("cors-max-age", parse_max_age)
+                .unwrap_or(DEFAULT_CORS_MAX_AGE),
+        });
+    }
+
+    if r.get("canary", parse_bool).unwrap_or(false) {
+        let total = r
+            .get("canary-weight-total", parse_canary_total)
+            .unwrap_or(DEFAULT_CANARY_TOTAL);
+        let weight = r
+            .get("canary-weight", |v| parse_canary_weight(v, total))
+            .unwrap_or(0);
+        let by_header = r.get("canary-by-header", parse_header_name);
+        let by_header_value = r.get("canary-by-header-value", parse_header_value);
+        a.canary = Some(Canary {
+            weight,
+            total,
+            by_header,
+            by_header_value,
+        });
+    }
+
+    a.access_log = r.get("access-log", parse_access_log).unwrap_or(true);
+    if a.access_log && r.compat {
+        a.access_log = r
+            .get_nginx_only(NGINX_ACCESS_LOG, parse_bool)
+            .unwrap_or(true);
+    }
+
+    a.deny_all |= r.warnings.iter().any(|w| w.fail_closed);
+    (a, r.warnings)
+}
+
+fn owned(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// One value found for an annotation.
+struct Candidate<'a> {
+    key: String,
+    value: &'a str,
+    from_class: bool,
+}
+
+enum Access<T> {
+    Unset,
+    Allow(T),
+    Deny,
+}
+
+struct Reader<'a> {
+    /// Highest precedence first; the flag says "from the class defaults".
+    layers: [(&'a BTreeMap<String, String>, bool); 2],
+    compat: bool,
+    warnings: Vec<AnnotationWarning>,
+}
+
+impl<'a> Reader<'a> {
+    /// Values for an annotation, highest precedence first: per source, our key, else (compat)
+    /// the first ingress-nginx name present.
+    fn candidates(&self, name: &str) -> Vec<Candidate<'a>> {
+        let aliases = KNOWN
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map_or(&[][..], |(_, a)| *a);
+        let mut out = Vec::new();
+        for (map, from_class) in self.layers {
+            let ours = format!("{PREFIX}{name}");
+            if let Some(v) = map.get(&ours) {
+                out.push(Candidate {
+                    key: ours,
+                    value: v,
+                    from_class,
+                });
+                continue;
+            }
+            if !self.compat {
+                continue;
+            }
+            for alias in aliases {
+                let key = format!("{NGINX_PREFIX}{alias}");
+                if let Some(v) = map.get(&key) {
+                    out.push(Candidate {
+                        key,
+                        value: v,
+                        from_class,
+                    });
+                    break;
+                }
+            }
+        }
+        out
+    }
+
+    /// The first value that parses. Values that do not are reported and ignored.
+    fn get<T>(&mut self, name: &str, parse: impl Fn(&str) -> Result<T, String>) -> Option<T> {
+        for c in self.candidates(name) {
+            match parse(c.value) {
+                Ok(v) => return Some(v),
+                Err(reason) => self.refuse(&c, &reason, false),
+            }
+        }
+        None
+    }
+
+    /// Access control: the highest-precedence value decides; an invalid one denies.
+    fn get_or_deny<T>(
+        &mut self,
+        name: &str,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Access<T> {
+        let Some(c) = self.candidates(name).into_iter().next() else {
+            return Access::Unset;
+        };
+        match parse(c.value) {
+            Ok(v) => Access::Allow(v),
+            Err(reason) => {
+                self.refuse(&c, &reason, true);
+                Access::Deny
+            }
+        }
+    }
+
+    /// An ingress-nginx annotation with no Coxswain key of the same meaning.
+    fn get_nginx_only<T>(
+        &mut self,
+        name: &str,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> Option<T> {
+        let key = format!("{NGINX_PREFIX}{name}");
+        for (map, from_class) in self.layers {
+            if let Some(v) = map.get(&key) {
+                let c = Candidate {
+                    key: key.clone(),
+                    value: v,
+                    from_class,
+                };
+                match parse(v) {
+                    Ok(v) => return Some(v),
+                    Err(reason) => self.refuse(&c, &reason, false),
+                }
+            }
+        }
+        None
+    }
+
+    fn refuse(&mut self, c: &Candidate<'_>, reason: &str, fail_closed: bool) {
+        let source = if c.from_class {
+            " (IngressClass default)"
+        } else {
+            ""
+        };
+        let outcome = if fail_closed {
+            "every path of the Ingress answers 403 until it is fixed"
+        } else {
+            "ignored"
+        };
+        self.warnings.push(AnnotationWarning {
+            annotation: c.key.clone(),
+            reason: format!("invalid value {:?}{source}: {reason}; {outcome}", c.value),
+            fail_closed,
+        });
+    }
+
+    /// A warning about a value that is valid but not used.
+    fn note(&mut self, name: &str, reason: &str) {
+        if let Some(c) = self.candidates(name).into_iter().next() {
+            self.warnings.push(AnnotationWarning {
+                annotation: c.key,
+                reason: reason.into(),
+                fail_closed: false,
+            });
+        }
+    }
+
+    /// Keys that are not annotations we read: snippets, unknown names under our prefix, and
+    /// (with compat) ingress-nginx annotations Coxswain has no equivalent for.
+    fn check_keys(&mut self) {
+        let layers = self.layers;
+        let keys: BTreeSet<&'a String> = layers.iter().flat_map(|(m, _)| m.keys()).collect();
+        for key in keys {
+            let warning = if let Some(name) = key.strip_prefix(PREFIX) {
+                if is_snippet(name) {
+                    Some(snippet_warning(key))
+                } else if !KNOWN.iter().any(|(n, _)| *n == name) {
+                    Some((
+                        "unknown Coxswain annotation; ignored (see docs/ingress-annotations.md)"
+                            .to_owned(),
+                        false,
+                    ))
+                } else {
+                    None
+                }
+            } else if let Some(name) = key.strip_prefix(NGINX_PREFIX) {
+                if is_snippet(name) {
+                    Some(snippet_warning(key))
+                } else if !self.compat {
+                    None
+                } else if nginx_access_control(name) {
+                    Some((
+                        "ingress-nginx access control Coxswain does not implement; every path \
+                         of the Ingress answers 403 rather than serve without it"
+                            .to_owned(),
+                        true,
+                    ))
+                } else if let Some((ours, _)) =
+                    KNOWN.iter().find(|(_, aliases)| aliases.contains(&name))
+                {
+                    layers
+                        .iter()
+                        .any(|(m, _)| {
+                            m.contains_key(key) && m.contains_key(&format!("{PREFIX}{ours}"))
+                        })
+                        .then(|| {
+                            (
+                                format!("{PREFIX}{ours} is set too and wins; ignored"),
+                                false,
+                            )
+                        })
+                } else if name == NGINX_ACCESS_LOG {
+                    None
+                } else {
+                    Some((
+                        "ingress-nginx annotation Coxswain has no equivalent for; ignored"
+                            .to_owned(),
+                        false,
+                    ))
+                }
+            } else {
+                None
+            };
+            if let Some((reason, fail_closed)) = warning {
+                self.warnings.push(AnnotationWarning {
+                    annotation: key.clone(),
+                    reason,
+                    fail_closed,
+                });
+            }
+        }
+    }
+}
+
+fn snippet_warning(key: &str) -> (String, bool) {
+    (
+        format!(
+            "{key} is raw NGINX configuration and is never used; use typed annotations \
+             instead: {PREFIX}request-header-set / response-header-set for headers, \
+             rewrite-target for rewrites, permanent-redirect / temporal-redirect for \
+             redirects, allowlist-source-range for access, or an HTTPRoute"
+        ),
+        false,
+    )
+}
+
+pub fn parse_bool(v: &str) -> Result<bool, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err("expected true or false".into()),
+    }
+}
+
+/// "500ms", "30s", "5m", "1h", or a bare number of seconds ("60").
+pub fn parse_duration(v: &str) -> Result<Duration, String> {
+    let v = v.trim();
+    let digits = v.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = v.split_at(digits);
+    if number.is_empty() {
+        return Err("expected a number with an optional unit (ms, s, m, h)".into());
+    }
+    let n: u64 = number.parse().map_err(|_| "number too large".to_owned())?;
+    let ms_per_unit: u64 = match unit {
+        "ms" => 1,
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        other => return Err(format!("unknown unit {other:?}; use ms, s, m or h")),
+    };
+    n.checked_mul(ms_per_unit)
+        .map(Duration::from_millis)
+        .ok_or_else(|| "number too large".to_owned())
+}
+
+fn parse_timeout(v: &str) -> Result<Duration, String> {
+    let d = parse_duration(v)?;
+    if d.is_zero() {
+        return Err("a timeout must be longer than 0".into());
+    }
+    if d > MAX_TIMEOUT {
+        return Err("longer than the 24h maximum".into());
+    }
+    Ok(d)
+}
+
+fn parse_max_age(v: &str) -> Result<Duration, String> {
+    let d = parse_duration(v)?;
+    if d.subsec_millis() != 0 {
+        return Err("max-age is whole seconds".into());
+    }
+    Ok(d)
+}
+
+/// "10485760", "512k", "1m", "2g" (binary multiples, as NGINX reads them); "0" is no limit.
+pub fn parse_size(v: &str) -> Result<u64, String> {
+    let v = v.trim();
+    let digits = v.bytes().take_while(u8::is_ascii_digit).count();
+    let (number, unit) = v.split_at(digits);
+    if number.is_empty() {
+        return Err("expected a number of bytes with an optional k, m or g".into());
+    }
+    let n: u64 = number.parse().map_err(|_| "number too large".to_owned())?;
+    let multiple: u64 = match unit {
+        "" => 1,
+        "k" | "K" => 1 << 10,
+        "m" | "M" => 1 << 20,
+        "g" | "G" => 1 << 30,
+        other => return Err(format!("unknown unit {other:?}; use k, m or g")),
+    };
+    n.checked_mul(multiple)
+        .ok_or_else(|| "number too large".to_owned())
+}
+
+/// Comma-separated CIDRs, IPv4 and IPv6; a bare address is a single host.
+pub fn parse_cidrs(v: &str) -> Result<Vec<Cidr>, String> {
+    let mut out = Vec::new();
+    for item in v.split(',').map(str::trim) {
+        if item.is_empty() {
+            continue;
+        }
+        out.push(parse_cidr(item)?);
+    }
+    if out.is_empty() {
+        return Err("no address ranges listed".into());
+    }
+    out.sort();
+    out.dedup();
+    Ok(out)
+}
+
+pub fn parse_cidr(item: &str) -> Result<Cidr, String> {
+    let (addr, len) = match item.split_once('/') {
+        Some((a, l)) => (a, Some(l)),
+        None => (item, None),
+    };
+    let addr: IpAddr = addr
+        .parse()
+        .map_err(|_| format!("{item:?} is not an IP address or CIDR"))?;
+    let max: u8 = if addr.is_ipv4() { 32 } else { 128 };
+    let prefix = match len {
+        None => max,
+        Some(l) => l
+            .parse::<u8>()
+            .ok()
+            .filter(|p| *p <= max)
+            .ok_or_else(|| format!("{item:?}: prefix length must be 0 to {max}"))?,
+    };
+    Ok(Cidr {
+        addr: mask(addr, prefix),
+        prefix,
+    })
+}
+
+fn mask(addr: IpAddr, prefix: u8) -> IpAddr {
+    match addr {
+        IpAddr::V4(a) => {
+            let bits = u32::from(a);
+            let m = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V4((bits & m).into())
+        }
+        IpAddr::V6(a) => {
+            let bits = u128::from(a);
+            let m = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            IpAddr::V6((bits & m).into())
+        }
+    }
+}
+
+/// Header names are RFC 9110 tokens.
+fn is_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+}
+
+/// Headers that frame the message or the connection: editing them breaks HTTP, not routing.
+const RESERVED_HEADERS: &[&str] = &[
+    "connection",
+    "content-length",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+pub fn parse_header_name(v: &str) -> Result<String, String> {
+    let name = v.trim();
+    if !is_token(name) {
+        return Err(format!("{name:?} is not a valid header name"));
+    }
+    let lower = name.to_ascii_lowercase();
+    if RESERVED_HEADERS.contains(&lower.as_str()) {
+        return Err(format!(
+            "{name} frames the HTTP message and cannot be edited"
+        ));
+    }
+    Ok(lower)
+}
+
+/// Visible ASCII, spaces and tabs: nothing that could end a header line.
+pub fn parse_header_value(v: &str) -> Result<String, String> {
+    let v = v.trim();
+    if v.bytes().all(|b| b == b'\t' || (b' '..=b'~').contains(&b)) {
+        Ok(v.to_owned())
+    } else {
+        Err("header values must be printable ASCII".into())
+    }
+}
+
+/// One "Name: value" per line.
+fn parse_header_lines(v: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    for line in v.lines().map(str::trim).filter(|l| !l.is_empty()) {
+        let (name, value) = line
+            .split_once(':')
+            .ok_or_else(|| format!("{line:?} is not \"Name: value\""))?;
+        out.push((parse_header_name(name)?, parse_header_value(value)?));
+    }
+    if out.is_empty() {
+        return Err("no headers listed".into());
+    }
+    Ok(out)
+}
+
+/// Names separated by commas or whitespace.
+fn parse_header_names(v: &str) -> Result<Vec<String>, String> {
+    let names = v
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|s| !s.is_empty())
+        .map(parse_header_name)
+        .collect::<Result<Vec<_>, _>>()?;
+    if names.is_empty() {
+        return Err("no header names listed".into());
+    }
+    Ok(names)
+}
+
+fn no_spaces_or_controls(v: &str) -> bool {
+    v.bytes().all(|b| (b'!'..=b'~').contains(&b))
+}
+
+fn parse_rewrite_target(v: &str) -> Result<RewriteTarget, String> {
+    let v = v.trim();
+    if !(v.starts_with('/') || v.starts_with('$')) {
+        return Err("must start with / or a capture group such as $1".into());
+    }
+    if !no_spaces_or_controls(v) {
+        return Err("must not contain spaces or control characters".into());
+    }
+    Ok(RewriteTarget(v.to_owned()))
+}
+
+fn parse_location(v: &str) -> Result<String, String> {
+    let v = v.trim();
+    let rest = v
+        .strip_prefix("https://")
+        .or_else(|| v.strip_prefix("http://"));
+    let ok = match rest {
+        Some(r) => !r.is_empty() && !r.starts_with('/'),
+        None => v.starts_with('/'),
+    };
+    if !ok {
+        return Err("expected an http(s):// URL or an absolute path".into());
+    }
+    if !no_spaces_or_controls(v) {
+        return Err("must not contain spaces or control characters".into());
+    }
+    Ok(v.to_owned())
+}
+
+fn parse_redirect_code(v: &str) -> Result<u16, String> {
+    match v.trim().parse::<u16>() {
+        Ok(c @ (301 | 302 | 303 | 307 | 308)) => Ok(c),
+        _ => Err("expected 301, 302, 303, 307 or 308".into()),
+    }
+}
+
+fn parse_backend_protocol(v: &str) -> Result<BackendProtocol, String> {
+    match v.trim().to_ascii_uppercase().as_str() {
+        "HTTP" => Ok(BackendProtocol::Http),
+        "HTTPS" => Ok(BackendProtocol::Https),
+        "H2C" => Ok(BackendProtocol::H2c),
+        "GRPC" => Ok(BackendProtocol::Grpc),
+        "GRPCS" => Ok(BackendProtocol::Grpcs),
+        _ => Err("expected HTTP, HTTPS, H2C, GRPC or GRPCS".into()),
+    }
+}
+
+/// "*", or origins: scheme://host[:port], where host may start with "*." (any subdomain).
+fn parse_origins(v: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for item in v.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        if item == "*" {
+            out.push(item.to_owned());
+            continue;
+        }
+        let rest = item
+            .strip_prefix("https://")
+            .or_else(|| item.strip_prefix("http://"))
+            .ok_or_else(|| format!("{item:?}: an origin is scheme://host[:port] or *"))?;
+        let (host, port) = match rest.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (rest, None),
+        };
+        let host = host.strip_prefix("*.").unwrap_or(host);
+        let host_ok = !host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+        let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p > 0));
+        if !host_ok || !port_ok {
+            return Err(format!("{item:?}: an origin is scheme://host[:port] or *"));
+        }
+        out.push(item.to_ascii_lowercase());
+    }
+    if out.is_empty() {
+        return Err("no origins listed".into());
+    }
+    Ok(out)
+}
+
+fn comma_tokens(v: &str, what: &str) -> Result<Vec<String>, String> {
+    let items: Vec<String> = v
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if items.is_empty() {
+        return Err(format!("no {what} listed"));
+    }
+    if let Some(bad) = items.iter().find(|i| !is_token(i)) {
+        return Err(format!("{bad:?} is not a valid {what}"));
+    }
+    Ok(items)
+}
+
+fn parse_methods(v: &str) -> Result<Vec<String>, String> {
+    comma_tokens(v, "method")
+}
+
+/// Header names, or "*".
+fn parse_cors_headers(v: &str) -> Result<Vec<String>, String> {
+    comma_tokens(v, "header name")
+}
+
+fn parse_canary_total(v: &str) -> Result<u32, String> {
+    match v.trim().parse::<u32>() {
+        Ok(t) if (1..=1_000_000).contains(&t) => Ok(t),
+        _ => Err("expected a whole number from 1 to 1000000".into()),
+    }
+}
+
+fn parse_canary_weight(v: &str, total: u32) -> Result<u32, String> {
+    match v.trim().parse::<u32>() {
+        Ok(w) if w <= total => Ok(w),
+        _ => Err(format!("expected a whole number from 0 to {total}")),
+    }
+}
+
+fn parse_access_log(v: &str) -> Result<bool, String> {
+    if v.trim().eq_ignore_ascii_case("off") {
+        Ok(false)
+    } else {
+        Err("only \"off\" is accepted; remove the annotation to keep the access log".into())
+    }
+}
+
+#[cfg(test)]
+mod tests;

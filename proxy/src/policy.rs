@@ -1,0 +1,333 @@
+//! Per-route request policy, compiled once per snapshot: client allowlists, CORS, body limits,
+//! regex rewrite templates, upstream protocol and access logging. Everything a request checks
+//! is precomputed here (masks, joined header values), so the checks only compare.
+
+use coxswain_api::snapshot::{self as snap, filter, path_modifier};
+use std::net::IpAddr;
+
+/// What a route asks of each request beyond matching and forwarding.
+#[derive(Debug)]
+pub struct RoutePolicy {
+    /// Some: only these clients are served.
+    pub allowlist: Option<Allowlist>,
+    /// 0: no limit.
+    pub max_body_bytes: u64,
+    pub cors: Option<CorsPolicy>,
+    /// From a UrlRewrite with replace_regex_match.
+    pub rewrite: Option<Template>,
+    pub access_log: bool,
+    pub upstream_protocol: snap::UpstreamProtocol,
+}
+
+impl RoutePolicy {
+    pub fn new(route: &snap::Route) -> Self {
+        let mut cors = None;
+        let mut rewrite = None;
+        for f in &route.filters {
+            match &f.kind {
+                Some(filter::Kind::Cors(c)) => cors = Some(CorsPolicy::new(c)),
+                Some(filter::Kind::UrlRewrite(u)) => {
+                    if let Some(snap::PathModifier {
+                        kind: Some(path_modifier::Kind::ReplaceRegexMatch(t)),
+                    }) = &u.path
+                    {
+                        rewrite = Some(Template::parse(t));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Self {
+            allowlist: route.client_allowlist.as_ref().map(Allowlist::new),
+            max_body_bytes: route.max_request_body_bytes,
+            cors,
+            rewrite,
+            access_log: !route.access_log_off,
+            upstream_protocol: snap::UpstreamProtocol::try_from(route.upstream_protocol)
+                .unwrap_or_default(),
+        }
+    }
+}
+
+/// Address blocks as (network, mask) integers.
+#[derive(Debug, Default)]
+pub struct Allowlist {
+    v4: Vec<(u32, u32)>,
+    v6: Vec<(u128, u128)>,
+}
+
+impl Allowlist {
+    /// Entries that do not parse are dropped: a broken entry can only deny, never allow.
+    pub fn new(list: &snap::ClientAllowlist) -> Self {
+        let mut out = Self::default();
+        for c in &list.cidrs {
+            let Ok(addr) = c.address.parse::<IpAddr>() else {
+                continue;
+            };
+            match addr {
+                IpAddr::V4(a) if c.prefix_len <= 32 => {
+                    let mask = u32::MAX.checked_shl(32 - c.prefix_len).unwrap_or(0);
+                    out.v4.push((u32::from(a) & mask, mask));
+                }
+                IpAddr::V6(a) if c.prefix_len <= 128 => {
+                    let mask = u128::MAX.checked_shl(128 - c.prefix_len).unwrap_or(0);
+                    out.v6.push((u128::from(a) & mask, mask));
+                }
+                _ => {}
+            }
+        }
+        out
+    }
+
+    pub fn allows(&self, ip: IpAddr) -> bool {
+        // An IPv4 client on a dual-stack socket shows up as ::ffff:a.b.c.d.
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match ip {
+            IpAddr::V4(a) => {
+                let a = u32::from(a);
+                self.v4.iter().any(|(net, mask)| a & mask == *net)
+            }
+            IpAddr::V6(a) => {
+                let a = u128::from(a);
+                self.v6.iter().any(|(net, mask)| a & mask == *net)
+            }
+        }
+    }
+}
+
+/// A CORS filter with its header values joined once.
+#[derive(Debug)]
+pub struct CorsPolicy {
+    any_origin: bool,
+    exact: Vec<Box<str>>,
+    /// ("https://", ".example.com:8443") for "https://*.example.com:8443".
+    wildcard: Vec<(Box<str>, Box<str>)>,
+    pub allow_credentials: bool,
+    pub allow_methods: Box<str>,
+    pub allow_headers: Box<str>,
+    pub expose_headers: Box<str>,
+    /// Empty: no Access-Control-Max-Age.
+    pub max_age: Box<str>,
+}
+
+impl CorsPolicy {
+    pub fn new(c: &snap::Cors) -> Self {
+        let mut exact = Vec::new();
+        let mut wildcard = Vec::new();
+        let mut any_origin = false;
+        for o in &c.allow_origins {
+            let o = o.to_ascii_lowercase();
+            if o == "*" {
+                any_origin = true;
+            } else if let Some((scheme, suffix)) = o.split_once("://*") {
+                wildcard.push((format!("{scheme}://").into(), suffix.into()));
+            } else {
+                exact.push(o.into());
+            }
+        }
+        Self {
+            any_origin,
+            exact,
+            wildcard,
+            allow_credentials: c.allow_credentials,
+            allow_methods: c.allow_methods.join(", ").into(),
+            allow_headers: c.allow_headers.join(", ").into(),
+            expose_headers: c.expose_headers.join(", ").into(),
+            max_age: if c.max_age_seconds > 0 {
+                c.max_age_seconds.to_string().into()
+            } else {
+                "".into()
+            },
+        }
+    }
+
+    /// The Access-Control-Allow-Origin value for a request's Origin, if it is allowed: the
+    /// origin itself, or "*" when any origin is allowed without credentials (browsers reject
+    /// "*" with credentials).
+    pub fn allow_origin<'o>(&self, origin: &'o str) -> Option<&'o str> {
+        if self.any_origin {
+            return Some(if self.allow_credentials { origin } else { "*" });
+        }
+        let exact = self.exact.iter().any(|e| e.eq_ignore_ascii_case(origin));
+        let wild = || {
+            self.wildcard.iter().any(|(scheme, suffix)| {
+                origin.len() > scheme.len() + suffix.len()
+                    && origin
+                        .get(..scheme.len())
+                        .is_some_and(|s| s.eq_ignore_ascii_case(scheme))
+                    && origin
+                        .get(origin.len() - suffix.len()..)
+                        .is_some_and(|s| s.eq_ignore_ascii_case(suffix))
+                    // Only host labels in between: no path or userinfo smuggled in.
+                    && origin[scheme.len()..origin.len() - suffix.len()]
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+            })
+        };
+        (exact || wild()).then_some(origin)
+    }
+}
+
+/// A rewrite template: literal text and capture group references.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Template(Vec<Part>);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Part {
+    Literal(Box<str>),
+    Group(usize),
+}
+
+impl Template {
+    /// "$1".."$9" are groups; any other "$" is literal.
+    pub fn parse(t: &str) -> Self {
+        let mut parts = Vec::new();
+        let mut literal = String::new();
+        let mut chars = t.chars().peekable();
+        while let Some(c) = chars.next() {
+            if c == '$'
+                && let Some(d) = chars.peek().and_then(|d| d.to_digit(10)).filter(|d| *d > 0)
+            {
+                chars.next();
+                if !literal.is_empty() {
+                    parts.push(Part::Literal(std::mem::take(&mut literal).into()));
+                }
+                parts.push(Part::Group(d as usize));
+                continue;
+            }
+            literal.push(c);
+        }
+        if !literal.is_empty() {
+            parts.push(Part::Literal(literal.into()));
+        }
+        Self(parts)
+    }
+
+    /// The new path and query: the template with `group(n)` filled in, then the request's
+    /// query (after the template's own, if it has one), with a leading "/" guaranteed.
+    pub fn render<'a>(
+        &self,
+        group: impl Fn(usize) -> Option<&'a str>,
+        query: Option<&str>,
+    ) -> String {
+        let mut out = String::with_capacity(64);
+        for p in &self.0 {
+            match p {
+                Part::Literal(l) => out.push_str(l),
+                Part::Group(n) => out.push_str(group(*n).unwrap_or("")),
+            }
+        }
+        if !out.starts_with('/') {
+            out.insert(0, '/');
+        }
+        if let Some(q) = query.filter(|q| !q.is_empty()) {
+            out.push(if out.contains('?') { '&' } else { '?' });
+            out.push_str(q);
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cidr(a: &str, p: u32) -> snap::Cidr {
+        snap::Cidr {
+            address: a.into(),
+            prefix_len: p,
+        }
+    }
+
+    #[test]
+    fn allowlists_match_v4_v6_and_mapped_addresses() {
+        let list = Allowlist::new(&snap::ClientAllowlist {
+            cidrs: vec![
+                cidr("10.0.0.0", 8),
+                cidr("192.168.1.7", 32),
+                cidr("2001:db8::", 32),
+                cidr("not an address", 0),
+                cidr("10.0.0.0", 40),
+            ],
+        });
+        let ok = |s: &str| list.allows(s.parse().unwrap());
+        assert!(ok("10.255.0.1"));
+        assert!(ok("192.168.1.7"));
+        assert!(!ok("192.168.1.8"));
+        assert!(ok("2001:db8:1::5"));
+        assert!(!ok("2001:db9::1"));
+        assert!(ok("::ffff:10.1.2.3"), "v4-mapped");
+        assert!(!ok("127.0.0.1"), "broken entries allow nothing");
+        let empty = Allowlist::new(&snap::ClientAllowlist::default());
+        assert!(
+            !empty.allows("127.0.0.1".parse().unwrap()),
+            "empty denies all"
+        );
+        let all = Allowlist::new(&snap::ClientAllowlist {
+            cidrs: vec![cidr("0.0.0.0", 0), cidr("::", 0)],
+        });
+        assert!(all.allows("8.8.8.8".parse().unwrap()));
+        assert!(all.allows("::1".parse().unwrap()));
+    }
+
+    fn cors(origins: &[&str], credentials: bool) -> CorsPolicy {
+        CorsPolicy::new(&snap::Cors {
+            allow_origins: origins.iter().map(|o| (*o).to_owned()).collect(),
+            allow_credentials: credentials,
+            ..Default::default()
+        })
+    }
+
+    #[test]
+    fn cors_origins_exact_wildcard_and_any() {
+        let c = cors(&["https://app.example", "https://*.example.com"], true);
+        assert_eq!(
+            c.allow_origin("https://App.Example"),
+            Some("https://App.Example")
+        );
+        assert_eq!(
+            c.allow_origin("https://a.b.example.com"),
+            Some("https://a.b.example.com")
+        );
+        assert_eq!(
+            c.allow_origin("https://example.com"),
+            None,
+            "needs a subdomain"
+        );
+        assert_eq!(
+            c.allow_origin("http://a.example.com"),
+            None,
+            "scheme matters"
+        );
+        assert_eq!(
+            c.allow_origin("https://a.example.com:8443"),
+            None,
+            "port matters"
+        );
+        assert_eq!(c.allow_origin("https://evil.com/.example.com"), None);
+        assert_eq!(c.allow_origin("https://evilexample.com"), None);
+        assert_eq!(cors(&["*"], false).allow_origin("https://x"), Some("*"));
+        assert_eq!(
+            cors(&["*"], true).allow_origin("https://x"),
+            Some("https://x"),
+            "credentials need the origin echoed"
+        );
+    }
+
+    #[test]
+    fn templates_fill_groups_and_keep_the_query() {
+        let t = Template::parse("/$2/x$1$0$");
+        let groups = ["all", "one", "two"];
+        let g = |n: usize| groups.get(n).copied();
+        assert_eq!(t.render(g, None), "/two/xone$0$");
+        assert_eq!(Template::parse("$1").render(g, Some("a=1")), "/one?a=1");
+        assert_eq!(
+            Template::parse("/n?x=1").render(g, Some("a=1")),
+            "/n?x=1&a=1"
+        );
+        assert_eq!(Template::parse("/$9").render(g, Some("")), "/");
+    }
+}
