@@ -211,6 +211,12 @@ pub struct ControllerArgs {
     #[arg(long, env = "COXSWAIN_INGRESS_HTTPS_PORT", default_value_t = 443)]
     pub ingress_https_port: u16,
 
+    /// Also read the nginx.ingress.kubernetes.io/ equivalents of Coxswain's Ingress
+    /// annotations (typed, never passed through), so an Ingress moves over by changing its
+    /// class. Snippet annotations are never executed; each gets a Warning Event.
+    #[arg(long, env = "COXSWAIN_INGRESS_NGINX_COMPAT")]
+    pub ingress_nginx_compat: bool,
+
     #[command(flatten)]
     pub admin: AdminArgs,
 }

@@ -34,6 +34,8 @@ pub struct ControllerConfig {
     pub proxy_image: Option<String>,
     /// Ports the shared pool serves Ingresses on (HTTP, HTTPS).
     pub ingress_ports: (u16, u16),
+    /// Read ingress-nginx's annotations too (`--ingress-nginx-compat`).
+    pub ingress_nginx_compat: bool,
     /// `/healthz` and `/readyz` (and `/metrics`); None: not served.
     pub health_addr: Option<SocketAddr>,
     /// `/metrics` (and the health endpoints); None or the same as `health_addr`: one listener.
@@ -226,6 +228,7 @@ pub async fn run(
         controller_name: config.controller_name.clone(),
         ingress_http_port: config.ingress_ports.0.into(),
         ingress_https_port: config.ingress_ports.1.into(),
+        ingress_nginx_compat: config.ingress_nginx_compat,
         ..Default::default()
     };
     let mut version_checked: Option<std::time::Instant> = None;

@@ -154,6 +154,7 @@ fn serve_controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
             shared_proxy_service_account: args.shared_proxy_service_account.clone(),
             proxy_image: args.proxy_image.clone(),
             ingress_ports: (args.ingress_http_port, args.ingress_https_port),
+            ingress_nginx_compat: args.ingress_nginx_compat,
             health_addr: Some(args.admin.health_addr),
             metrics_addr: Some(args.admin.metrics_addr),
             lease: Some(coxswain_operator::leader::LeaseConfig {

@@ -116,6 +116,29 @@ const MAX_NOTE: usize = 1024;
 /// its problems are gone.
 pub const INGRESS_PROBLEM: &str = "InvalidConfiguration";
 pub const INGRESS_RESOLVED: &str = "ConfigurationResolved";
+/// Reasons of an Ingress's annotation Warnings: a snippet (never executed), an access
+/// annotation that made its paths deny (fail closed), any other annotation left out.
+pub const SNIPPET_IGNORED: &str = "SnippetIgnored";
+pub const ANNOTATION_FAILED_CLOSED: &str = "AnnotationFailedClosed";
+pub const ANNOTATION_IGNORED: &str = "AnnotationIgnored";
+/// Reason of the Warning on an IngressClass whose parameters reference is not used.
+pub const INVALID_PARAMETERS_REF: &str = "InvalidParameters";
+
+/// What an Ingress is told: (Event reason, note) per problem and per annotation warning.
+fn ingress_findings(status: &crate::compile::status::IngressStatus) -> Vec<(&'static str, String)> {
+    let problems = status.problems.iter().map(|p| (INGRESS_PROBLEM, p.clone()));
+    let warnings = status.warnings.iter().map(|w| {
+        let reason = if w.annotation.ends_with("-snippet") {
+            SNIPPET_IGNORED
+        } else if w.fail_closed {
+            ANNOTATION_FAILED_CLOSED
+        } else {
+            ANNOTATION_IGNORED
+        };
+        (reason, format!("{}: {}", w.annotation, w.reason))
+    });
+    problems.chain(warnings).collect()
+}
 
 /// Writes statuses by server-side apply (field manager `coxswain-controller`), and publishes
 /// an Event for each condition transition a person should see.
@@ -129,8 +152,9 @@ pub struct StatusWriter {
     /// The (status, reason) last reported per object condition, so a transition is reported
     /// once even while the cache still shows the status from before our own write.
     reported: HashMap<String, (ConditionStatus, &'static str)>,
-    /// The problems last reported per Ingress.
-    ingress_problems: HashMap<ObjectKey, Vec<String>>,
+    /// The findings last reported per Ingress, and per IngressClass.
+    ingress_findings: HashMap<ObjectKey, Vec<(&'static str, String)>>,
+    class_findings: HashMap<String, String>,
 }
 
 /// A condition change worth an Event: a problem appearing (Warning), or a good state being
@@ -209,7 +233,8 @@ impl StatusWriter {
             admin,
             events,
             reported: HashMap::new(),
-            ingress_problems: HashMap::new(),
+            ingress_findings: HashMap::new(),
+            class_findings: HashMap::new(),
         }
     }
 
@@ -306,7 +331,8 @@ impl StatusWriter {
         if !self.leading() {
             // A standby reports nothing; when it takes over it compares with the objects.
             self.reported.clear();
-            self.ingress_problems.clear();
+            self.ingress_findings.clear();
+            self.class_findings.clear();
             return;
         }
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
@@ -560,7 +586,7 @@ impl StatusWriter {
             &self.controller_namespace,
             coxswain_api::names::SHARED_PROXY_SERVICE,
         );
-        let mut problems_now = HashMap::new();
+        let mut findings_now = HashMap::new();
         for ingress in &store.ingresses {
             let (Some(ns), Some(name)) = (
                 ingress.metadata.namespace.as_deref(),
@@ -572,23 +598,24 @@ impl StatusWriter {
             let Some(decision) = decisions.ingresses.get(&key) else {
                 continue;
             };
-            let before = self.ingress_problems.get(&key);
-            if before != Some(&decision.problems) {
+            let findings = ingress_findings(decision);
+            let before = self.ingress_findings.get(&key);
+            if before != Some(&findings) {
                 let object = ingress.object_ref(&());
-                let known: &[String] = before.map(Vec::as_slice).unwrap_or_default();
-                for p in decision.problems.iter().filter(|p| !known.contains(p)) {
-                    self.emit(&object, EventType::Warning, INGRESS_PROBLEM, p.clone());
+                let known = before.map(Vec::as_slice).unwrap_or_default();
+                for (reason, note) in findings.iter().filter(|f| !known.contains(f)) {
+                    self.emit(&object, EventType::Warning, reason, note.clone());
                 }
-                if decision.problems.is_empty() && !known.is_empty() {
+                if findings.is_empty() && !known.is_empty() {
                     self.emit(
                         &object,
                         EventType::Normal,
                         INGRESS_RESOLVED,
-                        "every rule is served".to_owned(),
+                        "every rule and annotation is applied".to_owned(),
                     );
                 }
             }
-            problems_now.insert(key, decision.problems.clone());
+            findings_now.insert(key, findings);
             let current = ingress
                 .status
                 .as_ref()
@@ -609,7 +636,26 @@ impl StatusWriter {
             self.apply(api, "Ingress", name, body).await;
         }
         self.reported = next;
-        self.ingress_problems = problems_now;
+        self.ingress_findings = findings_now;
+
+        // IngressClasses whose parameters reference is not used: said once per change.
+        for class in &store.ingress_classes {
+            let Some(name) = class.metadata.name.as_deref() else {
+                continue;
+            };
+            let Some(why) = decisions.ingress_classes.get(name) else {
+                continue;
+            };
+            if self.class_findings.get(name) != Some(why) {
+                self.emit(
+                    &class.object_ref(&()),
+                    EventType::Warning,
+                    INVALID_PARAMETERS_REF,
+                    why.clone(),
+                );
+            }
+        }
+        self.class_findings = decisions.ingress_classes.clone().into_iter().collect();
     }
 }
 

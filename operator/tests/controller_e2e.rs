@@ -448,3 +448,159 @@ spec:
     let _ = stop_ctl.send(());
     ctl.await.unwrap().unwrap();
 }
+
+/// Under --ingress-nginx-compat: an ingress-nginx style Ingress gets exactly one Warning Event,
+/// for its snippet, and keeps it at one across recompiles; refused annotations and a broken
+/// class parameters reference are Warning Events too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingress_annotation_findings_are_warning_events() {
+    let env = TestEnv::new().await;
+    let ns = env.namespace.clone();
+    // A controller name of its own: the other test's controller leaves these objects alone.
+    let controller_name = "coxswain-labs.dev/events-test";
+    let mut config = local_controller_config(&ns, controller_name, free_port(), free_port());
+    config.ingress_ports = (free_port(), free_port());
+    config.ingress_nginx_compat = true;
+    let (stop_ctl, ctl_stopped) = tokio::sync::oneshot::channel::<()>();
+    let ctl = tokio::spawn(controller::run(env.client.clone(), config, async {
+        let _ = ctl_stopped.await;
+    }));
+    apply_yaml(
+        &env.client,
+        &format!(
+            r#"
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {{name: events-{ns}}}
+spec:
+  controller: {controller_name}
+  parameters: {{apiGroup: example.com, kind: Tuning, name: fast}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: app, namespace: {ns}}}
+spec: {{ports: [{{port: 80}}]}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: legacy
+  namespace: {ns}
+  annotations:
+    nginx.ingress.kubernetes.io/rewrite-target: /$2
+    nginx.ingress.kubernetes.io/ssl-redirect: "true"
+    nginx.ingress.kubernetes.io/enable-cors: "true"
+    nginx.ingress.kubernetes.io/cors-allow-origin: https://app.example
+    nginx.ingress.kubernetes.io/configuration-snippet: |
+      more_set_headers "X-Frame-Options: DENY";
+spec:
+  ingressClassName: events-{ns}
+  rules:
+  - host: legacy.example
+    http:
+      paths:
+      - {{path: /app(/|$)(.*), pathType: ImplementationSpecific, backend: {{service: {{name: app, port: {{number: 80}}}}}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: refused
+  namespace: {ns}
+  annotations:
+    ingress.coxswain-labs.dev/read-timeout: soon
+    ingress.coxswain-labs.dev/allowlist-source-range: 10.0.0.0/33
+spec:
+  ingressClassName: events-{ns}
+  rules:
+  - host: refused.example
+    http:
+      paths: [{{path: /, pathType: Prefix, backend: {{service: {{name: app, port: {{number: 80}}}}}}}}]
+"#
+        ),
+    )
+    .await;
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+    let class_events: Api<k8s_openapi::api::events::v1::Event> = Api::all(env.client.clone());
+    let warnings = |api: Api<k8s_openapi::api::events::v1::Event>,
+                    kind: &'static str,
+                    name: String| async move {
+        let list = api.list(&Default::default()).await.unwrap();
+        list.items
+            .into_iter()
+            .filter(|e| {
+                e.type_.as_deref() == Some("Warning")
+                    && e.regarding.as_ref().is_some_and(|r| {
+                        r.kind.as_deref() == Some(kind) && r.name.as_deref() == Some(name.as_str())
+                    })
+            })
+            .map(|e| {
+                (
+                    e.reason.unwrap_or_default(),
+                    e.note.unwrap_or_default(),
+                    e.deprecated_count.unwrap_or(1),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let refused = coxswain_testenv::eventually(
+        "Warnings on the Ingress with refused annotations",
+        Duration::from_secs(30),
+        || async {
+            let w = warnings(events.clone(), "Ingress", "refused".into()).await;
+            (w.len() >= 2).then_some(w)
+        },
+    )
+    .await;
+    let find = |reason: &str, annotation: &str| {
+        refused
+            .iter()
+            .any(|(r, note, _)| r == reason && note.starts_with(annotation))
+    };
+    assert!(
+        find(
+            "AnnotationIgnored",
+            "ingress.coxswain-labs.dev/read-timeout"
+        ),
+        "{refused:?}"
+    );
+    assert!(
+        find(
+            "AnnotationFailedClosed",
+            "ingress.coxswain-labs.dev/allowlist-source-range"
+        ),
+        "{refused:?}"
+    );
+    let class = coxswain_testenv::eventually(
+        "a Warning on the IngressClass with a foreign parameters kind",
+        Duration::from_secs(30),
+        || async {
+            let w = warnings(class_events.clone(), "IngressClass", format!("events-{ns}")).await;
+            w.into_iter().next()
+        },
+    )
+    .await;
+    assert_eq!(class.0, "InvalidParameters");
+    assert!(class.1.contains("Tuning"), "{}", class.1);
+
+    let legacy =
+        coxswain_testenv::eventually("the snippet's Warning", Duration::from_secs(30), || async {
+            let w = warnings(events.clone(), "Ingress", "legacy".into()).await;
+            (!w.is_empty()).then_some(w)
+        })
+        .await;
+    // Other objects keep the controller recompiling; the Warning must not repeat.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let legacy_after = warnings(events.clone(), "Ingress", "legacy".into()).await;
+    assert_eq!(legacy, legacy_after);
+    assert_eq!(legacy.len(), 1, "exactly one Warning: {legacy:?}");
+    let (reason, note, count) = &legacy[0];
+    assert_eq!(reason, "SnippetIgnored");
+    assert_eq!(*count, 1);
+    assert!(
+        note.starts_with("nginx.ingress.kubernetes.io/configuration-snippet"),
+        "{note}"
+    );
+
+    let _ = stop_ctl.send(());
+    ctl.await.unwrap().unwrap();
+}

@@ -41,8 +41,16 @@ where
             };
             let answer = answer.clone();
             tokio::spawn(async move {
-                let mut buf = [0u8; 1024];
-                let n = conn.read(&mut buf).await.unwrap_or(0);
+                // The whole head before answering: closing with unread bytes resets the
+                // connection, and a client still writing would lose the response.
+                let mut buf = [0u8; 4096];
+                let mut n = 0;
+                while n < buf.len() && !buf[..n].windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf[n..]).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(read) => n += read,
+                    }
+                }
                 let request = String::from_utf8_lossy(&buf[..n]);
                 let path = request.split_whitespace().nth(1).unwrap_or("/");
                 let (status, body) = answer(path);

@@ -199,6 +199,7 @@ pub fn local_controller_config(
         lease: None,
         proxy_image: None,
         ingress_ports: (80, 443),
+        ingress_nginx_compat: false,
         health_addr: None,
         metrics_addr: None,
     }
