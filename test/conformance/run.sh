@@ -11,8 +11,11 @@ cd "$repo"
 source hack/cluster/env.sh
 # An instance of its own, beside `make cluster-up`'s.
 export COXSWAIN_CLUSTER_DIR="${COXSWAIN_CONFORMANCE_CLUSTER_DIR:-$COXSWAIN_CACHE/clusters/conformance}"
-export COXSWAIN_ETCD_PORT=24790 COXSWAIN_ETCD_PEER_PORT=24791
-export COXSWAIN_APISERVER_PORT=27443 COXSWAIN_KCM_PORT=27457
+# Fixed ports so a rerun finds the instance again; override to run two side by side.
+export COXSWAIN_ETCD_PORT="${COXSWAIN_CONFORMANCE_ETCD_PORT:-24790}"
+export COXSWAIN_ETCD_PEER_PORT="${COXSWAIN_CONFORMANCE_ETCD_PEER_PORT:-24791}"
+export COXSWAIN_APISERVER_PORT="${COXSWAIN_CONFORMANCE_APISERVER_PORT:-27443}"
+export COXSWAIN_KCM_PORT="${COXSWAIN_CONFORMANCE_KCM_PORT:-27457}"
 target="${CARGO_TARGET_DIR:-$repo/target}"
 profiles="${COXSWAIN_CONFORMANCE_PROFILES:-GATEWAY-HTTP}"
 version="v$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
