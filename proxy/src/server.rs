@@ -82,6 +82,19 @@ mod pingora_proxy_alias {
     pub use pingora::proxy::HttpProxy;
 }
 
+/// Whether a deadline has passed; no deadline never passes.
+fn past(deadline: Option<std::time::Instant>) -> bool {
+    deadline.is_some_and(|d| std::time::Instant::now() >= d)
+}
+
+/// A request or backend request timeout: 504, as the Gateway API asks.
+fn timed_out() -> Box<pingora::Error> {
+    pingora::Error::explain(
+        pingora::ErrorType::HTTPStatus(504),
+        "route timeout exceeded",
+    )
+}
+
 /// Per-request state: what `request_filter` decided, for the later phases.
 #[derive(Default)]
 pub struct Ctx {
@@ -100,6 +113,11 @@ pub struct Ctx {
     started: Option<std::time::Instant>,
     /// Request body bytes seen so far, against the route's limit.
     body_bytes: u64,
+    /// The route's request timeout, from the proxy receiving the request: covers every
+    /// attempt to the backend and the whole response.
+    deadline: Option<std::time::Instant>,
+    /// The current attempt's end: the backend request timeout, within `deadline`.
+    attempt_deadline: Option<std::time::Instant>,
     access_log_off: bool,
 }
 
@@ -333,6 +351,13 @@ impl ProxyHttp for Gateway {
                                     snap::UpstreamProtocol::TlsH2 => (true, true),
                                 };
                                 ctx.tls = tls.then(|| cluster.tls_name.clone());
+                                ctx.deadline =
+                                    route.route.timeouts.filter(|t| t.request_ms > 0).and_then(
+                                        |t| {
+                                            ctx.started?
+                                                .checked_add(Duration::from_millis(t.request_ms))
+                                        },
+                                    );
                                 Decision::Forward
                             }
                             Pick::InvalidBackend => Decision::Status(500),
@@ -362,6 +387,9 @@ impl ProxyHttp for Gateway {
         _end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> pingora::Result<()> {
+        if past(ctx.deadline) {
+            return Err(timed_out());
+        }
         let limit = ctx.policy.as_ref().map_or(0, |p| p.max_body_bytes);
         if limit > 0
             && let Some(b) = body
@@ -443,21 +471,34 @@ impl ProxyHttp for Gateway {
         if ctx.h2c {
             peer.options.alpn = ALPN::H2;
         }
-        if let Some(t) = ctx.route.as_ref().and_then(|r| r.timeouts) {
+        // Gateway API timeouts: the request timeout bounds every attempt by what is left of
+        // it; the backend request timeout bounds each attempt. Pingora has no whole-exchange
+        // timer, so the budget caps connecting and each read and write, and the body filters
+        // end a response still streaming at the deadline.
+        let now = std::time::Instant::now();
+        let mut budget = match ctx.deadline {
+            Some(d) if d <= now => return Err(timed_out()),
+            Some(d) => Some(d - now),
+            None => None,
+        };
+        let timeouts = ctx.route.as_ref().and_then(|r| r.timeouts);
+        if let Some(ms) = timeouts.map(|t| t.backend_request_ms).filter(|ms| *ms > 0) {
+            let d = Duration::from_millis(ms);
+            budget = Some(budget.map_or(d, |b| b.min(d)));
+        }
+        ctx.attempt_deadline = budget.and_then(|b| now.checked_add(b));
+        if let Some(b) = budget {
+            peer.options.read_timeout = Some(b);
+            peer.options.write_timeout = Some(b);
+            peer.options.total_connection_timeout = Some(b);
+        }
+        if let Some(t) = timeouts {
+            // The Ingress timeouts: connect, and each read and write.
             let at_most = |a: Option<Duration>, ms: u64| match (a, ms) {
                 (a, 0) => a,
                 (None, ms) => Some(Duration::from_millis(ms)),
                 (Some(a), ms) => Some(a.min(Duration::from_millis(ms))),
             };
-            let backend = [t.backend_request_ms, t.request_ms]
-                .into_iter()
-                .filter(|ms| *ms > 0)
-                .min();
-            if let Some(ms) = backend {
-                let d = Duration::from_millis(ms);
-                peer.options.read_timeout = Some(d);
-                peer.options.total_connection_timeout = Some(d);
-            }
             if t.connect_ms > 0 {
                 peer.options.connection_timeout = Some(Duration::from_millis(t.connect_ms));
                 peer.options.total_connection_timeout =
@@ -518,6 +559,21 @@ impl ProxyHttp for Gateway {
             }
         }
         Ok(())
+    }
+
+    /// Ends a response that is still streaming when the attempt's or the request's time is up
+    /// (the status has gone out by then: the client sees the connection close).
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> pingora::Result<Option<Duration>> {
+        if !end_of_stream && (past(ctx.attempt_deadline) || past(ctx.deadline)) {
+            return Err(timed_out());
+        }
+        Ok(None)
     }
 
     async fn response_filter(

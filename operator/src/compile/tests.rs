@@ -787,6 +787,50 @@ fn filters_compile_and_unsupported_ones_make_the_route_unacceptable() {
 }
 
 #[test]
+fn rule_timeouts_compile_and_zero_disables() {
+    // HTTPRouteTimeouts: request bounds the whole request, backendRequest each attempt to a
+    // backend; "0s" turns a timeout off (0 in the snapshot), and a value that is not a
+    // GEP-2257 duration makes the route unacceptable.
+    let timed = route(
+        "timed",
+        r#"  parentRefs: [{name: edge}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /request}}]
+    backendRefs: [{name: echo, port: 8080}]
+    timeouts: {request: 500ms}
+  - matches: [{path: {type: PathPrefix, value: /backend}}]
+    backendRefs: [{name: echo, port: 8080}]
+    timeouts: {request: 1m, backendRequest: 1s}
+  - matches: [{path: {type: PathPrefix, value: /off}}]
+    backendRefs: [{name: echo, port: 8080}]
+    timeouts: {request: 0s}
+"#,
+    );
+    let broken = route(
+        "broken",
+        "  parentRefs: [{name: edge}]\n  rules: [{backendRefs: [{name: echo, port: 8080}], timeouts: {request: 1.5s}}]\n",
+    );
+    let c = compile_yaml(&[BASE, GATEWAY, &timed, &broken]);
+    assert!(route_condition(&c, "timed", "Accepted").is_true());
+    let cond = route_condition(&c, "broken", "Accepted");
+    assert_eq!(
+        (cond.status, cond.reason),
+        (ConditionStatus::False, "UnsupportedValue")
+    );
+    let routes = &shared(&c).listeners[0].virtual_hosts[0].routes;
+    let timeouts = |rule: u32| {
+        routes
+            .iter()
+            .find(|r| r.source.as_ref().unwrap().rule == rule)
+            .and_then(|r| r.timeouts)
+            .map(|t| (t.request_ms, t.backend_request_ms))
+    };
+    assert_eq!(timeouts(0), Some((500, 0)));
+    assert_eq!(timeouts(1), Some((60_000, 1_000)));
+    assert_eq!(timeouts(2), Some((0, 0)), "0s disables");
+}
+
+#[test]
 fn snapshots_do_not_depend_on_input_order() {
     let r1 = route(
         "r1",

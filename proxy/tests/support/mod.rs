@@ -27,7 +27,7 @@ pub fn free_port() -> u16 {
 }
 
 /// An HTTP backend (HTTP/1.1 and h2c) that answers with what it received, as JSON, and names
-/// itself in `x-backend`. `/slow` answers after a second.
+/// itself in `x-backend`. `/slow` answers after a second, `?delay_ms=N` after N ms.
 pub async fn echo_backend(name: &'static str) -> SocketAddr {
     echo_backend_with_hits(name).await.0
 }
@@ -52,6 +52,14 @@ pub async fn echo_backend_with_hits(
                     async move {
                         if req.uri().path() == "/slow" {
                             tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                        // `?delay_ms=N` anywhere: answer after N milliseconds.
+                        if let Some(ms) = req.uri().query().and_then(|q| {
+                            q.split('&')
+                                .find_map(|kv| kv.strip_prefix("delay_ms="))
+                                .and_then(|v| v.parse::<u64>().ok())
+                        }) {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
                         }
                         // Repeated headers are joined with ", ", as HTTP allows.
                         let mut headers = serde_json::Map::new();
