@@ -831,6 +831,52 @@ fn rule_timeouts_compile_and_zero_disables() {
 }
 
 #[test]
+fn request_mirrors_compile_with_their_share() {
+    // HTTPRequestMirrorFilter: several mirrors per rule; percent and fraction (denominator
+    // defaulting to 100) become a fraction, neither means every request; a mirror backend that
+    // does not resolve is a ResolvedRefs problem, not a reason to drop the rule.
+    let mirrored = route(
+        "mirrored",
+        r#"  parentRefs: [{name: edge}]
+  rules:
+  - filters:
+    - {type: RequestMirror, requestMirror: {backendRef: {name: echo, port: 8080}}}
+    - {type: RequestMirror, requestMirror: {backendRef: {name: echo, port: 8080}, fraction: {numerator: 25, denominator: 50}}}
+    - {type: RequestMirror, requestMirror: {backendRef: {name: echo, port: 8080}, fraction: {numerator: 3}}}
+    - {type: RequestMirror, requestMirror: {backendRef: {name: missing, port: 8080}, percent: 35}}
+    backendRefs: [{name: echo, port: 8080}]
+"#,
+    );
+    let c = compile_yaml(&[BASE, GATEWAY, &mirrored]);
+    assert!(route_condition(&c, "mirrored", "Accepted").is_true());
+    let resolved = route_condition(&c, "mirrored", "ResolvedRefs");
+    assert_eq!(
+        (resolved.status, resolved.reason),
+        (ConditionStatus::False, "BackendNotFound")
+    );
+    let r = &shared(&c).listeners[0].virtual_hosts[0].routes[0];
+    let mirrors: Vec<(&str, u32, u32)> = r
+        .filters
+        .iter()
+        .filter_map(|f| match &f.kind {
+            Some(snap::filter::Kind::RequestMirror(m)) => {
+                Some((m.cluster.as_str(), m.numerator, m.denominator))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        mirrors,
+        [
+            ("web/echo:8080", 1, 1),
+            ("web/echo:8080", 25, 50),
+            ("web/echo:8080", 3, 100),
+            ("", 35, 100),
+        ]
+    );
+}
+
+#[test]
 fn snapshots_do_not_depend_on_input_order() {
     let r1 = route(
         "r1",

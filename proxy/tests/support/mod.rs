@@ -237,3 +237,51 @@ pub fn snapshot(yaml: &str, vars: &[(&str, String)]) -> Snapshot {
     }
     Snapshot::from_yaml(&text).unwrap().seal()
 }
+
+/// What a recording backend received.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub headers: hyper::HeaderMap,
+    pub body: Bytes,
+}
+
+/// A backend that answers 200 to everything and reports each request, body included.
+pub async fn recording_backend() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Recorded>) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let tx = tx.clone();
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let body = body.collect().await?.to_bytes();
+                        let _ = tx.send(Recorded {
+                            method: parts.method.to_string(),
+                            path: parts
+                                .uri
+                                .path_and_query()
+                                .map_or("/", |p| p.as_str())
+                                .into(),
+                            headers: parts.headers,
+                            body,
+                        });
+                        Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, rx)
+}
