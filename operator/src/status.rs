@@ -41,6 +41,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteBackendProtocolH2C",
     "HTTPRouteBackendProtocolWebSocket",
     "HTTPRouteBackendRequestHeaderModification",
+    "HTTPRouteBackendTimeout",
     "HTTPRouteDestinationPortMatching",
     "HTTPRouteHostRewrite",
     "HTTPRouteMethodMatching",
@@ -50,6 +51,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRoutePathRewrite",
     "HTTPRoutePortRedirect",
     "HTTPRouteQueryParamMatching",
+    "HTTPRouteRequestTimeout",
     "HTTPRouteResponseHeaderModification",
     "HTTPRouteSchemeRedirect",
 ];
