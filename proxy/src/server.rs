@@ -358,6 +358,8 @@ async fn respond_preflight(
 ) -> pingora::Result<bool> {
     let mut resp = ResponseHeader::build(204, Some(8))?;
     if let Some(allowed) = origin.and_then(|o| cors.allow_origin(o)) {
+        let req = session.req_header();
+        let asked = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
         resp.insert_header("access-control-allow-origin", allowed)?;
         if allowed != "*" {
             resp.append_header("vary", "Origin")?;
@@ -365,9 +367,16 @@ async fn respond_preflight(
         if cors.allow_credentials {
             resp.insert_header("access-control-allow-credentials", "true")?;
         }
-        resp.insert_header("access-control-allow-methods", &*cors.allow_methods)?;
-        if !cors.allow_headers.is_empty() {
-            resp.insert_header("access-control-allow-headers", &*cors.allow_headers)?;
+        let methods = cors.preflight_methods(asked("access-control-request-method"));
+        if !methods.is_empty() {
+            resp.insert_header("access-control-allow-methods", methods)?;
+        }
+        let headers = cors.preflight_headers(asked("access-control-request-headers"));
+        if !headers.is_empty() {
+            resp.insert_header("access-control-allow-headers", headers)?;
+        }
+        if !cors.expose_headers.is_empty() {
+            resp.insert_header("access-control-expose-headers", &*cors.expose_headers)?;
         }
         if !cors.max_age.is_empty() {
             resp.insert_header("access-control-max-age", &*cors.max_age)?;

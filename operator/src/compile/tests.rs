@@ -755,12 +755,12 @@ fn filters_compile_and_unsupported_ones_make_the_route_unacceptable() {
       requestRedirect: {scheme: https, statusCode: 301}
 "#,
     );
-    let cors = route(
-        "cors",
-        "  parentRefs: [{name: edge}]\n  rules: [{filters: [{type: CORS, cors: {allowOrigins: [\"*\"]}}], backendRefs: [{name: echo, port: 8080}]}]\n",
+    let extension = route(
+        "extension",
+        "  parentRefs: [{name: edge}]\n  rules: [{filters: [{type: ExtensionRef, extensionRef: {group: example.com, kind: Thing, name: t}}], backendRefs: [{name: echo, port: 8080}]}]\n",
     );
-    let c = compile_yaml(&[BASE, GATEWAY, &filtered, &cors]);
-    let cond = route_condition(&c, "cors", "Accepted");
+    let c = compile_yaml(&[BASE, GATEWAY, &filtered, &extension]);
+    let cond = route_condition(&c, "extension", "Accepted");
     assert_eq!(
         (cond.status, cond.reason),
         (ConditionStatus::False, "UnsupportedValue")
@@ -874,6 +874,55 @@ fn request_mirrors_compile_with_their_share() {
             ("", 35, 100),
         ]
     );
+}
+
+#[test]
+fn cors_filters_compile_for_the_proxy_to_answer() {
+    // HTTPCORSFilter: origins lower-cased, lists kept, maxAge defaulting to 5 seconds as the
+    // API server does, and the origin echoed rather than "*" (what Gateway API clients expect).
+    let cors = route(
+        "cors",
+        r#"  parentRefs: [{name: edge}]
+  rules:
+  - filters:
+    - type: CORS
+      cors:
+        allowOrigins: ["https://WWW.foo.com", "https://*.bar.com"]
+        allowMethods: [GET, OPTIONS]
+        allowHeaders: [x-header-1]
+        exposeHeaders: [x-header-3]
+        allowCredentials: true
+        maxAge: 3600
+    backendRefs: [{name: echo, port: 8080}]
+  - matches: [{path: {type: PathPrefix, value: /any}}]
+    filters: [{type: CORS, cors: {allowOrigins: ["*"]}}]
+    backendRefs: [{name: echo, port: 8080}]
+"#,
+    );
+    let c = compile_yaml(&[BASE, GATEWAY, &cors]);
+    assert!(route_condition(&c, "cors", "Accepted").is_true());
+    let routes = &shared(&c).listeners[0].virtual_hosts[0].routes;
+    let cors_of = |rule: u32| {
+        let r = routes
+            .iter()
+            .find(|r| r.source.as_ref().unwrap().rule == rule)
+            .unwrap();
+        match &r.filters[0].kind {
+            Some(snap::filter::Kind::Cors(c)) => c.clone(),
+            other => panic!("not CORS: {other:?}"),
+        }
+    };
+    let full = cors_of(0);
+    assert_eq!(
+        full.allow_origins,
+        ["https://www.foo.com", "https://*.bar.com"]
+    );
+    assert_eq!(full.allow_methods, ["GET", "OPTIONS"]);
+    assert_eq!(full.expose_headers, ["x-header-3"]);
+    assert!(full.allow_credentials && full.echo_origin);
+    assert_eq!(full.max_age_seconds, 3600);
+    let any = cors_of(1);
+    assert_eq!((any.max_age_seconds, any.allow_credentials), (5, false));
 }
 
 #[test]
