@@ -32,7 +32,19 @@ pub async fn serve(pods_dir: PathBuf, ip: IpAddr) -> Result<(), Error> {
         .map_err(Error::io(format!("binding the log endpoint {addr}")))?;
     let acceptor = tls_acceptor(ip)?;
     let sizes: Sizes = Arc::default();
-    tokio::spawn(watch_sizes(pods_dir.clone(), sizes.clone()));
+    // One future for both, so stopping the endpoint stops the watcher too.
+    tokio::select! {
+        () = watch_sizes(pods_dir.clone(), sizes.clone()) => Ok(()),
+        () = accept_loop(listener, acceptor, pods_dir, sizes) => Ok(()),
+    }
+}
+
+async fn accept_loop(
+    listener: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    pods_dir: PathBuf,
+    sizes: Sizes,
+) {
     loop {
         let (tcp, _) = match listener.accept().await {
             Ok(c) => c,
