@@ -196,6 +196,7 @@ start kube-apiserver "$bin/kube-apiserver" \
   --service-cluster-ip-range "$service_cidr" \
   --endpoint-reconciler-type none \
   --allow-privileged=true \
+  --kubelet-preferred-address-types InternalIP \
   --profiling=false \
   --v=1
 wait_for kube-apiserver 90 kubectl get --raw /readyz

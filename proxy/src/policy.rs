@@ -102,6 +102,11 @@ impl Allowlist {
 #[derive(Debug)]
 pub struct CorsPolicy {
     any_origin: bool,
+    /// Answer an allowed origin with itself, never "*".
+    echo_origin: bool,
+    /// "*" in the methods or headers: a preflight gets what it asked for.
+    any_method: bool,
+    any_header: bool,
     exact: Vec<Box<str>>,
     /// ("https://", ".example.com:8443") for "https://*.example.com:8443".
     wildcard: Vec<(Box<str>, Box<str>)>,
@@ -130,6 +135,9 @@ impl CorsPolicy {
         }
         Self {
             any_origin,
+            echo_origin: c.echo_origin,
+            any_method: c.allow_methods.iter().any(|m| m == "*"),
+            any_header: c.allow_headers.iter().any(|h| h == "*"),
             exact,
             wildcard,
             allow_credentials: c.allow_credentials,
@@ -149,7 +157,11 @@ impl CorsPolicy {
     /// "*" with credentials).
     pub fn allow_origin<'o>(&self, origin: &'o str) -> Option<&'o str> {
         if self.any_origin {
-            return Some(if self.allow_credentials { origin } else { "*" });
+            return Some(if self.allow_credentials || self.echo_origin {
+                origin
+            } else {
+                "*"
+            });
         }
         let exact = self.exact.iter().any(|e| e.eq_ignore_ascii_case(origin));
         let wild = || {
@@ -168,6 +180,26 @@ impl CorsPolicy {
             })
         };
         (exact || wild()).then_some(origin)
+    }
+}
+
+impl CorsPolicy {
+    /// Access-Control-Allow-Methods for a preflight asking for `requested`: the configured
+    /// list, or the requested method when the list allows any (a literal "*" does not cover
+    /// credentialed requests in browsers).
+    pub fn preflight_methods<'a>(&'a self, requested: Option<&'a str>) -> &'a str {
+        match requested {
+            Some(m) if self.any_method => m,
+            _ => &self.allow_methods,
+        }
+    }
+
+    /// Access-Control-Allow-Headers for a preflight asking for `requested`, likewise.
+    pub fn preflight_headers<'a>(&'a self, requested: Option<&'a str>) -> &'a str {
+        match requested {
+            Some(h) if self.any_header => h,
+            _ => &self.allow_headers,
+        }
     }
 }
 
@@ -315,6 +347,25 @@ mod tests {
             Some("https://x"),
             "credentials need the origin echoed"
         );
+    }
+
+    // Gateway API CORS: any origin is answered with the origin itself, and "*" methods and
+    // headers echo what the preflight asked for.
+    #[test]
+    fn gateway_cors_echoes_origin_methods_and_headers() {
+        let c = CorsPolicy::new(&snap::Cors {
+            allow_origins: vec!["*".into()],
+            allow_methods: vec!["*".into()],
+            allow_headers: vec!["*".into()],
+            echo_origin: true,
+            ..Default::default()
+        });
+        assert_eq!(c.allow_origin("https://x:1"), Some("https://x:1"));
+        assert_eq!(c.preflight_methods(Some("PUT")), "PUT");
+        assert_eq!(c.preflight_headers(Some("x-a, x-b")), "x-a, x-b");
+        assert_eq!(c.preflight_methods(None), "*");
+        let listed = cors(&["https://a"], false);
+        assert_eq!(listed.preflight_methods(Some("PUT")), "");
     }
 
     #[test]

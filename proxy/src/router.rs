@@ -184,20 +184,43 @@ pub struct CompiledRoute {
     pub policy: Arc<crate::policy::RoutePolicy>,
     total_weight: u64,
     next: AtomicUsize,
-    mirror_seq: AtomicUsize,
+    /// The rule's RequestMirror filters, in order.
+    pub mirrors: Vec<Mirror>,
+}
+
+/// A RequestMirror filter with its cluster looked up and a sampling counter of its own, so
+/// several mirrors on one rule each get their exact share.
+#[derive(Debug)]
+pub struct Mirror {
+    /// None: the mirror's backend ref did not resolve; nothing is sent.
+    pub cluster: Option<Arc<ClusterState>>,
+    numerator: u32,
+    denominator: u32,
+    seq: AtomicUsize,
+}
+
+impl Mirror {
+    fn new(m: &snap::RequestMirror, clusters: &HashMap<Box<str>, Arc<ClusterState>>) -> Self {
+        Self {
+            cluster: clusters.get(m.cluster.as_str()).cloned(),
+            numerator: m.numerator,
+            denominator: m.denominator,
+            seq: AtomicUsize::new(0),
+        }
+    }
+
+    /// Whether this request is one of the `numerator` in every `denominator` this mirror
+    /// copies (a rotating counter: exact shares, no randomness, no lock).
+    pub fn sampled(&self) -> bool {
+        if self.denominator == 0 || self.numerator == 0 {
+            return false;
+        }
+        let n = self.seq.fetch_add(1, Ordering::Relaxed) as u64;
+        n % u64::from(self.denominator) < u64::from(self.numerator)
+    }
 }
 
 impl CompiledRoute {
-    /// Whether this request is one of the `numerator` in every `denominator` that a mirror
-    /// copies (a rotating counter: exact shares, no randomness).
-    pub fn mirror_sampled(&self, numerator: u32, denominator: u32) -> bool {
-        if denominator == 0 || numerator == 0 {
-            return false;
-        }
-        let n = self.mirror_seq.fetch_add(1, Ordering::Relaxed) as u64;
-        n % u64::from(denominator) < u64::from(numerator)
-    }
-
     /// Weighted choice among the backends (a rotating counter over the cumulative weights:
     /// exact shares, no randomness, no lock), then an endpoint of that backend.
     pub fn pick(&self) -> Pick<'_> {
@@ -583,7 +606,14 @@ fn compile_route(
         policy: Arc::new(crate::policy::RoutePolicy::new(r)),
         total_weight: r.backends.iter().map(|b| u64::from(b.weight)).sum(),
         next: AtomicUsize::new(0),
-        mirror_seq: AtomicUsize::new(0),
+        mirrors: r
+            .filters
+            .iter()
+            .filter_map(|f| match &f.kind {
+                Some(snap::filter::Kind::RequestMirror(m)) => Some(Mirror::new(m, clusters)),
+                _ => None,
+            })
+            .collect(),
     })
 }
 

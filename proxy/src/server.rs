@@ -33,53 +33,217 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 mod mirror {
-    //! RequestMirror: a copy of the request (headers, no body) sent to another backend; the
-    //! answer is read and dropped, and nobody waits for it.
+    //! RequestMirror: the request as the rule's filters leave it, body included, sent to a
+    //! mirror backend over a connection of its own; the answer is read and dropped. The main
+    //! request never waits for a mirror: body chunks are handed over without blocking, and a
+    //! mirror that falls behind (or whose request ends early) is abandoned.
 
+    use bytes::Bytes;
     use pingora::http::RequestHeader;
-    use std::fmt::Write as _;
     use std::net::SocketAddr;
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::sync::mpsc;
 
-    pub fn send(target: SocketAddr, req: &RequestHeader) {
-        let mut head = String::with_capacity(256);
+    /// Chunks a mirror may lag behind the main request before it is dropped.
+    const BACKLOG: usize = 64;
+    /// A mirror that has not finished by then is given up.
+    const DEADLINE: Duration = Duration::from_secs(10);
+
+    /// How the mirrored request frames its body.
+    #[derive(Clone, Copy)]
+    pub enum Framing {
+        Empty,
+        Length(u64),
+        Chunked,
+    }
+
+    /// The body feed of one mirror: `Some(chunk)`, then `None` at the end. A feed dropped
+    /// without `None` aborts the mirrored request, so a backend never takes a cut body as whole.
+    pub type Tap = mpsc::Sender<Option<Bytes>>;
+
+    /// Starts a copy of `req` to `target`; returns the feed for its body (none when empty).
+    pub fn start(target: SocketAddr, req: &RequestHeader, framing: Framing) -> Option<Tap> {
+        let head = head(req, framing);
+        let (tap, body) = match framing {
+            Framing::Empty => (None, None),
+            _ => {
+                let (tx, rx) = mpsc::channel(BACKLOG);
+                (Some(tx), Some(rx))
+            }
+        };
+        tokio::spawn(async move {
+            let copy = send(target, head, body, matches!(framing, Framing::Chunked));
+            let result = tokio::time::timeout(DEADLINE, copy)
+                .await
+                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
+            if let Err(e) = result {
+                tracing::debug!(%target, error = %e, "mirror request failed");
+            }
+        });
+        tap
+    }
+
+    async fn send(
+        target: SocketAddr,
+        head: Vec<u8>,
+        body: Option<mpsc::Receiver<Option<Bytes>>>,
+        chunked: bool,
+    ) -> std::io::Result<()> {
+        let mut s = tokio::net::TcpStream::connect(target).await?;
+        s.set_nodelay(true)?;
+        s.write_all(&head).await?;
+        if let Some(mut body) = body {
+            loop {
+                match body.recv().await {
+                    Some(Some(chunk)) if chunked => {
+                        // An empty chunk would end the body early.
+                        if !chunk.is_empty() {
+                            s.write_all(format!("{:x}\r\n", chunk.len()).as_bytes())
+                                .await?;
+                            s.write_all(&chunk).await?;
+                            s.write_all(b"\r\n").await?;
+                        }
+                    }
+                    Some(Some(chunk)) => s.write_all(&chunk).await?,
+                    Some(None) => {
+                        if chunked {
+                            s.write_all(b"0\r\n\r\n").await?;
+                        }
+                        break;
+                    }
+                    None => {
+                        return Err(std::io::Error::other("the request body was cut short"));
+                    }
+                }
+            }
+        }
+        let mut sink = [0u8; 4096];
+        while s.read(&mut sink).await? > 0 {}
+        Ok(())
+    }
+
+    /// The HTTP/1.1 request head: the request's headers minus hop-by-hop ones, then framing
+    /// of our own and `connection: close`.
+    fn head(req: &RequestHeader, framing: Framing) -> Vec<u8> {
+        let mut head = Vec::with_capacity(512);
         let path = req.uri.path_and_query().map_or("/", |p| p.as_str());
-        let _ = write!(head, "{} {path} HTTP/1.1\r\n", req.method);
+        head.extend_from_slice(req.method.as_str().as_bytes());
+        head.push(b' ');
+        head.extend_from_slice(path.as_bytes());
+        head.extend_from_slice(b" HTTP/1.1\r\n");
         for (name, value) in &req.headers {
-            if name == "connection" || name == "content-length" || name == "transfer-encoding" {
+            if matches!(
+                name.as_str(),
+                "connection"
+                    | "content-length"
+                    | "transfer-encoding"
+                    | "keep-alive"
+                    | "proxy-connection"
+                    | "te"
+                    | "upgrade"
+            ) {
                 continue;
             }
-            if let Ok(v) = value.to_str() {
-                let _ = write!(head, "{name}: {v}\r\n");
-            }
+            head.extend_from_slice(name.as_str().as_bytes());
+            head.extend_from_slice(b": ");
+            head.extend_from_slice(value.as_bytes());
+            head.extend_from_slice(b"\r\n");
         }
         if req.headers.get("host").is_none()
             && let Some(a) = req.uri.authority()
         {
-            let _ = write!(head, "host: {a}\r\n");
+            head.extend_from_slice(b"host: ");
+            head.extend_from_slice(a.as_str().as_bytes());
+            head.extend_from_slice(b"\r\n");
         }
-        head.push_str("content-length: 0\r\nconnection: close\r\n\r\n");
-        tokio::spawn(async move {
-            let copy = async {
-                let mut s = tokio::net::TcpStream::connect(target).await?;
-                s.write_all(head.as_bytes()).await?;
-                let mut sink = [0u8; 4096];
-                while s.read(&mut sink).await? > 0 {}
-                Ok::<_, std::io::Error>(())
-            };
-            if let Err(e) = tokio::time::timeout(Duration::from_secs(10), copy)
-                .await
-                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()))
-            {
-                tracing::debug!(%target, error = %e, "mirror request failed");
+        match framing {
+            Framing::Empty => head.extend_from_slice(b"content-length: 0\r\n"),
+            Framing::Length(n) => {
+                head.extend_from_slice(format!("content-length: {n}\r\n").as_bytes())
             }
-        });
+            Framing::Chunked => head.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        }
+        head.extend_from_slice(b"connection: close\r\n\r\n");
+        head
     }
 }
 
 mod pingora_proxy_alias {
     pub use pingora::proxy::HttpProxy;
+}
+
+/// A rule or backend filter's edits to the request sent upstream.
+fn apply_request_filter(
+    f: &snap::Filter,
+    upstream: &mut RequestHeader,
+    ctx: &mut Ctx,
+) -> pingora::Result<()> {
+    match &f.kind {
+        Some(filter::Kind::RequestHeaderModifier(m)) => filters::modify_headers(upstream, m),
+        Some(filter::Kind::UrlRewrite(r)) => {
+            if !r.hostname.is_empty() {
+                upstream.insert_header("host", r.hostname.as_str())?;
+            }
+            let regex = matches!(
+                r.path.as_ref().and_then(|p| p.kind.as_ref()),
+                Some(snap::path_modifier::Kind::ReplaceRegexMatch(_))
+            );
+            let new = if regex {
+                // Cloned, not taken: a retry starts again from the client's request.
+                ctx.regex_rewrite.clone()
+            } else {
+                r.path.as_ref().map(|m| {
+                    let current = upstream.uri.path_and_query().map_or("/", |p| p.as_str());
+                    filters::rewrite_path(current, ctx.matched_prefix.as_deref(), m)
+                })
+            };
+            if let Some(new) = new {
+                match new.parse() {
+                    Ok(uri) => upstream.set_uri(uri),
+                    Err(e) => {
+                        tracing::warn!(path = %new, error = %e, "rewritten path is not a valid URI")
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Hands a request body chunk to every mirror without waiting: a mirror whose backlog is full
+/// is dropped (its request aborts). Bytes a retry replays are not fed twice.
+fn feed_mirrors(ctx: &mut Ctx, body: Option<&bytes::Bytes>, end_of_stream: bool) {
+    if let Some(b) = body {
+        let start = ctx.body_pos;
+        ctx.body_pos += b.len() as u64;
+        if ctx.body_pos > ctx.mirror_fed {
+            let skip = usize::try_from(ctx.mirror_fed.saturating_sub(start)).unwrap_or(0);
+            let fresh = b.slice(skip.min(b.len())..);
+            ctx.mirror_fed = ctx.body_pos;
+            ctx.mirror_taps
+                .retain(|tap| tap.try_send(Some(fresh.clone())).is_ok());
+        }
+    }
+    if end_of_stream {
+        for tap in ctx.mirror_taps.drain(..) {
+            let _ = tap.try_send(None);
+        }
+    }
+}
+
+/// Whether a deadline has passed; no deadline never passes.
+fn past(deadline: Option<std::time::Instant>) -> bool {
+    deadline.is_some_and(|d| std::time::Instant::now() >= d)
+}
+
+/// A request or backend request timeout: 504, as the Gateway API asks.
+fn timed_out() -> Box<pingora::Error> {
+    pingora::Error::explain(
+        pingora::ErrorType::HTTPStatus(504),
+        "route timeout exceeded",
+    )
 }
 
 /// Per-request state: what `request_filter` decided, for the later phases.
@@ -100,6 +264,19 @@ pub struct Ctx {
     started: Option<std::time::Instant>,
     /// Request body bytes seen so far, against the route's limit.
     body_bytes: u64,
+    /// The route's request timeout, from the proxy receiving the request: covers every
+    /// attempt to the backend and the whole response.
+    deadline: Option<std::time::Instant>,
+    /// The current attempt's end: the backend request timeout, within `deadline`.
+    attempt_deadline: Option<std::time::Instant>,
+    /// Mirror endpoints this request was sampled for, started with the first attempt.
+    mirror_targets: Vec<SocketAddr>,
+    /// Body feeds of the mirrors in flight.
+    mirror_taps: Vec<mirror::Tap>,
+    /// Request body bytes already fed to the mirrors; a retry replays the body from 0.
+    mirror_fed: u64,
+    /// Position in the request body during the current attempt.
+    body_pos: u64,
     access_log_off: bool,
 }
 
@@ -181,6 +358,8 @@ async fn respond_preflight(
 ) -> pingora::Result<bool> {
     let mut resp = ResponseHeader::build(204, Some(8))?;
     if let Some(allowed) = origin.and_then(|o| cors.allow_origin(o)) {
+        let req = session.req_header();
+        let asked = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
         resp.insert_header("access-control-allow-origin", allowed)?;
         if allowed != "*" {
             resp.append_header("vary", "Origin")?;
@@ -188,9 +367,16 @@ async fn respond_preflight(
         if cors.allow_credentials {
             resp.insert_header("access-control-allow-credentials", "true")?;
         }
-        resp.insert_header("access-control-allow-methods", &*cors.allow_methods)?;
-        if !cors.allow_headers.is_empty() {
-            resp.insert_header("access-control-allow-headers", &*cors.allow_headers)?;
+        let methods = cors.preflight_methods(asked("access-control-request-method"));
+        if !methods.is_empty() {
+            resp.insert_header("access-control-allow-methods", methods)?;
+        }
+        let headers = cors.preflight_headers(asked("access-control-request-headers"));
+        if !headers.is_empty() {
+            resp.insert_header("access-control-allow-headers", headers)?;
+        }
+        if !cors.expose_headers.is_empty() {
+            resp.insert_header("access-control-expose-headers", &*cors.expose_headers)?;
         }
         if !cors.max_age.is_empty() {
             resp.insert_header("access-control-max-age", &*cors.max_age)?;
@@ -302,13 +488,12 @@ impl ProxyHttp for Gateway {
                     {
                         Decision::Status(413)
                     } else {
-                        for f in &route.route.filters {
-                            if let Some(filter::Kind::RequestMirror(m)) = &f.kind
-                                && route.mirror_sampled(m.numerator, m.denominator)
-                                && let Some(target) =
-                                    table.router.cluster(&m.cluster).and_then(|c| c.pick())
+                        // Sampled here, from this table; sent once the request goes upstream.
+                        for m in &route.mirrors {
+                            if m.sampled()
+                                && let Some(target) = m.cluster.as_ref().and_then(|c| c.pick())
                             {
-                                mirror::send(target, req);
+                                ctx.mirror_targets.push(target);
                             }
                         }
                         match route.pick() {
@@ -333,6 +518,13 @@ impl ProxyHttp for Gateway {
                                     snap::UpstreamProtocol::TlsH2 => (true, true),
                                 };
                                 ctx.tls = tls.then(|| cluster.tls_name.clone());
+                                ctx.deadline =
+                                    route.route.timeouts.filter(|t| t.request_ms > 0).and_then(
+                                        |t| {
+                                            ctx.started?
+                                                .checked_add(Duration::from_millis(t.request_ms))
+                                        },
+                                    );
                                 Decision::Forward
                             }
                             Pick::InvalidBackend => Decision::Status(500),
@@ -359,9 +551,12 @@ impl ProxyHttp for Gateway {
         &self,
         _session: &mut Session,
         body: &mut Option<bytes::Bytes>,
-        _end_of_stream: bool,
+        end_of_stream: bool,
         ctx: &mut Ctx,
     ) -> pingora::Result<()> {
+        if past(ctx.deadline) {
+            return Err(timed_out());
+        }
         let limit = ctx.policy.as_ref().map_or(0, |p| p.max_body_bytes);
         if limit > 0
             && let Some(b) = body
@@ -373,6 +568,9 @@ impl ProxyHttp for Gateway {
                     "request body larger than the route's limit",
                 ));
             }
+        }
+        if !ctx.mirror_taps.is_empty() {
+            feed_mirrors(ctx, body.as_ref(), end_of_stream);
         }
         Ok(())
     }
@@ -443,21 +641,34 @@ impl ProxyHttp for Gateway {
         if ctx.h2c {
             peer.options.alpn = ALPN::H2;
         }
-        if let Some(t) = ctx.route.as_ref().and_then(|r| r.timeouts) {
+        // Gateway API timeouts: the request timeout bounds every attempt by what is left of
+        // it; the backend request timeout bounds each attempt. Pingora has no whole-exchange
+        // timer, so the budget caps connecting and each read and write, and the body filters
+        // end a response still streaming at the deadline.
+        let now = std::time::Instant::now();
+        let mut budget = match ctx.deadline {
+            Some(d) if d <= now => return Err(timed_out()),
+            Some(d) => Some(d - now),
+            None => None,
+        };
+        let timeouts = ctx.route.as_ref().and_then(|r| r.timeouts);
+        if let Some(ms) = timeouts.map(|t| t.backend_request_ms).filter(|ms| *ms > 0) {
+            let d = Duration::from_millis(ms);
+            budget = Some(budget.map_or(d, |b| b.min(d)));
+        }
+        ctx.attempt_deadline = budget.and_then(|b| now.checked_add(b));
+        if let Some(b) = budget {
+            peer.options.read_timeout = Some(b);
+            peer.options.write_timeout = Some(b);
+            peer.options.total_connection_timeout = Some(b);
+        }
+        if let Some(t) = timeouts {
+            // The Ingress timeouts: connect, and each read and write.
             let at_most = |a: Option<Duration>, ms: u64| match (a, ms) {
                 (a, 0) => a,
                 (None, ms) => Some(Duration::from_millis(ms)),
                 (Some(a), ms) => Some(a.min(Duration::from_millis(ms))),
             };
-            let backend = [t.backend_request_ms, t.request_ms]
-                .into_iter()
-                .filter(|ms| *ms > 0)
-                .min();
-            if let Some(ms) = backend {
-                let d = Duration::from_millis(ms);
-                peer.options.read_timeout = Some(d);
-                peer.options.total_connection_timeout = Some(d);
-            }
             if t.connect_ms > 0 {
                 peer.options.connection_timeout = Some(Duration::from_millis(t.connect_ms));
                 peer.options.total_connection_timeout =
@@ -471,53 +682,54 @@ impl ProxyHttp for Gateway {
 
     async fn upstream_request_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         upstream: &mut RequestHeader,
         ctx: &mut Ctx,
     ) -> pingora::Result<()> {
         ctx.upstream_sent = Some(std::time::Instant::now());
+        ctx.body_pos = 0;
         let Some(route) = ctx.route.clone() else {
             return Ok(());
         };
-        for f in route.filters.iter().chain(ctx.backend_filters.iter()) {
-            match &f.kind {
-                Some(filter::Kind::RequestHeaderModifier(m)) => {
-                    filters::modify_headers(upstream, m)
+        for f in &route.filters {
+            apply_request_filter(f, upstream, ctx)?;
+        }
+        // Mirrors get the request as the rule's filters leave it; backend filters are the
+        // main backend's own.
+        if !ctx.mirror_targets.is_empty() {
+            let framing = if session.is_body_empty() {
+                mirror::Framing::Empty
+            } else {
+                content_length(session.req_header())
+                    .map_or(mirror::Framing::Chunked, mirror::Framing::Length)
+            };
+            for target in std::mem::take(&mut ctx.mirror_targets) {
+                if let Some(tap) = mirror::start(target, upstream, framing) {
+                    ctx.mirror_taps.push(tap);
                 }
-                Some(filter::Kind::UrlRewrite(r)) => {
-                    if !r.hostname.is_empty() {
-                        upstream.insert_header("host", r.hostname.as_str())?;
-                    }
-                    let regex = matches!(
-                        r.path.as_ref().and_then(|p| p.kind.as_ref()),
-                        Some(snap::path_modifier::Kind::ReplaceRegexMatch(_))
-                    );
-                    if regex && let Some(new) = ctx.regex_rewrite.take() {
-                        match new.parse() {
-                            Ok(uri) => upstream.set_uri(uri),
-                            Err(e) => {
-                                tracing::warn!(path = %new, error = %e, "rewritten path is not a valid URI")
-                            }
-                        }
-                    } else if let Some(m) = &r.path {
-                        let current = upstream
-                            .uri
-                            .path_and_query()
-                            .map_or("/", |p| p.as_str())
-                            .to_owned();
-                        let new = filters::rewrite_path(&current, ctx.matched_prefix.as_deref(), m);
-                        match new.parse() {
-                            Ok(uri) => upstream.set_uri(uri),
-                            Err(e) => {
-                                tracing::warn!(path = %new, error = %e, "rewritten path is not a valid URI")
-                            }
-                        }
-                    }
-                }
-                _ => {}
             }
         }
+        let backend_filters = std::mem::take(&mut ctx.backend_filters);
+        for f in &backend_filters {
+            apply_request_filter(f, upstream, ctx)?;
+        }
+        ctx.backend_filters = backend_filters;
         Ok(())
+    }
+
+    /// Ends a response that is still streaming when the attempt's or the request's time is up
+    /// (the status has gone out by then: the client sees the connection close).
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> pingora::Result<Option<Duration>> {
+        if !end_of_stream && (past(ctx.attempt_deadline) || past(ctx.deadline)) {
+            return Err(timed_out());
+        }
+        Ok(None)
     }
 
     async fn response_filter(

@@ -40,6 +40,11 @@ listeners:
       filters:
       - kind: {cors: {allowOrigins: ["https://app.example", "https://*.example.com"], allowMethods: [GET, POST], allowHeaders: [X-Token], exposeHeaders: [X-Backend], allowCredentials: true, maxAgeSeconds: 600}}
       backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: gateway-cors, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /gw-cors}}
+      filters:
+      - kind: {cors: {allowOrigins: ["*"], allowMethods: ["*"], allowHeaders: ["*"], echoOrigin: true, maxAgeSeconds: 5}}
+      backends: [{cluster: "t/a:80", weight: 1}]
     - source: {kind: Ingress, namespace: t, name: small, rule: 0}
       match: {path: {kind: KIND_PREFIX, value: /small}}
       maxRequestBodyBytes: 10
@@ -205,6 +210,46 @@ async fn route_policies_apply_to_real_traffic() {
         .await
         .unwrap();
     assert_eq!(r.header("x-backend"), Some("a"));
+
+    // Gateway API CORS: any origin is answered with itself, "*" methods and headers with
+    // what the preflight asked for.
+    let r = request(
+        &client,
+        "OPTIONS",
+        &url("/gw-cors"),
+        &[
+            ("origin", "https://other.foo.com:8443"),
+            ("access-control-request-method", "PUT"),
+            ("access-control-request-headers", "x-header-1, x-header-2"),
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 204);
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://other.foo.com:8443")
+    );
+    assert_eq!(r.header("access-control-allow-methods"), Some("PUT"));
+    assert_eq!(
+        r.header("access-control-allow-headers"),
+        Some("x-header-1, x-header-2")
+    );
+    assert_eq!(r.header("access-control-allow-credentials"), None);
+    assert_eq!(r.header("access-control-max-age"), Some("5"));
+    let r = get(
+        &url("/gw-cors"),
+        &[("origin", "https://other.foo.com"), ("cookie", "a=b")],
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            r.header("x-backend"),
+            r.header("access-control-allow-origin")
+        ),
+        (Some("a"), Some("https://other.foo.com"))
+    );
 
     // Body limit: by Content-Length up front, and while a chunked body streams.
     let small = b"POST /small HTTP/1.1\r\nhost: x\r\ncontent-length: 5\r\n\r\nhello";

@@ -611,11 +611,22 @@ fn compile_filter(
             numerator,
             denominator,
         })
-    } else if f.cors.is_some() {
-        return Err((
-            reason::UNSUPPORTED_VALUE,
-            "the CORS filter is not supported yet".into(),
-        ));
+    } else if let Some(c) = &f.cors {
+        let list = |v: &Option<Vec<String>>| v.clone().unwrap_or_default();
+        filter::Kind::Cors(snap::Cors {
+            // Origins compare case-insensitively; the proxy keeps them lower-case.
+            allow_origins: list(&c.allow_origins)
+                .into_iter()
+                .map(|o| o.to_ascii_lowercase())
+                .collect(),
+            allow_methods: list(&c.allow_methods),
+            allow_headers: list(&c.allow_headers),
+            expose_headers: list(&c.expose_headers),
+            allow_credentials: c.allow_credentials.unwrap_or(false),
+            // The API server defaults maxAge to 5 seconds; files get the same default.
+            max_age_seconds: c.max_age.map_or(5, |s| u64::try_from(s).unwrap_or(0)),
+            echo_origin: true,
+        })
     } else if f.extension_ref.is_some() {
         return Err((
             reason::UNSUPPORTED_VALUE,

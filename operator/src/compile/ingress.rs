@@ -573,6 +573,8 @@ impl RoutePolicy {
                 expose_headers: c.expose_headers.clone(),
                 allow_credentials: c.allow_credentials,
                 max_age_seconds: c.max_age.as_secs(),
+                // ingress-nginx answers "*" when any origin is allowed without credentials.
+                echo_origin: false,
             }));
         }
         let ms = |d: Option<std::time::Duration>| {

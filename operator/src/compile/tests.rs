@@ -755,12 +755,12 @@ fn filters_compile_and_unsupported_ones_make_the_route_unacceptable() {
       requestRedirect: {scheme: https, statusCode: 301}
 "#,
     );
-    let cors = route(
-        "cors",
-        "  parentRefs: [{name: edge}]\n  rules: [{filters: [{type: CORS, cors: {allowOrigins: [\"*\"]}}], backendRefs: [{name: echo, port: 8080}]}]\n",
+    let extension = route(
+        "extension",
+        "  parentRefs: [{name: edge}]\n  rules: [{filters: [{type: ExtensionRef, extensionRef: {group: example.com, kind: Thing, name: t}}], backendRefs: [{name: echo, port: 8080}]}]\n",
     );
-    let c = compile_yaml(&[BASE, GATEWAY, &filtered, &cors]);
-    let cond = route_condition(&c, "cors", "Accepted");
+    let c = compile_yaml(&[BASE, GATEWAY, &filtered, &extension]);
+    let cond = route_condition(&c, "extension", "Accepted");
     assert_eq!(
         (cond.status, cond.reason),
         (ConditionStatus::False, "UnsupportedValue")
@@ -784,6 +784,145 @@ fn filters_compile_and_unsupported_ones_make_the_route_unacceptable() {
     ] {
         assert!(json.contains(needle), "{needle} not in {json}");
     }
+}
+
+#[test]
+fn rule_timeouts_compile_and_zero_disables() {
+    // HTTPRouteTimeouts: request bounds the whole request, backendRequest each attempt to a
+    // backend; "0s" turns a timeout off (0 in the snapshot), and a value that is not a
+    // GEP-2257 duration makes the route unacceptable.
+    let timed = route(
+        "timed",
+        r#"  parentRefs: [{name: edge}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /request}}]
+    backendRefs: [{name: echo, port: 8080}]
+    timeouts: {request: 500ms}
+  - matches: [{path: {type: PathPrefix, value: /backend}}]
+    backendRefs: [{name: echo, port: 8080}]
+    timeouts: {request: 1m, backendRequest: 1s}
+  - matches: [{path: {type: PathPrefix, value: /off}}]
+    backendRefs: [{name: echo, port: 8080}]
+    timeouts: {request: 0s}
+"#,
+    );
+    let broken = route(
+        "broken",
+        "  parentRefs: [{name: edge}]\n  rules: [{backendRefs: [{name: echo, port: 8080}], timeouts: {request: 1.5s}}]\n",
+    );
+    let c = compile_yaml(&[BASE, GATEWAY, &timed, &broken]);
+    assert!(route_condition(&c, "timed", "Accepted").is_true());
+    let cond = route_condition(&c, "broken", "Accepted");
+    assert_eq!(
+        (cond.status, cond.reason),
+        (ConditionStatus::False, "UnsupportedValue")
+    );
+    let routes = &shared(&c).listeners[0].virtual_hosts[0].routes;
+    let timeouts = |rule: u32| {
+        routes
+            .iter()
+            .find(|r| r.source.as_ref().unwrap().rule == rule)
+            .and_then(|r| r.timeouts)
+            .map(|t| (t.request_ms, t.backend_request_ms))
+    };
+    assert_eq!(timeouts(0), Some((500, 0)));
+    assert_eq!(timeouts(1), Some((60_000, 1_000)));
+    assert_eq!(timeouts(2), Some((0, 0)), "0s disables");
+}
+
+#[test]
+fn request_mirrors_compile_with_their_share() {
+    // HTTPRequestMirrorFilter: several mirrors per rule; percent and fraction (denominator
+    // defaulting to 100) become a fraction, neither means every request; a mirror backend that
+    // does not resolve is a ResolvedRefs problem, not a reason to drop the rule.
+    let mirrored = route(
+        "mirrored",
+        r#"  parentRefs: [{name: edge}]
+  rules:
+  - filters:
+    - {type: RequestMirror, requestMirror: {backendRef: {name: echo, port: 8080}}}
+    - {type: RequestMirror, requestMirror: {backendRef: {name: echo, port: 8080}, fraction: {numerator: 25, denominator: 50}}}
+    - {type: RequestMirror, requestMirror: {backendRef: {name: echo, port: 8080}, fraction: {numerator: 3}}}
+    - {type: RequestMirror, requestMirror: {backendRef: {name: missing, port: 8080}, percent: 35}}
+    backendRefs: [{name: echo, port: 8080}]
+"#,
+    );
+    let c = compile_yaml(&[BASE, GATEWAY, &mirrored]);
+    assert!(route_condition(&c, "mirrored", "Accepted").is_true());
+    let resolved = route_condition(&c, "mirrored", "ResolvedRefs");
+    assert_eq!(
+        (resolved.status, resolved.reason),
+        (ConditionStatus::False, "BackendNotFound")
+    );
+    let r = &shared(&c).listeners[0].virtual_hosts[0].routes[0];
+    let mirrors: Vec<(&str, u32, u32)> = r
+        .filters
+        .iter()
+        .filter_map(|f| match &f.kind {
+            Some(snap::filter::Kind::RequestMirror(m)) => {
+                Some((m.cluster.as_str(), m.numerator, m.denominator))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        mirrors,
+        [
+            ("web/echo:8080", 1, 1),
+            ("web/echo:8080", 25, 50),
+            ("web/echo:8080", 3, 100),
+            ("", 35, 100),
+        ]
+    );
+}
+
+#[test]
+fn cors_filters_compile_for_the_proxy_to_answer() {
+    // HTTPCORSFilter: origins lower-cased, lists kept, maxAge defaulting to 5 seconds as the
+    // API server does, and the origin echoed rather than "*" (what Gateway API clients expect).
+    let cors = route(
+        "cors",
+        r#"  parentRefs: [{name: edge}]
+  rules:
+  - filters:
+    - type: CORS
+      cors:
+        allowOrigins: ["https://WWW.foo.com", "https://*.bar.com"]
+        allowMethods: [GET, OPTIONS]
+        allowHeaders: [x-header-1]
+        exposeHeaders: [x-header-3]
+        allowCredentials: true
+        maxAge: 3600
+    backendRefs: [{name: echo, port: 8080}]
+  - matches: [{path: {type: PathPrefix, value: /any}}]
+    filters: [{type: CORS, cors: {allowOrigins: ["*"]}}]
+    backendRefs: [{name: echo, port: 8080}]
+"#,
+    );
+    let c = compile_yaml(&[BASE, GATEWAY, &cors]);
+    assert!(route_condition(&c, "cors", "Accepted").is_true());
+    let routes = &shared(&c).listeners[0].virtual_hosts[0].routes;
+    let cors_of = |rule: u32| {
+        let r = routes
+            .iter()
+            .find(|r| r.source.as_ref().unwrap().rule == rule)
+            .unwrap();
+        match &r.filters[0].kind {
+            Some(snap::filter::Kind::Cors(c)) => c.clone(),
+            other => panic!("not CORS: {other:?}"),
+        }
+    };
+    let full = cors_of(0);
+    assert_eq!(
+        full.allow_origins,
+        ["https://www.foo.com", "https://*.bar.com"]
+    );
+    assert_eq!(full.allow_methods, ["GET", "OPTIONS"]);
+    assert_eq!(full.expose_headers, ["x-header-3"]);
+    assert!(full.allow_credentials && full.echo_origin);
+    assert_eq!(full.max_age_seconds, 3600);
+    let any = cors_of(1);
+    assert_eq!((any.max_age_seconds, any.allow_credentials), (5, false));
 }
 
 #[test]

@@ -27,7 +27,7 @@ pub fn free_port() -> u16 {
 }
 
 /// An HTTP backend (HTTP/1.1 and h2c) that answers with what it received, as JSON, and names
-/// itself in `x-backend`. `/slow` answers after a second.
+/// itself in `x-backend`. `/slow` answers after a second, `?delay_ms=N` after N ms.
 pub async fn echo_backend(name: &'static str) -> SocketAddr {
     echo_backend_with_hits(name).await.0
 }
@@ -52,6 +52,14 @@ pub async fn echo_backend_with_hits(
                     async move {
                         if req.uri().path() == "/slow" {
                             tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                        // `?delay_ms=N` anywhere: answer after N milliseconds.
+                        if let Some(ms) = req.uri().query().and_then(|q| {
+                            q.split('&')
+                                .find_map(|kv| kv.strip_prefix("delay_ms="))
+                                .and_then(|v| v.parse::<u64>().ok())
+                        }) {
+                            tokio::time::sleep(Duration::from_millis(ms)).await;
                         }
                         // Repeated headers are joined with ", ", as HTTP allows.
                         let mut headers = serde_json::Map::new();
@@ -228,4 +236,52 @@ pub fn snapshot(yaml: &str, vars: &[(&str, String)]) -> Snapshot {
         text = text.replace(&format!("{{{k}}}"), v);
     }
     Snapshot::from_yaml(&text).unwrap().seal()
+}
+
+/// What a recording backend received.
+#[derive(Debug, Clone)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub headers: hyper::HeaderMap,
+    pub body: Bytes,
+}
+
+/// A backend that answers 200 to everything and reports each request, body included.
+pub async fn recording_backend() -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Recorded>) {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                    let tx = tx.clone();
+                    async move {
+                        let (parts, body) = req.into_parts();
+                        let body = body.collect().await?.to_bytes();
+                        let _ = tx.send(Recorded {
+                            method: parts.method.to_string(),
+                            path: parts
+                                .uri
+                                .path_and_query()
+                                .map_or("/", |p| p.as_str())
+                                .into(),
+                            headers: parts.headers,
+                            body,
+                        });
+                        Ok::<_, hyper::Error>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, rx)
 }

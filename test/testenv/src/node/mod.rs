@@ -14,9 +14,11 @@
 //! hack/cluster/down.sh can remove everything by index even after a crash.
 //!
 //! Not a kubelet: no image pulls, no cgroups or resource limits, user IDs and capabilities are
-//! not applied (processes run as root), no exec/logs/port-forward API (container output is in
-//! `<cluster-dir>/node/pods/<ns>_<pod>/<container>.log`), no Service environment variables.
+//! not applied (processes run as root), no exec/attach/port-forward API, no Service environment
+//! variables. Container output is in `<cluster-dir>/node/pods/<ns>_<pod>_<uid>/<container>.log`,
+//! and served to the API server for `kubectl logs` (see [`logs`]).
 
+mod logs;
 mod net;
 mod pod;
 mod probe;
@@ -207,6 +209,14 @@ pub async fn run_notify(
         ips: Default::default(),
     });
     let heartbeat = tokio::spawn(heartbeat(client.clone(), shared.network.clone()));
+    let logs = {
+        let (dir, ip) = (state.join("pods"), shared.network.gateway().into());
+        tokio::spawn(async move {
+            if let Err(e) = logs::serve(dir, ip).await {
+                tracing::warn!(error = %e, "no container log endpoint: kubectl logs will fail");
+            }
+        })
+    };
     let services = tokio::spawn(services::run(shared.clone(), hosts_tx));
     let mut pods = PodSet::default();
     if let Some(ready) = ready {
@@ -217,6 +227,7 @@ pub async fn run_notify(
         () = shutdown => Ok(()),
     };
     heartbeat.abort();
+    logs.abort();
     services.abort();
     pods.stop_all().await;
     shared.network.teardown_host().await;
@@ -272,6 +283,9 @@ fn node_status(network: &Network) -> serde_json::Value {
                 {"type": "InternalIP", "address": network.gateway().to_string()},
                 {"type": "Hostname", "address": NODE_NAME},
             ],
+            // Where the API server fetches container logs (the API server is told to reach
+            // the node by its InternalIP: the Hostname does not resolve).
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": logs::KUBELET_PORT}},
             "capacity": {"cpu": cpus.to_string(), "memory": "16Gi", "pods": "250"},
             "allocatable": {"cpu": cpus.to_string(), "memory": "16Gi", "pods": "250"},
             "nodeInfo": {
