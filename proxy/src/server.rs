@@ -214,17 +214,16 @@ fn apply_request_filter(
 
 /// Hands a request body chunk to every mirror without waiting: a mirror whose backlog is full
 /// is dropped (its request aborts). Bytes a retry replays are not fed twice.
-fn feed_mirrors(ctx: &mut Ctx, body: Option<&bytes::Bytes>, end_of_stream: bool) {
-    if let Some(b) = body {
-        let start = ctx.body_pos;
-        ctx.body_pos += b.len() as u64;
-        if ctx.body_pos > ctx.mirror_fed {
-            let skip = usize::try_from(ctx.mirror_fed.saturating_sub(start)).unwrap_or(0);
-            let fresh = b.slice(skip.min(b.len())..);
-            ctx.mirror_fed = ctx.body_pos;
-            ctx.mirror_taps
-                .retain(|tap| tap.try_send(Some(fresh.clone())).is_ok());
-        }
+fn feed_mirrors(ctx: &mut Ctx, start: u64, body: Option<&bytes::Bytes>, end_of_stream: bool) {
+    // `body_pos` already counts this chunk; only what no attempt fed before goes out.
+    if let Some(b) = body
+        && ctx.body_pos > ctx.mirror_fed
+    {
+        let skip = usize::try_from(ctx.mirror_fed.saturating_sub(start)).unwrap_or(0);
+        let fresh = b.slice(skip.min(b.len())..);
+        ctx.mirror_fed = ctx.body_pos;
+        ctx.mirror_taps
+            .retain(|tap| tap.try_send(Some(fresh.clone())).is_ok());
     }
     if end_of_stream {
         for tap in ctx.mirror_taps.drain(..) {
@@ -262,7 +261,7 @@ pub struct Ctx {
     counters: Option<Arc<crate::metrics::RouteCounters>>,
     upstream_sent: Option<std::time::Instant>,
     started: Option<std::time::Instant>,
-    /// Request body bytes seen so far, against the route's limit.
+    /// Request body bytes seen so far (the furthest any attempt got), against the route's limit.
     body_bytes: u64,
     /// The route's request timeout, from the proxy receiving the request: covers every
     /// attempt to the backend and the whole response.
@@ -557,20 +556,19 @@ impl ProxyHttp for Gateway {
         if past(ctx.deadline) {
             return Err(timed_out());
         }
+        let start = ctx.body_pos;
+        ctx.body_pos += body.as_ref().map_or(0, |b| b.len() as u64);
+        // A retry replays the body from 0: those bytes were counted already.
+        ctx.body_bytes = ctx.body_bytes.max(ctx.body_pos);
         let limit = ctx.policy.as_ref().map_or(0, |p| p.max_body_bytes);
-        if limit > 0
-            && let Some(b) = body
-        {
-            ctx.body_bytes += b.len() as u64;
-            if ctx.body_bytes > limit {
-                return Err(pingora::Error::explain(
-                    pingora::ErrorType::HTTPStatus(413),
-                    "request body larger than the route's limit",
-                ));
-            }
+        if limit > 0 && ctx.body_bytes > limit {
+            return Err(pingora::Error::explain(
+                pingora::ErrorType::HTTPStatus(413),
+                "request body larger than the route's limit",
+            ));
         }
         if !ctx.mirror_taps.is_empty() {
-            feed_mirrors(ctx, body.as_ref(), end_of_stream);
+            feed_mirrors(ctx, start, body.as_ref(), end_of_stream);
         }
         Ok(())
     }
