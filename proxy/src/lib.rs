@@ -9,6 +9,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+mod conn;
 pub mod discovery;
 pub mod filters;
 pub mod metrics;

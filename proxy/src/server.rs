@@ -993,6 +993,17 @@ impl Listeners {
     }
 }
 
+/// A connection for the TLS acceptor, which takes Pingora's own stream type (rustls then
+/// batches writes into records, so it needs no buffer under it).
+fn l4_stream(tcp: tokio::net::TcpStream, peer: SocketAddr) -> L4Stream {
+    let mut stream = L4Stream::from(tcp);
+    // The client address, for allowlists and access logs.
+    let digest = SocketDigest::from_raw_fd(stream.as_raw_fd());
+    let _ = digest.peer_addr.set(Some(peer.into()));
+    stream.set_socket_digest(digest);
+    stream
+}
+
 async fn accept_loop(
     listener: TcpListener,
     proxy: Arc<HttpProxy<Gateway>>,
@@ -1017,15 +1028,9 @@ async fn accept_loop(
         let guard = ActiveGuard::new(active.clone());
         tokio::spawn(async move {
             let _guard = guard;
-            let mut stream = L4Stream::from(tcp);
-            // The client address, for allowlists and access logs (Pingora's own listeners do
-            // this; these accept loops are ours).
-            let digest = SocketDigest::from_raw_fd(stream.as_raw_fd());
-            let _ = digest.peer_addr.set(Some(peer.into()));
-            stream.set_socket_digest(digest);
             let stream: pingora::protocols::Stream = match tls {
-                None => Box::new(stream),
-                Some(acceptor) => match acceptor.tls_handshake(stream).await {
+                None => Box::new(crate::conn::Buffered::new(tcp, peer)),
+                Some(acceptor) => match acceptor.tls_handshake(l4_stream(tcp, peer)).await {
                     Ok(s) => Box::new(s),
                     Err(e) => {
                         tracing::debug!(error = %e, "TLS handshake failed");

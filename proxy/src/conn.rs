@@ -1,0 +1,207 @@
+//! Plain-TCP client connections with userspace buffering.
+//!
+//! Pingora's own listeners buffer each accepted stream (reads up to 64 KiB, writes up to one
+//! MSS, flushed when a response is done), but that switch is private to its listener code,
+//! and these accept loops are ours. Unbuffered, a response went out as one `send` for the
+//! header and another for the body: an extra syscall, an extra wake-up of the client and an
+//! extra loopback round of TCP processing per request. This type gives Pingora the same
+//! buffered stream its listeners would.
+
+use async_trait::async_trait;
+use pingora::protocols::l4::socket::SocketAddr as PingoraSocketAddr;
+use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::{
+    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
+    TimingDigest, UniqueID, UniqueIDType,
+};
+use std::io;
+use std::os::unix::io::AsRawFd;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::SystemTime;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufStream, ReadBuf};
+use tokio::net::TcpStream;
+
+/// Read buffer: one large read takes a whole pipelined burst.
+const READ_BUFFER: usize = 64 * 1024;
+/// Write buffer: about one MSS, so small responses leave in one segment and large bodies
+/// are not held back.
+const WRITE_BUFFER: usize = 1460;
+
+#[derive(Debug)]
+pub struct Buffered {
+    io: BufStream<TcpStream>,
+    /// Bytes a peek took from the stream, read again before it.
+    rewound: Vec<u8>,
+    fd: UniqueIDType,
+    socket: Option<Arc<SocketDigest>>,
+    accepted: SystemTime,
+}
+
+impl Buffered {
+    /// Wraps an accepted connection; `peer` is the client address accept() returned, so no
+    /// getpeername is needed later.
+    pub fn new(tcp: TcpStream, peer: std::net::SocketAddr) -> Self {
+        let fd = tcp.as_raw_fd();
+        let digest = SocketDigest::from_raw_fd(fd);
+        let _ = digest.peer_addr.set(Some(PingoraSocketAddr::Inet(peer)));
+        Self {
+            io: BufStream::with_capacity(READ_BUFFER, WRITE_BUFFER, tcp),
+            rewound: Vec::new(),
+            fd,
+            socket: Some(Arc::new(digest)),
+            accepted: SystemTime::now(),
+        }
+    }
+}
+
+impl AsyncRead for Buffered {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if !self.rewound.is_empty() {
+            let n = self.rewound.len().min(buf.remaining());
+            buf.put_slice(&self.rewound[..n]);
+            self.rewound.drain(..n);
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Buffered {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+}
+
+#[async_trait]
+impl Shutdown for Buffered {
+    async fn shutdown(&mut self) {
+        // Flushes what is buffered, then closes the write side.
+        if let Err(e) = AsyncWriteExt::shutdown(&mut self.io).await {
+            tracing::debug!(error = %e, "closing a client connection");
+        }
+    }
+}
+
+impl UniqueID for Buffered {
+    fn id(&self) -> UniqueIDType {
+        self.fd
+    }
+}
+
+impl Ssl for Buffered {}
+
+impl GetTimingDigest for Buffered {
+    fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
+        vec![Some(TimingDigest {
+            established_ts: self.accepted,
+            ..Default::default()
+        })]
+    }
+}
+
+impl GetProxyDigest for Buffered {
+    fn get_proxy_digest(&self) -> Option<Arc<ProxyDigest>> {
+        None
+    }
+}
+
+impl GetSocketDigest for Buffered {
+    fn get_socket_digest(&self) -> Option<Arc<SocketDigest>> {
+        self.socket.clone()
+    }
+
+    fn set_socket_digest(&mut self, digest: SocketDigest) {
+        self.socket = Some(Arc::new(digest));
+    }
+}
+
+#[async_trait]
+impl Peek for Buffered {
+    /// Fills `buf` (waiting for that many bytes, as Pingora's own streams do for the h2c
+    /// preface check) and puts the bytes back to be read again.
+    async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
+        self.read_exact(buf).await?;
+        let mut again = buf.to_vec();
+        again.append(&mut self.rewound);
+        self.rewound = again;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn pair() -> (Buffered, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, peer) = listener.accept().await.unwrap();
+        (Buffered::new(server, peer), client)
+    }
+
+    #[tokio::test]
+    async fn writes_wait_for_flush_and_peeked_bytes_are_read_again() {
+        let (mut conn, mut client) = pair().await;
+        assert_eq!(
+            conn.get_socket_digest().unwrap().peer_addr().unwrap(),
+            &PingoraSocketAddr::Inet(client.local_addr().unwrap())
+        );
+
+        client.write_all(b"PRI * HTTP/2.0 and more").await.unwrap();
+        let mut peeked = [0u8; 14];
+        assert!(conn.try_peek(&mut peeked).await.unwrap());
+        assert_eq!(&peeked, b"PRI * HTTP/2.0");
+        let mut all = [0u8; 23];
+        conn.read_exact(&mut all).await.unwrap();
+        assert_eq!(&all, b"PRI * HTTP/2.0 and more");
+
+        // Header and body written apart leave together, at the flush.
+        conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n")
+            .await
+            .unwrap();
+        conn.write_all(b"ok\n").await.unwrap();
+        let mut probe = [0u8; 64];
+        let early = tokio::time::timeout(
+            std::time::Duration::from_millis(100),
+            client.read(&mut probe),
+        )
+        .await;
+        assert!(early.is_err(), "nothing is sent before the flush");
+        conn.flush().await.unwrap();
+        let mut got = vec![0u8; 41];
+        client.read_exact(&mut got).await.unwrap();
+        assert!(got.ends_with(b"\r\n\r\nok\n"));
+    }
+}
