@@ -165,6 +165,7 @@ spec:
                 kind: Some(snap::scope::Kind::SharedPool(snap::SharedPool {})),
             },
             node_id: "bench-proxy".into(),
+            workers: 1,
         },
         "127.0.0.1".parse().unwrap(),
         ([127, 0, 0, 1], free_port()).into(),

@@ -88,12 +88,13 @@ fn serve_discovery(proxy: &ProxyArgs, scope: snap::scope::Kind) -> anyhow::Resul
         trust_bundle_path: proxy.discovery_trust_bundle.clone(),
         scope: snap::Scope { kind: Some(scope) },
         node_id: proxy.node_id.clone().unwrap_or_else(|| "proxy".into()),
+        workers: proxy
+            .threads
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
     };
-    let threads = proxy
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(threads.max(1))
+    // Connections run on the workers; this runtime holds the discovery stream, the accept
+    // loops and the admin endpoints.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("starting the runtime")?;

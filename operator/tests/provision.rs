@@ -473,6 +473,7 @@ spec:
         trust_bundle_path: dir.path().join("ca.crt"),
         scope,
         node_id: "dedicated-0".into(),
+        workers: 2,
     };
     let edge_scope = snap::Scope {
         kind: Some(snap::scope::Kind::Gateway(snap::ObjectRef {
@@ -555,6 +556,7 @@ spec:
     tx.send(ProxyMessage {
         kind: Some(proxy_message::Kind::Subscribe(Subscribe {
             node_id: "shared-0".into(),
+            workers: 2,
             wire_version: WIRE_VERSION,
             scope: Some(edge_scope),
         })),

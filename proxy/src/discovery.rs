@@ -30,6 +30,8 @@ pub struct DiscoveryConfig {
     pub trust_bundle_path: PathBuf,
     pub scope: Scope,
     pub node_id: String,
+    /// Connection worker threads (see `workers`); 0 serves connections on the caller's runtime.
+    pub workers: usize,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -292,6 +294,14 @@ fn jitter(max_ms: u64) -> u64 {
     if max_ms == 0 { 0 } else { nanos % max_ms }
 }
 
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error(transparent)]
+    Admin(#[from] crate::admin::AdminError),
+    #[error("starting connection workers: {0}")]
+    Workers(#[source] std::io::Error),
+}
+
 /// The proxy process in cluster mode: admin endpoints, listeners that follow the pushed
 /// snapshots, and a drain on `stop`.
 pub async fn serve(
@@ -300,10 +310,15 @@ pub async fn serve(
     admin_addr: std::net::SocketAddr,
     drain: Duration,
     stop: impl std::future::Future<Output = ()>,
-) -> Result<(), crate::admin::AdminError> {
+) -> Result<(), ServeError> {
     let table = SharedTable::default();
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
     let mut listeners = Listeners::new(table.clone(), bind_ip, shutdown_rx);
+    if config.workers > 0 {
+        let workers =
+            crate::workers::Workers::start(config.workers).map_err(ServeError::Workers)?;
+        listeners = listeners.with_workers(workers);
+    }
     let admin = crate::admin::serve(admin_addr, table.clone()).await?;
     tracing::info!(addr = %admin, "admin endpoints listening");
     run(config, table, &mut listeners, stop).await;

@@ -19,3 +19,4 @@ pub mod server;
 pub mod standalone;
 pub mod table;
 pub mod tls;
+pub mod workers;

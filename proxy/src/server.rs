@@ -10,6 +10,7 @@ use crate::policy::{CorsPolicy, RoutePolicy};
 use crate::router::{Pick, Request};
 use crate::table::SharedTable;
 use crate::tls::SniResolver;
+use crate::workers::{self, Workers};
 use async_trait::async_trait;
 use coxswain_api::snapshot::{self as snap, filter};
 use pingora::apps::HttpServerOptions;
@@ -639,6 +640,8 @@ impl ProxyHttp for Gateway {
         if ctx.h2c {
             peer.options.alpn = ALPN::H2;
         }
+        // Pooled upstream connections stay with the worker that opened them.
+        peer.group_key = workers::index() as u64;
         // Gateway API timeouts: the request timeout bounds every attempt by what is left of
         // it; the backend request timeout bounds each attempt. Pingora has no whole-exchange
         // timer, so the budget caps connecting and each read and write, and the body filters
@@ -853,6 +856,7 @@ pub struct Listeners {
     running: HashMap<u16, Running>,
     shutdown: watch::Receiver<bool>,
     active: Arc<AtomicUsize>,
+    workers: Option<Workers>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -878,7 +882,14 @@ impl Listeners {
             conf: Arc::new(ServerConf::default()),
             running: HashMap::new(),
             shutdown,
+            workers: None,
         }
+    }
+
+    /// Runs connections on these workers rather than on the runtime that accepts them.
+    pub fn with_workers(mut self, workers: Workers) -> Self {
+        self.workers = Some(workers);
+        self
     }
 
     /// Connections open right now (for draining).
@@ -918,6 +929,7 @@ impl Listeners {
                         https.then(|| self.acceptor(port)),
                         self.shutdown.clone(),
                         self.active.clone(),
+                        self.workers.clone(),
                     ));
                     tracing::info!(port, https, "listener bound");
                     self.running.insert(port, Running { accept, proxy });
@@ -1010,6 +1022,7 @@ async fn accept_loop(
     tls: Option<Arc<Acceptor>>,
     shutdown: watch::Receiver<bool>,
     active: Arc<AtomicUsize>,
+    workers: Option<Workers>,
 ) {
     loop {
         let (tcp, peer) = match listener.accept().await {
@@ -1022,27 +1035,57 @@ async fn accept_loop(
             }
         };
         let _ = tcp.set_nodelay(true);
-        let proxy = proxy.clone();
-        let tls = tls.clone();
-        let shutdown = shutdown.clone();
-        let guard = ActiveGuard::new(active.clone());
-        tokio::spawn(async move {
-            let _guard = guard;
-            let stream: pingora::protocols::Stream = match tls {
-                None => Box::new(crate::conn::Buffered::new(tcp, peer)),
-                Some(acceptor) => match acceptor.tls_handshake(l4_stream(tcp, peer)).await {
-                    Ok(s) => Box::new(s),
-                    Err(e) => {
-                        tracing::debug!(error = %e, "TLS handshake failed");
-                        return;
-                    }
-                },
-            };
-            // Pingora runs the keep-alive loop itself; `cleanup()` ends idle connections.
-            let mut next = Some(stream);
-            while let Some(s) = next.take() {
-                next = proxy.process_new(s, &shutdown).await;
+        let conn = Connection {
+            proxy: proxy.clone(),
+            tls: tls.clone(),
+            shutdown: shutdown.clone(),
+            _guard: ActiveGuard::new(active.clone()),
+            peer,
+        };
+        match &workers {
+            None => {
+                tokio::spawn(conn.serve(tcp));
             }
-        });
+            // The socket moves to the worker's reactor: registered there, driven there.
+            Some(workers) => match tcp.into_std() {
+                Ok(std) => workers.spawn(async move {
+                    match tokio::net::TcpStream::from_std(std) {
+                        Ok(tcp) => conn.serve(tcp).await,
+                        Err(e) => tracing::warn!(error = %e, "connection not registered"),
+                    }
+                }),
+                Err(e) => tracing::warn!(error = %e, "connection not handed to a worker"),
+            },
+        }
+    }
+}
+
+/// One accepted connection and what serves it.
+struct Connection {
+    proxy: Arc<HttpProxy<Gateway>>,
+    tls: Option<Arc<Acceptor>>,
+    shutdown: watch::Receiver<bool>,
+    _guard: ActiveGuard,
+    peer: SocketAddr,
+}
+
+impl Connection {
+    /// TLS if the port has it, then Pingora's keep-alive loop.
+    async fn serve(self, tcp: tokio::net::TcpStream) {
+        let stream: pingora::protocols::Stream = match &self.tls {
+            None => Box::new(crate::conn::Buffered::new(tcp, self.peer)),
+            Some(acceptor) => match acceptor.tls_handshake(l4_stream(tcp, self.peer)).await {
+                Ok(s) => Box::new(s),
+                Err(e) => {
+                    tracing::debug!(error = %e, "TLS handshake failed");
+                    return;
+                }
+            },
+        };
+        // Pingora runs the keep-alive loop itself; `cleanup()` ends idle connections.
+        let mut next = Some(stream);
+        while let Some(s) = next.take() {
+            next = self.proxy.process_new(s, &self.shutdown).await;
+        }
     }
 }

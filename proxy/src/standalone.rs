@@ -5,6 +5,7 @@
 use crate::admin;
 use crate::server::Listeners;
 use crate::table::{SharedTable, Table};
+use crate::workers::Workers;
 use coxswain_api::snapshot::Snapshot;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -22,7 +23,7 @@ pub struct StandaloneConfig {
     pub poll: Duration,
     /// After SIGTERM: how long in-flight connections may take before the process exits.
     pub drain: Duration,
-    /// Worker threads of the runtime.
+    /// Connection worker threads (see `workers`); 0 serves connections on the caller's runtime.
     pub threads: usize,
 }
 
@@ -30,14 +31,17 @@ pub struct StandaloneConfig {
 pub enum StandaloneError {
     #[error("starting the runtime: {0}")]
     Runtime(#[source] std::io::Error),
+    #[error("starting connection workers: {0}")]
+    Workers(#[source] std::io::Error),
     #[error(transparent)]
     Admin(#[from] admin::AdminError),
 }
 
 /// Runs until SIGTERM or SIGINT, then drains.
 pub fn run(config: StandaloneConfig) -> Result<(), StandaloneError> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(config.threads.max(1))
+    // Connections run on the workers; this runtime only accepts them, watches the file and
+    // answers the admin endpoints.
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(StandaloneError::Runtime)?;
@@ -62,6 +66,10 @@ pub async fn serve(
     let table = SharedTable::default();
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let mut listeners = Listeners::new(table.clone(), config.bind_ip, shutdown_rx);
+    if config.threads > 0 {
+        let workers = Workers::start(config.threads).map_err(StandaloneError::Workers)?;
+        listeners = listeners.with_workers(workers);
+    }
     let admin = admin::serve(config.admin_addr, table.clone()).await?;
     tracing::info!(addr = %admin, "admin endpoints listening");
 

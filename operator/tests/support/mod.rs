@@ -210,7 +210,7 @@ pub fn local_controller_config(
 /// controller published.
 pub struct SharedProxy {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
-    task: tokio::task::JoinHandle<Result<(), coxswain_proxy::admin::AdminError>>,
+    task: tokio::task::JoinHandle<Result<(), coxswain_proxy::discovery::ServeError>>,
     _files: tempfile::TempDir,
 }
 
@@ -252,6 +252,7 @@ impl SharedProxy {
                     kind: Some(snap::scope::Kind::SharedPool(snap::SharedPool {})),
                 },
                 node_id: node_id.into(),
+                workers: 2,
             },
             "127.0.0.1".parse().unwrap(),
             ([127, 0, 0, 1], free_port()).into(),
