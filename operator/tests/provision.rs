@@ -556,7 +556,6 @@ spec:
     tx.send(ProxyMessage {
         kind: Some(proxy_message::Kind::Subscribe(Subscribe {
             node_id: "shared-0".into(),
-            workers: 2,
             wire_version: WIRE_VERSION,
             scope: Some(edge_scope),
         })),

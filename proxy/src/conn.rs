@@ -56,6 +56,16 @@ impl Buffered {
     }
 }
 
+impl Buffered {
+    /// Puts bytes back in front of what is still unread (a request handed to Pingora after
+    /// the fast path read it).
+    pub fn unread(&mut self, bytes: &[u8]) {
+        let mut again = bytes.to_vec();
+        again.append(&mut self.rewound);
+        self.rewound = again;
+    }
+}
+
 impl AsyncRead for Buffered {
     fn poll_read(
         mut self: Pin<&mut Self>,
@@ -151,9 +161,7 @@ impl Peek for Buffered {
     /// preface check) and puts the bytes back to be read again.
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
         self.read_exact(buf).await?;
-        let mut again = buf.to_vec();
-        again.append(&mut self.rewound);
-        self.rewound = again;
+        self.unread(buf);
         Ok(true)
     }
 }

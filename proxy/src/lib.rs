@@ -13,6 +13,7 @@ mod conn;
 pub mod discovery;
 pub mod filters;
 pub mod metrics;
+mod passthrough;
 pub mod policy;
 pub mod router;
 pub mod server;

@@ -186,6 +186,9 @@ pub struct CompiledRoute {
     next: AtomicUsize,
     /// The rule's RequestMirror filters, in order.
     pub mirrors: Vec<Mirror>,
+    /// Requests only need forwarding as they are (see `passthrough`): no filters, policies,
+    /// timeouts or mirrors, and every backend an HTTP/1 cluster with endpoints.
+    pub passthrough: bool,
 }
 
 /// A RequestMirror filter with its cluster looked up and a sampling counter of its own, so
@@ -582,28 +585,49 @@ fn compile_route(
             value,
         });
     }
+    let backends: Vec<ResolvedBackend> = r
+        .backends
+        .iter()
+        .map(|b| ResolvedBackend {
+            cluster: clusters.get(b.cluster.as_str()).cloned(),
+            weight: b.weight,
+            filters: b.filters.clone(),
+        })
+        .collect();
+    let policy = crate::policy::RoutePolicy::new(r);
+    let plain_http1 = |c: &ClusterState| match policy.upstream_protocol {
+        snap::UpstreamProtocol::Unspecified => c.app_protocol != snap::AppProtocol::H2c,
+        snap::UpstreamProtocol::Http1 => true,
+        _ => false,
+    };
+    let passthrough = r.filters.is_empty()
+        && r.direct_status == 0
+        && r.client_allowlist.is_none()
+        && r.timeouts.is_none_or(|t| t == snap::Timeouts::default())
+        && policy.cors.is_none()
+        && policy.rewrite.is_none()
+        && !backends.is_empty()
+        && backends.iter().all(|b| {
+            b.filters.is_empty()
+                && b.cluster
+                    .as_deref()
+                    .is_some_and(|c| c.has_endpoints() && plain_http1(c))
+        })
+        && r.backends.iter().any(|b| b.weight > 0);
     Ok(CompiledRoute {
         path,
         headers,
         query_params,
         method: (!m.method.is_empty()).then(|| m.method.as_str().into()),
         route: Arc::new(r.clone()),
-        backends: r
-            .backends
-            .iter()
-            .map(|b| ResolvedBackend {
-                cluster: clusters.get(b.cluster.as_str()).cloned(),
-                weight: b.weight,
-                filters: b.filters.clone(),
-            })
-            .collect(),
+        backends,
         counters: {
             let (route, rule) = r.source.as_ref().map_or((String::new(), 0), |s| {
                 (format!("{}/{}/{}", s.kind, s.namespace, s.name), s.rule)
             });
             metrics.route(&route, rule)
         },
-        policy: Arc::new(crate::policy::RoutePolicy::new(r)),
+        policy: Arc::new(policy),
         total_weight: r.backends.iter().map(|b| u64::from(b.weight)).sum(),
         next: AtomicUsize::new(0),
         mirrors: r
@@ -614,6 +638,7 @@ fn compile_route(
                 _ => None,
             })
             .collect(),
+        passthrough,
     })
 }
 

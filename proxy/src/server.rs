@@ -837,6 +837,8 @@ fn table_active(table: &SharedTable) -> Arc<AtomicUsize> {
 struct Running {
     accept: JoinHandle<()>,
     proxy: Arc<HttpProxy<Gateway>>,
+    /// Tells fast-path connections idling between requests to close.
+    closing: watch::Sender<bool>,
 }
 
 impl Running {
@@ -844,6 +846,7 @@ impl Running {
     /// close; requests in flight finish.
     async fn stop(self) {
         self.accept.abort();
+        let _ = self.closing.send(true);
         self.proxy.cleanup().await;
     }
 }
@@ -923,16 +926,31 @@ impl Listeners {
                 Ok(listener) => {
                     let https = protocol == snap::Protocol::Https;
                     let proxy = self.proxy_for(port, https);
+                    let (closing, closed) = watch::channel(false);
                     let accept = tokio::spawn(accept_loop(
                         listener,
-                        proxy.clone(),
-                        https.then(|| self.acceptor(port)),
-                        self.shutdown.clone(),
+                        Connection {
+                            proxy: proxy.clone(),
+                            tls: https.then(|| self.acceptor(port)),
+                            table: self.table.clone(),
+                            port,
+                            shutdown: self.shutdown.clone(),
+                            closing: closed,
+                            peer: SocketAddr::new(self.bind_ip, 0),
+                            _guard: None,
+                        },
                         self.active.clone(),
                         self.workers.clone(),
                     ));
                     tracing::info!(port, https, "listener bound");
-                    self.running.insert(port, Running { accept, proxy });
+                    self.running.insert(
+                        port,
+                        Running {
+                            accept,
+                            proxy,
+                            closing,
+                        },
+                    );
                 }
                 Err(source) => errors.push(ListenError::Bind { addr, source }),
             }
@@ -1016,11 +1034,10 @@ fn l4_stream(tcp: tokio::net::TcpStream, peer: SocketAddr) -> L4Stream {
     stream
 }
 
+/// Accepts connections; `template` is what each one is served with.
 async fn accept_loop(
     listener: TcpListener,
-    proxy: Arc<HttpProxy<Gateway>>,
-    tls: Option<Arc<Acceptor>>,
-    shutdown: watch::Receiver<bool>,
+    template: Connection,
     active: Arc<AtomicUsize>,
     workers: Option<Workers>,
 ) {
@@ -1036,11 +1053,9 @@ async fn accept_loop(
         };
         let _ = tcp.set_nodelay(true);
         let conn = Connection {
-            proxy: proxy.clone(),
-            tls: tls.clone(),
-            shutdown: shutdown.clone(),
-            _guard: ActiveGuard::new(active.clone()),
             peer,
+            _guard: Some(Arc::new(ActiveGuard::new(active.clone()))),
+            ..template.clone()
         };
         match &workers {
             None => {
@@ -1061,19 +1076,39 @@ async fn accept_loop(
 }
 
 /// One accepted connection and what serves it.
+#[derive(Clone)]
 struct Connection {
     proxy: Arc<HttpProxy<Gateway>>,
     tls: Option<Arc<Acceptor>>,
+    table: SharedTable,
+    port: u16,
     shutdown: watch::Receiver<bool>,
-    _guard: ActiveGuard,
+    closing: watch::Receiver<bool>,
     peer: SocketAddr,
+    /// Counts the connection while it lives (None in the accept loop's template).
+    _guard: Option<Arc<ActiveGuard>>,
 }
 
 impl Connection {
     /// TLS if the port has it, then Pingora's keep-alive loop.
-    async fn serve(self, tcp: tokio::net::TcpStream) {
+    async fn serve(mut self, tcp: tokio::net::TcpStream) {
         let stream: pingora::protocols::Stream = match &self.tls {
-            None => Box::new(crate::conn::Buffered::new(tcp, self.peer)),
+            None => {
+                let mut conn = crate::conn::Buffered::new(tcp, self.peer);
+                let next = crate::passthrough::serve(
+                    &mut conn,
+                    &self.table,
+                    self.port,
+                    self.peer,
+                    &mut self.closing,
+                    &self.shutdown,
+                )
+                .await;
+                match next {
+                    crate::passthrough::Next::Closed => return,
+                    crate::passthrough::Next::Pingora => Box::new(conn),
+                }
+            }
             Some(acceptor) => match acceptor.tls_handshake(l4_stream(tcp, self.peer)).await {
                 Ok(s) => Box::new(s),
                 Err(e) => {

@@ -1,0 +1,328 @@
+//! The plain HTTP/1.1 fast path, with raw sockets on both sides: connections that move from
+//! the fast path to Pingora mid-way, pipelining, every response framing, interim responses,
+//! pooled backend connections that the backend closed, and an unreachable backend.
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+const ROUTES: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: echo, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /echo}}
+      backends: [{cluster: "t/echo:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: raw, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /raw}}
+      backends: [{cluster: "t/raw:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: gone, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /gone}}
+      backends: [{cluster: "t/gone:80", weight: 1}]
+clusters:
+- name: t/echo:80
+  endpoints: [{address: 127.0.0.1, port: {ECHO}, ready: true, serving: true}]
+- name: t/raw:80
+  endpoints: [{address: 127.0.0.1, port: {RAW}, ready: true, serving: true}]
+- name: t/gone:80
+  endpoints: [{address: 127.0.0.1, port: {GONE}, ready: true, serving: true}]
+"#;
+
+/// A backend speaking HTTP/1.1 by hand, so each framing can be produced exactly. It closes
+/// every connection right after `/raw/close-after` answers, without saying so.
+async fn raw_backend() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let Some(end) = find(&buf, b"\r\n\r\n") else {
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+                    buf.drain(..end + 4);
+                    let line = head.lines().next().unwrap_or("").to_owned();
+                    let path = line.split(' ').nth(1).unwrap_or("/");
+                    let reply: &[u8] = match path {
+                        "/raw/chunked" => b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;x=1\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n",
+                        "/raw/interim" => b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal",
+                        "/raw/head" => b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
+                        "/raw/until-close" => b"HTTP/1.1 200 OK\r\n\r\nuntil the end",
+                        _ => b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Raw: yes\r\n\r\nok",
+                    };
+                    if s.write_all(reply).await.is_err() {
+                        return;
+                    }
+                    if path == "/raw/until-close" || path == "/raw/close-after" {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Reads what arrives next (within 5 s) onto `buf`; 0 at end of stream.
+async fn read_more(s: &mut TcpStream, buf: &mut Vec<u8>) -> usize {
+    let mut chunk = [0u8; 8192];
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut chunk))
+        .await
+        .expect("a response in time")
+        .unwrap();
+    buf.extend_from_slice(&chunk[..n]);
+    n
+}
+
+/// One response from `s`: status, head text and body (content-length, chunked, or to EOF).
+async fn response(s: &mut TcpStream, buf: &mut Vec<u8>, head_only: bool) -> (u16, String, Vec<u8>) {
+    let end = loop {
+        if let Some(e) = find(buf, b"\r\n\r\n") {
+            break e;
+        }
+        assert!(read_more(s, buf).await > 0, "connection closed mid-head");
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_string();
+    buf.drain(..end + 4);
+    let status: u16 = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let lower = head.to_ascii_lowercase();
+    let length = lower
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map(|v| v.trim().parse::<usize>().unwrap());
+    let body = if head_only || (100..200).contains(&status) {
+        Vec::new()
+    } else if lower.contains("transfer-encoding: chunked") {
+        loop {
+            if let Some(e) = find(buf, b"0\r\n")
+                && let Some(t) = find(&buf[e..], b"\r\n\r\n")
+            {
+                break buf.drain(..e + t + 4).collect();
+            }
+            assert!(read_more(s, buf).await > 0, "connection closed mid-body");
+        }
+    } else if let Some(len) = length {
+        while buf.len() < len {
+            assert!(read_more(s, buf).await > 0, "connection closed mid-body");
+        }
+        buf.drain(..len).collect()
+    } else {
+        while read_more(s, buf).await > 0 {}
+        std::mem::take(buf)
+    };
+    (status, head, body)
+}
+
+async fn start() -> (Proxy, u16, SocketAddr) {
+    let echo = echo_backend("echo").await;
+    let raw = raw_backend().await;
+    let port = free_port();
+    let snap = snapshot(
+        ROUTES,
+        &[
+            ("PORT", port.to_string()),
+            ("ECHO", echo.port().to_string()),
+            ("RAW", raw.port().to_string()),
+            ("GONE", free_port().to_string()),
+        ],
+    );
+    (Proxy::start(&snap).await, port, raw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_moves_from_the_fast_path_to_pingora_without_losing_a_request() {
+    let (proxy, port, _) = start().await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut buf = Vec::new();
+
+    // Two plain requests in one write (pipelined), both on the fast path.
+    s.write_all(b"GET /echo/1 HTTP/1.1\r\nHost: a.example\r\nX-Keep: Case\r\n\r\nGET /echo/2 HTTP/1.1\r\nHost: a.example\r\n\r\n")
+        .await
+        .unwrap();
+    for n in ["1", "2"] {
+        let (status, _, body) = response(&mut s, &mut buf, false).await;
+        assert_eq!(status, 200);
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["path"], format!("/echo/{n}"));
+        assert_eq!(json["headers"]["host"], "a.example");
+        if n == "1" {
+            assert_eq!(json["headers"]["x-keep"], "Case");
+        }
+    }
+
+    // A request with a body is Pingora's: same connection, nothing lost.
+    s.write_all(b"POST /echo/3 HTTP/1.1\r\nHost: a.example\r\nContent-Length: 5\r\n\r\nhello")
+        .await
+        .unwrap();
+    let (status, _, body) = response(&mut s, &mut buf, false).await;
+    assert_eq!(status, 200);
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["method"], "POST");
+    assert_eq!(json["path"], "/echo/3");
+
+    // Pingora keeps the connection from then on.
+    s.write_all(b"GET /echo/4 HTTP/1.1\r\nHost: a.example\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, _, body) = response(&mut s, &mut buf, false).await;
+    assert_eq!(status, 200);
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["path"], "/echo/4");
+
+    // A request no route takes: Pingora's 404, whatever path the connection was on.
+    let mut fresh = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    fresh
+        .write_all(b"GET /nothing HTTP/1.1\r\nHost: a.example\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    assert_eq!(response(&mut fresh, &mut buf, false).await.0, 404);
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_response_framing_passes_through_intact() {
+    let (proxy, port, _) = start().await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut buf = Vec::new();
+    let ask = async |s: &mut TcpStream, buf: &mut Vec<u8>, req: &str, head_only| {
+        s.write_all(req.as_bytes()).await.unwrap();
+        response(s, buf, head_only).await
+    };
+
+    let (status, head, body) = ask(
+        &mut s,
+        &mut buf,
+        "GET /raw/chunked HTTP/1.1\r\nHost: x\r\n\r\n",
+        false,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("transfer-encoding: chunked")
+    );
+    assert_eq!(
+        body, b"5\r\nhello\r\n6;x=1\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n",
+        "chunks and trailer verbatim"
+    );
+
+    // An interim response reaches the client before the final one.
+    let (status, head, _) = ask(
+        &mut s,
+        &mut buf,
+        "GET /raw/interim HTTP/1.1\r\nHost: x\r\n\r\n",
+        false,
+    )
+    .await;
+    assert_eq!(status, 103);
+    assert!(head.contains("Link: </style.css>"));
+    let (status, _, body) = response(&mut s, &mut buf, false).await;
+    assert_eq!((status, body.as_slice()), (200, &b"final"[..]));
+
+    // HEAD: a length but no body; the connection stays in step.
+    let (status, head, _) = ask(
+        &mut s,
+        &mut buf,
+        "HEAD /raw/head HTTP/1.1\r\nHost: x\r\n\r\n",
+        true,
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert!(head.contains("Content-Length: 5"));
+    let (status, head, body) = ask(
+        &mut s,
+        &mut buf,
+        "GET /raw/plain HTTP/1.1\r\nHost: x\r\n\r\n",
+        false,
+    )
+    .await;
+    assert_eq!((status, body.as_slice()), (200, &b"ok"[..]));
+    assert!(
+        head.contains("X-Raw: yes"),
+        "backend headers verbatim: {head}"
+    );
+
+    // No length: the body runs to the backend's close, and the client connection closes too.
+    let (status, _, body) = ask(
+        &mut s,
+        &mut buf,
+        "GET /raw/until-close HTTP/1.1\r\nHost: x\r\n\r\n",
+        false,
+    )
+    .await;
+    assert_eq!((status, body.as_slice()), (200, &b"until the end"[..]));
+    let mut probe = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(5), s.read(&mut probe))
+        .await
+        .unwrap();
+    assert!(
+        matches!(closed, Ok(0)),
+        "client connection closed after a close-delimited body"
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_connections_closed_while_pooled_are_replaced_and_dead_backends_get_502() {
+    let (proxy, port, _) = start().await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut buf = Vec::new();
+    // The backend closes each connection after answering, without a Connection: close.
+    // Each pooled connection is dead by the next request, found so, and replaced.
+    for i in 0..30 {
+        s.write_all(b"GET /raw/close-after HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .unwrap();
+        let (status, _, body) = response(&mut s, &mut buf, false).await;
+        assert_eq!((status, body.as_slice()), (200, &b"ok"[..]), "request {i}");
+        if i % 3 == 0 {
+            // Sometimes the close has been seen before the next request, sometimes not.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Nothing listens behind /gone.
+    s.write_all(b"GET /gone HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, _, _) = response(&mut s, &mut buf, false).await;
+    assert_eq!(status, 502);
+
+    // The requests are counted per route.
+    let metrics = get(&format!("http://{}/metrics", proxy.admin), &[])
+        .await
+        .unwrap();
+    assert!(
+        metrics.body.contains(
+            r#"coxswain_proxy_requests_total{route="HTTPRoute/t/raw",rule="0",code="2xx"} 30"#
+        ),
+        "{}",
+        metrics.body
+    );
+    assert!(metrics.body.contains(
+        r#"coxswain_proxy_requests_total{route="HTTPRoute/t/gone",rule="0",code="5xx"} 1"#
+    ));
+    proxy.stop().await;
+}
