@@ -94,6 +94,8 @@ async fn gateway_api_version(client: &kube::Client) -> Option<String> {
 
 /// Changes arriving within this window are compiled together.
 const DEBOUNCE: Duration = Duration::from_millis(50);
+/// How long provisioning may take to finish its reconciles in flight at shutdown.
+const PROVISIONING_STOP: Duration = Duration::from_secs(5);
 
 pub async fn run(
     client: kube::Client,
@@ -295,7 +297,20 @@ pub async fn run(
         status.write(&store, &compiled, &hub).await;
     }
     let _ = stop_provisioning.send(());
-    let _ = provisioning.await;
+    // kube-runtime waits for reconciles in flight, and one blocked on an API request would
+    // hold the shutdown for the client's read timeout (minutes). Reconciles are idempotent
+    // server-side applies: one cut short is redone by the next leader.
+    let mut provisioning = provisioning;
+    if tokio::time::timeout(PROVISIONING_STOP, &mut provisioning)
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            grace = ?PROVISIONING_STOP,
+            "provisioning did not stop in time; abandoning its reconciles in flight"
+        );
+        provisioning.abort();
+    }
     // Hand the Lease over at once instead of letting a standby wait for it to expire.
     let _ = stop_election.send(());
     if let Some(e) = election {
