@@ -32,6 +32,8 @@ const MAX_HEADERS: usize = 64;
 const MAX_HEAD: usize = 32 * 1024;
 /// Idle upstream connections kept per backend address and worker.
 const POOL_PER_ADDR: usize = 128;
+/// Time to receive a request head (Pingora's default read timeout).
+const HEAD_READ: Duration = Duration::from_secs(60);
 /// An idle upstream connection older than this is closed rather than reused.
 const POOL_IDLE: Duration = Duration::from_secs(60);
 
@@ -54,6 +56,7 @@ pub async fn serve(
 ) -> Next {
     let mut req: Vec<u8> = Vec::with_capacity(4096);
     let mut resp: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut first = true;
     loop {
         // Read until a whole request head is buffered.
         let head = loop {
@@ -70,14 +73,26 @@ pub async fn serve(
             if req.capacity() - req.len() < 1024 {
                 req.reserve(4096);
             }
-            let read = if req.is_empty() {
-                // Idle between requests: a closing listener ends the connection here.
+            // As Pingora: a request (the first, or one begun) must arrive within a minute;
+            // between requests a keep-alive connection may idle until the listener closes.
+            let idle = req.is_empty();
+            let limit = (first || !idle).then_some(HEAD_READ);
+            let read = conn.read_buf(&mut req);
+            let read = async move {
+                match limit {
+                    Some(d) => tokio::time::timeout(d, read)
+                        .await
+                        .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
+                    None => read.await,
+                }
+            };
+            let read = if idle {
                 tokio::select! {
-                    r = conn.read_buf(&mut req) => r,
+                    r = read => r,
                     _ = closing.wait_for(|c| *c) => return Next::Closed,
                 }
             } else {
-                conn.read_buf(&mut req).await
+                read.await
             };
             match read {
                 Ok(0) | Err(_) => return Next::Closed,
@@ -108,6 +123,7 @@ pub async fn serve(
         match outcome {
             Ok(Exchange { keep_client, .. }) if keep_client && !*shutdown.borrow() => {
                 req.drain(..head.len);
+                first = false;
             }
             Ok(_) => {
                 let _ = conn.flush().await;
