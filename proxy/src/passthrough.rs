@@ -17,10 +17,13 @@
 
 use crate::conn::Buffered;
 use crate::router::{Headers, Pick, Request};
+use crate::server::{AccessLine, access_line};
 use crate::table::SharedTable;
+use coxswain_api::snapshot as snap;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -106,19 +109,17 @@ pub async fn serve(
             Err(status) => status,
         };
         head.counters.record(status);
-        if head.access_log {
-            tracing::info!(
-                target: "coxswain::access",
-                client = %peer.ip(),
-                method = head.method.as_str(),
-                host = head.host.as_str(),
-                path = head.path.as_str(),
+        if let Some(log) = &head.access_log {
+            access_line(&AccessLine {
+                client: Some(peer.ip()),
+                method: &log.method,
+                host: &log.host,
+                path: &log.path,
                 status,
-                route = %head.route_name,
-                upstream = %head.upstream,
-                duration_ms = started.elapsed().as_millis() as u64,
-                "request"
-            );
+                route: log.route.source.as_ref(),
+                upstream: Some(head.upstream),
+                duration_ms: started.elapsed().as_millis() as u64,
+            });
         }
         match outcome {
             Ok(Exchange { keep_client, .. }) if keep_client && !*shutdown.borrow() => {
@@ -152,13 +153,17 @@ struct Forward {
     len: usize,
     upstream: SocketAddr,
     head_only: bool,
-    counters: std::sync::Arc<crate::metrics::RouteCounters>,
-    /// The access log line's fields; empty unless `access_log`.
-    access_log: bool,
+    counters: Arc<crate::metrics::RouteCounters>,
+    /// Some when the route logs and the access log target is enabled.
+    access_log: Option<AccessFields>,
+}
+
+/// What the access log line needs once the request buffer has moved on.
+struct AccessFields {
     method: String,
     host: String,
     path: String,
-    route_name: String,
+    route: Arc<snap::Route>,
 }
 
 /// Headers as httparse leaves them, for the router.
@@ -242,34 +247,20 @@ fn parse_request(buf: &[u8], table: &SharedTable, port: u16) -> Parsed {
         // Not reached: a passthrough route's backends all have endpoints. Pingora answers.
         return Parsed::Pingora;
     };
-    let access_log = route.policy.access_log
-        && tracing::enabled!(target: "coxswain::access", tracing::Level::INFO);
-    let text = |s: &str| {
-        if access_log {
-            s.to_owned()
-        } else {
-            String::new()
-        }
-    };
+    let access_log = (route.policy.access_log
+        && tracing::enabled!(target: "coxswain::access", tracing::Level::INFO))
+    .then(|| AccessFields {
+        method: method.to_owned(),
+        host: host.to_owned(),
+        path: path.split_once('?').map_or(path, |(p, _)| p).to_owned(),
+        route: route.route.clone(),
+    });
     Parsed::Forward(Forward {
         len,
         upstream: addr,
         head_only: method == "HEAD",
         counters: route.counters.clone(),
         access_log,
-        method: text(method),
-        host: text(host),
-        path: text(path.split_once('?').map_or(path, |(p, _)| p)),
-        route_name: if access_log {
-            route
-                .route
-                .source
-                .as_ref()
-                .map(|s| format!("{}/{}/{}", s.kind, s.namespace, s.name))
-                .unwrap_or_default()
-        } else {
-            String::new()
-        },
     })
 }
 
@@ -277,6 +268,16 @@ struct Exchange {
     status: u16,
     /// The client connection can take another request.
     keep_client: bool,
+}
+
+impl Exchange {
+    /// The response went (at least partly) out and the client connection ends with it.
+    fn client_done(status: u16) -> Self {
+        Self {
+            status,
+            keep_client: false,
+        }
+    }
 }
 
 /// Sends one request upstream and copies the response back. Err(status): nothing was sent
@@ -325,10 +326,7 @@ async fn exchange(
                     return Err(502);
                 }
                 if conn.write_all(&resp[..len]).await.is_err() {
-                    return Ok(Exchange {
-                        status,
-                        keep_client: false,
-                    });
+                    return Ok(Exchange::client_done(status));
                 }
                 resp.drain(..len);
                 if resp.is_empty()
@@ -356,10 +354,7 @@ async fn exchange(
         let (end, done) = framing.advance(&resp[pos..]);
         let upto = pos + end;
         if conn.write_all(&resp[..upto]).await.is_err() {
-            return Ok(Exchange {
-                status,
-                keep_client: false,
-            });
+            return Ok(Exchange::client_done(status));
         }
         if done {
             // Bytes past the response's end: the backend broke framing; do not reuse it.
@@ -373,18 +368,12 @@ async fn exchange(
             _ => {
                 // End of stream: the end of a close-delimited body, else a truncated one.
                 let _ = conn.flush().await;
-                return Ok(Exchange {
-                    status,
-                    keep_client: false,
-                });
+                return Ok(Exchange::client_done(status));
             }
         }
     }
     if conn.flush().await.is_err() {
-        return Ok(Exchange {
-            status,
-            keep_client: false,
-        });
+        return Ok(Exchange::client_done(status));
     }
     if complete && upstream_keep {
         pool_put(head.upstream, upstream);

@@ -816,16 +816,41 @@ fn access_log(session: &Session, ctx: &Ctx) {
         .client_addr()
         .and_then(|a| a.as_inet())
         .map(|a| a.ip());
+    access_line(&AccessLine {
+        client,
+        method: req.method.as_str(),
+        host: request_host(req),
+        path: req.uri.path(),
+        status,
+        route: ctx.route.as_ref().and_then(|r| r.source.as_ref()),
+        upstream: ctx.upstream,
+        duration_ms: ctx.started.map_or(0, |s| s.elapsed().as_millis() as u64),
+    });
+}
+
+/// The fields of one access log line, whichever path served the request.
+pub(crate) struct AccessLine<'a> {
+    pub client: Option<std::net::IpAddr>,
+    pub method: &'a str,
+    pub host: &'a str,
+    pub path: &'a str,
+    pub status: u16,
+    pub route: Option<&'a snap::RouteSource>,
+    pub upstream: Option<SocketAddr>,
+    pub duration_ms: u64,
+}
+
+pub(crate) fn access_line(line: &AccessLine<'_>) {
     tracing::info!(
         target: "coxswain::access",
-        client = client.map(tracing::field::display),
-        method = req.method.as_str(),
-        host = request_host(req),
-        path = req.uri.path(),
-        status,
-        route = %SourceName(ctx.route.as_ref().and_then(|r| r.source.as_ref())),
-        upstream = ctx.upstream.map(tracing::field::display),
-        duration_ms = ctx.started.map_or(0, |s| s.elapsed().as_millis() as u64),
+        client = line.client.map(tracing::field::display),
+        method = line.method,
+        host = line.host,
+        path = line.path,
+        status = line.status,
+        route = %SourceName(line.route),
+        upstream = line.upstream.map(tracing::field::display),
+        duration_ms = line.duration_ms,
         "request"
     );
 }
