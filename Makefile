@@ -104,5 +104,5 @@ bench-proxy: ## wrk: coxswain vs nginx vs HAProxy as reverse proxies (installs t
 	hack/bench/proxy.sh
 
 .PHONY: bench
-bench: ## Benchmarks (criterion): the compiler on 10k HTTPRoutes; proxy vs nginx/HAProxy arrives with the proxy
+bench: ## Benchmarks (criterion): the compiler on 10k HTTPRoutes (the proxy against nginx and HAProxy: make bench-proxy)
 	$(CARGO) bench -p coxswain-operator --bench compile
