@@ -418,6 +418,16 @@ async fn deleted_pods_stop_and_leave_no_namespace() {
     ready_pods(&env, "sleeper", 1).await;
     let netns = node.network.namespace_of(&uid);
     assert!(netns_exists(&netns), "{netns} exists while the Pod runs");
+    // Ready only means the process was started: a SIGTERM that lands before the shell has
+    // installed its trap kills it silently (a loaded CI machine showed that), so wait for
+    // the line it prints once the trap is in place.
+    eventually("the shell's trap is installed", WAIT, || async {
+        log_of(node, &env.namespace, "sleeper")
+            .await
+            .contains("started")
+            .then_some(())
+    })
+    .await;
 
     pods.delete("sleeper", &DeleteParams::default())
         .await
