@@ -15,6 +15,7 @@ use coxswain_api::{CoxswainGatewayParameters, CoxswainIngressClassParameters};
 use futures::StreamExt;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
+use gateway_api::apis::standard::grpcroutes::GrpcRoute;
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use gateway_api::apis::standard::referencegrants::ReferenceGrant;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
@@ -35,6 +36,7 @@ pub struct Reflector {
     gateway_classes: Cache<GatewayClass>,
     gateways: Cache<Gateway>,
     http_routes: Cache<HttpRoute>,
+    grpc_routes: Cache<GrpcRoute>,
     reference_grants: Cache<ReferenceGrant>,
     services: Cache<Service>,
     endpoint_slices: Cache<EndpointSlice>,
@@ -132,6 +134,7 @@ impl Reflector {
             gateway_classes: reflect(client, all.clone(), c.clone(), s),
             gateways: reflect(client, all.clone(), c.clone(), s),
             http_routes: reflect(client, all.clone(), c.clone(), s),
+            grpc_routes: reflect(client, all.clone(), c.clone(), s),
             reference_grants: reflect(client, all.clone(), c.clone(), s),
             services: reflect(client, all.clone(), c.clone(), s),
             endpoint_slices: reflect(client, all.clone(), c.clone(), s),
@@ -174,6 +177,7 @@ impl Reflector {
             gateway_classes: copy(&self.gateway_classes),
             gateways: copy(&self.gateways),
             http_routes: copy(&self.http_routes),
+            grpc_routes: copy(&self.grpc_routes),
             reference_grants: copy(&self.reference_grants),
             services: copy(&self.services),
             endpoint_slices: copy(&self.endpoint_slices),

@@ -1,5 +1,5 @@
 //! The status writer: turns the compiler's decisions into server-side applies of `status` on
-//! GatewayClasses, Gateways, HTTPRoutes and Ingresses (their addresses: the proxy Service's
+//! GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes and Ingresses (their addresses: the proxy Service's
 //! load balancer). It keeps lastTransitionTime when a condition's status did not change,
 //! writes only this controller's `status.parents` entries of a route (other controllers'
 //! entries are kept), skips writes that would change nothing, so its own writes do not make
@@ -7,19 +7,22 @@
 
 use crate::admin;
 use crate::compile::ScopeKey;
-use crate::compile::status::{Condition, ConditionStatus, ObjectKey, StatusDecisions, reason};
+use crate::compile::httproute::RouteKind;
+use crate::compile::status::{
+    Condition, ConditionStatus, ObjectKey, RouteParentStatus, StatusDecisions, reason,
+};
 use crate::compile::{Compiled, Store};
 use crate::discovery::Hub;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
-use gateway_api::apis::standard::httproutes::HttpRoute;
+use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Api, Client, Resource};
 use serde_json::{Value, json};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::sync::mpsc;
@@ -30,11 +33,13 @@ use tokio::sync::mpsc;
 pub const SUPPORTED_FEATURES: &[&str] = &[
     "Gateway",
     "HTTPRoute",
+    "GRPCRoute",
     "ReferenceGrant",
     "GatewayAddressEmpty",
     "GatewayHTTPListenerIsolation",
     "GatewayInfrastructurePropagation",
     "GatewayPort8080",
+    "GRPCRouteNamedRouteRule",
     "HTTPRoute303RedirectStatusCode",
     "HTTPRoute307RedirectStatusCode",
     "HTTPRoute308RedirectStatusCode",
@@ -332,6 +337,97 @@ impl StatusWriter {
         }
     }
 
+    /// `status.parents` of the routes of one kind: our entries as decided, other controllers'
+    /// entries as they are.
+    async fn route_parents<K>(
+        &self,
+        next: &mut HashMap<String, (ConditionStatus, &'static str)>,
+        kind: RouteKind,
+        routes: &[K],
+        decisions: &BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+        now: &str,
+    ) where
+        K: kube::Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + Clone
+            + serde::Serialize
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let controller_name = self.controller_name.as_str();
+        for route in routes {
+            let meta = route.meta();
+            let (Some(ns), Some(name)) = (meta.namespace.as_deref(), meta.name.as_deref()) else {
+                continue;
+            };
+            let Some(ours) = decisions.get(&ObjectKey::new(ns, name)) else {
+                continue;
+            };
+            let current_parents = serde_json::to_value(route)
+                .ok()
+                .and_then(|v| v["status"]["parents"].as_array().cloned())
+                .unwrap_or_default();
+            let object = route.object_ref(&());
+            let event_scope = format!("{}/{ns}/{name}", kind.name());
+            // Other controllers' entries stay as they are.
+            let mut parents: Vec<Value> = current_parents
+                .iter()
+                .filter(|p| p["controllerName"] != controller_name)
+                .cloned()
+                .collect();
+            for p in ours {
+                let parent_ref = serde_json::to_value(&p.parent_ref).unwrap_or(Value::Null);
+                let existing = current_parents
+                    .iter()
+                    .find(|e| {
+                        e["controllerName"] == controller_name
+                            && same_parent_ref(&e["parentRef"], &parent_ref)
+                    })
+                    .map(|e| existing_conditions(Some(e.clone())))
+                    .unwrap_or_default();
+                let mut subject =
+                    format!("parent {}/{}", p.parent_ref.namespace, p.parent_ref.name);
+                if let Some(section) = &p.parent_ref.section_name {
+                    subject.push('/');
+                    subject.push_str(section);
+                }
+                subject.push_str(": ");
+                // Routes are many: only problems and recoveries are worth an Event.
+                self.transitions(
+                    next,
+                    &object,
+                    &event_scope,
+                    &subject,
+                    &p.conditions,
+                    &existing,
+                    false,
+                );
+                parents.push(json!({
+                    "parentRef": parent_ref,
+                    "controllerName": p.controller_name,
+                    "conditions": render_conditions(&p.conditions, &existing, now),
+                }));
+            }
+            if same_parents(&parents, &current_parents) {
+                continue;
+            }
+            // status.parents is an atomic list shared with other controllers: the apply
+            // carries the resourceVersion it was computed from, so it fails (and is redone)
+            // instead of dropping an entry another controller wrote in between.
+            let body = json!({
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": kind.name(),
+                "metadata": {
+                    "name": name,
+                    "namespace": ns,
+                    "resourceVersion": meta.resource_version,
+                },
+                "status": {"parents": parents},
+            });
+            let api: Api<K> = Api::namespaced(self.client.clone(), ns);
+            self.apply(api, kind.name(), name, body).await;
+        }
+    }
+
     /// Writes every status that differs from what the objects carry.
     pub async fn write(&mut self, store: &Store, compiled: &Compiled, hub: &Hub) {
         if !self.leading() {
@@ -344,7 +440,6 @@ impl StatusWriter {
         let now = k8s_openapi::jiff::Timestamp::now().to_string();
         let decisions: &StatusDecisions = &compiled.status;
         let mut next = HashMap::new();
-        let controller_name = self.controller_name.clone();
 
         for class in &store.gateway_classes {
             let Some(name) = class.metadata.name.as_deref() else {
@@ -507,84 +602,22 @@ impl StatusWriter {
             self.apply(api, "Gateway", name, body).await;
         }
 
-        for route in &store.http_routes {
-            let (Some(ns), Some(name)) = (
-                route.metadata.namespace.as_deref(),
-                route.metadata.name.as_deref(),
-            ) else {
-                continue;
-            };
-            let Some(ours) = decisions.http_routes.get(&ObjectKey::new(ns, name)) else {
-                continue;
-            };
-            let current = route
-                .status
-                .as_ref()
-                .and_then(|s| serde_json::to_value(s).ok());
-            let current_parents = current
-                .as_ref()
-                .and_then(|c| c["parents"].as_array().cloned())
-                .unwrap_or_default();
-            let object = route.object_ref(&());
-            let event_scope = format!("HTTPRoute/{ns}/{name}");
-            // Other controllers' entries stay as they are.
-            let mut parents: Vec<Value> = current_parents
-                .iter()
-                .filter(|p| p["controllerName"] != controller_name.as_str())
-                .cloned()
-                .collect();
-            for p in ours {
-                let parent_ref = serde_json::to_value(&p.parent_ref).unwrap_or(Value::Null);
-                let existing = current_parents
-                    .iter()
-                    .find(|e| {
-                        e["controllerName"] == controller_name.as_str()
-                            && same_parent_ref(&e["parentRef"], &parent_ref)
-                    })
-                    .map(|e| existing_conditions(Some(e.clone())))
-                    .unwrap_or_default();
-                let mut subject =
-                    format!("parent {}/{}", p.parent_ref.namespace, p.parent_ref.name);
-                if let Some(section) = &p.parent_ref.section_name {
-                    subject.push('/');
-                    subject.push_str(section);
-                }
-                subject.push_str(": ");
-                // Routes are many: only problems and recoveries are worth an Event.
-                self.transitions(
-                    &mut next,
-                    &object,
-                    &event_scope,
-                    &subject,
-                    &p.conditions,
-                    &existing,
-                    false,
-                );
-                parents.push(json!({
-                    "parentRef": parent_ref,
-                    "controllerName": p.controller_name,
-                    "conditions": render_conditions(&p.conditions, &existing, &now),
-                }));
-            }
-            if same_parents(&parents, &current_parents) {
-                continue;
-            }
-            // status.parents is an atomic list shared with other controllers: the apply
-            // carries the resourceVersion it was computed from, so it fails (and is redone)
-            // instead of dropping an entry another controller wrote in between.
-            let body = json!({
-                "apiVersion": "gateway.networking.k8s.io/v1",
-                "kind": "HTTPRoute",
-                "metadata": {
-                    "name": name,
-                    "namespace": ns,
-                    "resourceVersion": route.metadata.resource_version,
-                },
-                "status": {"parents": parents},
-            });
-            let api: Api<HttpRoute> = Api::namespaced(self.client.clone(), ns);
-            self.apply(api, "HTTPRoute", name, body).await;
-        }
+        self.route_parents(
+            &mut next,
+            RouteKind::Http,
+            &store.http_routes,
+            &decisions.http_routes,
+            &now,
+        )
+        .await;
+        self.route_parents(
+            &mut next,
+            RouteKind::Grpc,
+            &store.grpc_routes,
+            &decisions.grpc_routes,
+            &now,
+        )
+        .await;
 
         // Ingresses of our classes are served by the shared pool: its address is theirs.
         let shared = load_balancer_ingress(

@@ -302,8 +302,74 @@ spec:
   parentRefs: [{{name: named}}]
   hostnames: [elsewhere.example]
   rules: [{{backendRefs: [{{name: app, port: 80}}]}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {{name: rpc, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: named}}]
+  hostnames: [named.example]
+  rules:
+  - matches: [{{method: {{service: pkg.Echo}}}}]
+    backendRefs: [{{name: no-grpc-here, port: 9000}}]
+---
+# HTTPRoute "app" (older, every hostname) has this listener's names: a GRPCRoute may not share
+# them.
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {{name: shadowed, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: edge}}]
+  hostnames: [rpc.example]
+  rules: [{{backendRefs: [{{name: app, port: 80}}]}}]
 "#
         ),
+    )
+    .await;
+    // A GRPCRoute gets its status from the same writer: accepted, its missing backend named.
+    let grpc_routes: Api<gateway_api::apis::standard::grpcroutes::GrpcRoute> = env.api();
+    let grpc_status = coxswain_testenv::eventually(
+        "the GRPCRoute's status",
+        Duration::from_secs(30),
+        || async {
+            let r = grpc_routes.get("rpc").await.ok()?;
+            let parent = r.status?.parents.into_iter().next()?;
+            let of = |t: &str| {
+                parent
+                    .conditions
+                    .iter()
+                    .find(|c| c.type_ == t)
+                    .map(|c| (c.status.clone(), c.reason.clone()))
+            };
+            let resolved = of("ResolvedRefs")?;
+            (resolved.0 == "False")
+                .then(|| (parent.controller_name.clone(), of("Accepted"), resolved))
+        },
+    )
+    .await;
+    assert_eq!(grpc_status.0, "coxswain-labs.dev/gateway-controller");
+    assert_eq!(
+        grpc_status.1,
+        Some(("True".to_owned(), "Accepted".to_owned()))
+    );
+    assert_eq!(grpc_status.2.1, "BackendNotFound");
+    coxswain_testenv::eventually(
+        "the GRPCRoute sharing the HTTPRoute's hostnames is turned away",
+        Duration::from_secs(30),
+        || async {
+            let r = grpc_routes.get("shadowed").await.ok()?;
+            let parent = r.status?.parents.into_iter().next()?;
+            parent
+                .conditions
+                .iter()
+                .any(|c| {
+                    c.type_ == "Accepted"
+                        && c.status == "False"
+                        && c.reason == "NotAllowedByListeners"
+                        && c.message.contains("HTTPRoute")
+                })
+                .then_some(())
+        },
     )
     .await;
     let reason_of = |route: &'static str, type_: &'static str| {

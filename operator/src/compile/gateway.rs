@@ -1,6 +1,7 @@
 //! GatewayClasses and Gateways: acceptance, listener validation and conflicts.
 
 use super::Config;
+use super::httproute::RouteKind;
 use super::refs::{self, GATEWAY_GROUP, Index};
 use super::status::{Condition, GatewayStatus, ListenerStatus, ObjectKey, RouteGroupKind, reason};
 use super::store::Store;
@@ -25,8 +26,8 @@ pub struct AcceptedListener {
     pub protocol: Protocol,
     pub hostname: Option<String>,
     pub allowed_namespaces: AllowedNamespaces,
-    /// Whether HTTPRoute may attach (allowedRoutes.kinds).
-    pub allows_http_route: bool,
+    /// The route kinds that may attach (allowedRoutes.kinds, narrowed to what we serve).
+    pub route_kinds: Vec<RouteKind>,
     /// HTTPS: the certificate's name in the snapshot.
     pub certificate: Option<String>,
     /// False for a listener whose only problem is an unresolved reference (a missing or
@@ -326,10 +327,13 @@ fn params_exist(store: &Store, namespace: &str, name: &str) -> bool {
     })
 }
 
-fn http_route_kind() -> RouteGroupKind {
+/// The route kinds an HTTP or HTTPS listener serves, in the order supportedKinds lists them.
+const SERVED_ROUTE_KINDS: [RouteKind; 2] = [RouteKind::Http, RouteKind::Grpc];
+
+fn route_group_kind(kind: RouteKind) -> RouteGroupKind {
     RouteGroupKind {
         group: GATEWAY_GROUP.into(),
-        kind: "HTTPRoute".into(),
+        kind: kind.name().into(),
     }
 }
 
@@ -385,6 +389,10 @@ fn compile_listeners(
             _ => None,
         };
         let (supported_kinds, kinds_ok) = supported_kinds(l, protocol.is_some());
+        let route_kinds: Vec<RouteKind> = supported_kinds
+            .iter()
+            .filter_map(|k| RouteKind::from_name(&k.kind))
+            .collect();
         let port = u32::try_from(l.port)
             .ok()
             .filter(|p| (1..=65535).contains(p));
@@ -420,7 +428,7 @@ fn compile_listeners(
         if !kinds_ok {
             resolved_problem = Some((
                 reason::INVALID_ROUTE_KINDS,
-                "allowedRoutes.kinds lists a kind this listener cannot serve; only HTTPRoute is supported".into(),
+                "allowedRoutes.kinds lists a kind this listener cannot serve; HTTPRoute and GRPCRoute are supported".into(),
             ));
         }
         let mut certificate = None;
@@ -491,7 +499,7 @@ fn compile_listeners(
                 protocol,
                 hostname: l.hostname.clone().filter(|h| !h.is_empty()),
                 allowed_namespaces: allowed_namespaces(store, l),
-                allows_http_route: true,
+                route_kinds,
                 certificate,
                 programmable: usable,
             });
@@ -506,35 +514,30 @@ fn normalized_protocol(p: &str) -> String {
 
 /// supportedKinds and whether every listed kind is one we serve.
 fn supported_kinds(l: &GatewayListeners, protocol_ok: bool) -> (Vec<RouteGroupKind>, bool) {
+    let all = || -> Vec<RouteGroupKind> {
+        if protocol_ok {
+            SERVED_ROUTE_KINDS.map(route_group_kind).to_vec()
+        } else {
+            vec![]
+        }
+    };
     let listed = l.allowed_routes.as_ref().and_then(|a| a.kinds.as_ref());
     match listed {
-        None => (
-            if protocol_ok {
-                vec![http_route_kind()]
-            } else {
-                vec![]
-            },
-            true,
-        ),
-        Some(kinds) if kinds.is_empty() => (
-            if protocol_ok {
-                vec![http_route_kind()]
-            } else {
-                vec![]
-            },
-            true,
-        ),
+        None => (all(), true),
+        Some(kinds) if kinds.is_empty() => (all(), true),
         Some(kinds) => {
             let mut supported = Vec::new();
             let mut all_ok = true;
             for k in kinds {
                 let group = k.group.as_deref().unwrap_or(GATEWAY_GROUP);
-                if group == GATEWAY_GROUP && k.kind == "HTTPRoute" && protocol_ok {
-                    if !supported.contains(&http_route_kind()) {
-                        supported.push(http_route_kind());
+                match RouteKind::from_name(&k.kind) {
+                    Some(kind) if group == GATEWAY_GROUP && protocol_ok => {
+                        let gk = route_group_kind(kind);
+                        if !supported.contains(&gk) {
+                            supported.push(gk);
+                        }
                     }
-                } else {
-                    all_ok = false;
+                    _ => all_ok = false,
                 }
             }
             (supported, all_ok)

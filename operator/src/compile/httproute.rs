@@ -1,5 +1,6 @@
-//! HTTPRoutes: attachment to Gateway listeners, rules to snapshot routes, and the
-//! `status.parents` entries this controller owns.
+//! HTTPRoutes and GRPCRoutes: attachment to Gateway listeners, rules to snapshot routes, and
+//! the `status.parents` entries this controller owns. A GRPCRoute is first read as the
+//! HTTPRoute it is equivalent to ([`super::grpcroute`]), then compiled by the same code.
 
 use super::Config;
 use super::entries::{Entry, PrecedenceKey};
@@ -13,15 +14,40 @@ use coxswain_api::snapshot::{
     WeightedBackend, filter,
 };
 use gateway_api::apis::standard::httproutes::{
-    HttpRoute, HttpRouteRules, HttpRouteRulesFilters, HttpRouteRulesMatches,
+    HttpRoute, HttpRouteParentRefs, HttpRouteRules, HttpRouteRulesFilters, HttpRouteRulesMatches,
     HttpRouteRulesMatchesHeadersType, HttpRouteRulesMatchesPathType,
     HttpRouteRulesMatchesQueryParamsType,
 };
 use std::collections::BTreeMap;
 
+/// The route kinds compiled here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum RouteKind {
+    Http,
+    Grpc,
+}
+
+impl RouteKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Http => "HTTPRoute",
+            Self::Grpc => "GRPCRoute",
+        }
+    }
+
+    pub fn from_name(kind: &str) -> Option<Self> {
+        match kind {
+            "HTTPRoute" => Some(Self::Http),
+            "GRPCRoute" => Some(Self::Grpc),
+            _ => None,
+        }
+    }
+}
+
 pub struct RouteOutput {
     pub entries: Vec<Entry>,
     pub status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    pub grpc_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     /// (gateway, listener name) -> number of attached routes
     pub attached: BTreeMap<(ObjectKey, String), i32>,
     pub clusters: Vec<snap::Cluster>,
@@ -38,6 +64,14 @@ struct CompiledRule {
     direct_status: u32,
 }
 
+/// What every route's compilation reads.
+struct Inputs<'a> {
+    store: &'a Store,
+    index: &'a Index<'a>,
+    served: &'a BTreeMap<ObjectKey, ServedGateway>,
+    config: &'a Config,
+}
+
 pub fn compile(
     store: &Store,
     index: &Index<'_>,
@@ -47,133 +81,293 @@ pub fn compile(
     let mut out = RouteOutput {
         entries: Vec::new(),
         status: BTreeMap::new(),
+        grpc_status: BTreeMap::new(),
         attached: BTreeMap::new(),
         clusters: Vec::new(),
     };
-    for route in &store.http_routes {
-        let key = ObjectKey::new(
-            route.metadata.namespace.as_deref().unwrap_or("default"),
-            route.metadata.name.as_deref().unwrap_or_default(),
-        );
-        let generation = route.metadata.generation.unwrap_or(0);
-        let parent_refs = route.spec.parent_refs.clone().unwrap_or_default();
-        // Only parents that are Gateways this controller serves are ours to report on.
-        let ours: Vec<_> = parent_refs
-            .iter()
-            .filter_map(|p| {
-                let group = p.group.as_deref().unwrap_or(GATEWAY_GROUP);
-                let kind = p.kind.as_deref().unwrap_or("Gateway");
-                if group != GATEWAY_GROUP || kind != "Gateway" {
-                    return None;
-                }
-                let ns = p.namespace.as_deref().unwrap_or(&key.namespace);
-                let gw = served.get(&ObjectKey::new(ns, &p.name))?;
-                Some((p, gw))
-            })
-            .collect();
-        if ours.is_empty() {
-            continue;
-        }
+    let inputs = Inputs {
+        store,
+        index,
+        served,
+        config,
+    };
+    let grpc: Vec<(HttpRoute, Option<Problem>)> = store
+        .grpc_routes
+        .iter()
+        .map(super::grpcroute::as_http_route)
+        .collect();
+    let routes: Vec<(RouteKind, &HttpRoute, Option<Problem>)> = store
+        .http_routes
+        .iter()
+        .map(|r| (RouteKind::Http, r, None))
+        .chain(grpc.iter().map(|(r, p)| (RouteKind::Grpc, r, p.clone())))
+        .collect();
+    let rejected = cross_kind_conflicts(&inputs, &routes);
+    for (kind, route, problem) in routes {
+        compile_route(&inputs, kind, route, problem, &rejected, &mut out);
+    }
+    out
+}
 
-        let (rules, resolved, route_problem) =
-            compile_rules(store, index, route, &key, &mut out.clusters);
+/// (route kind, route, Gateway, listener name) -> the route of the other kind that keeps the
+/// hostnames they share on that listener.
+type Rejections = BTreeMap<(RouteKind, ObjectKey, ObjectKey, String), String>;
+
+fn route_key(route: &HttpRoute) -> ObjectKey {
+    ObjectKey::new(
+        route.metadata.namespace.as_deref().unwrap_or("default"),
+        route.metadata.name.as_deref().unwrap_or_default(),
+    )
+}
+
+/// The parentRefs of `route` that are Gateways this controller serves: only those are ours to
+/// report on.
+fn served_parents<'r, 's>(
+    route: &'r HttpRoute,
+    key: &ObjectKey,
+    served: &'s BTreeMap<ObjectKey, ServedGateway>,
+) -> Vec<(&'r HttpRouteParentRefs, &'s ServedGateway)> {
+    route
+        .spec
+        .parent_refs
+        .iter()
+        .flatten()
+        .filter_map(|p| {
+            let group = p.group.as_deref().unwrap_or(GATEWAY_GROUP);
+            let kind = p.kind.as_deref().unwrap_or("Gateway");
+            if group != GATEWAY_GROUP || kind != "Gateway" {
+                return None;
+            }
+            let ns = p.namespace.as_deref().unwrap_or(&key.namespace);
+            let gw = served.get(&ObjectKey::new(ns, &p.name))?;
+            Some((p, gw))
+        })
+        .collect()
+}
+
+/// Gateway API (GRPCRoute hostnames): when an HTTPRoute and a GRPCRoute attached to one
+/// listener share a hostname, exactly one is accepted there: the oldest, then the first by
+/// namespace/name. Routes are taken in that order; each is turned away from a listener where
+/// a route of the other kind taken before it serves an intersecting hostname.
+fn cross_kind_conflicts(
+    inputs: &Inputs<'_>,
+    routes: &[(RouteKind, &HttpRoute, Option<Problem>)],
+) -> Rejections {
+    let mut rejected = Rejections::new();
+    let has = |k: RouteKind| routes.iter().any(|r| r.0 == k);
+    if !has(RouteKind::Http) || !has(RouteKind::Grpc) {
+        return rejected;
+    }
+    let mut order: Vec<(RouteKind, &HttpRoute, ObjectKey)> = routes
+        .iter()
+        .filter(|r| r.2.is_none())
+        .map(|(kind, route, _)| (*kind, *route, route_key(route)))
+        .collect();
+    order.sort_by(|a, b| {
+        let created = |r: &HttpRoute| {
+            r.metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| (t.0.as_second(), t.0.subsec_nanosecond()))
+        };
+        // Objects without a creationTimestamp (files) come after those with one.
+        match (created(a.1), created(b.1)) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => std::cmp::Ordering::Equal,
+        }
+        .then_with(|| a.2.cmp(&b.2))
+    });
+    // (Gateway, listener) -> the routes taken there: kind, "Kind ns/name", hostnames.
+    type Taken = Vec<(RouteKind, String, Vec<String>)>;
+    let mut taken: BTreeMap<(ObjectKey, String), Taken> = BTreeMap::new();
+    for (kind, route, key) in order {
         let hostnames = route.spec.hostnames.clone().unwrap_or_default();
-        let mut parents = Vec::new();
-        for (p, gw) in ours {
-            let parent_ref = ParentRef {
-                group: GATEWAY_GROUP.into(),
-                kind: "Gateway".into(),
-                namespace: gw.key.namespace.clone(),
-                name: gw.key.name.clone(),
-                section_name: p.section_name.clone(),
-                port: p.port,
-            };
-            let attach = attach(
+        for (p, gw) in served_parents(route, &key, inputs.served) {
+            let Ok(attachments) = attach(
                 gw,
+                kind,
                 p.section_name.as_deref(),
                 p.port,
                 &key.namespace,
                 &hostnames,
-            );
-            let accepted = match (&route_problem, &attach) {
-                (Some((r, m)), _) => {
-                    Condition::new(reason::ACCEPTED, false, r, m.clone(), generation)
-                }
-                (None, Err((r, m))) => {
-                    Condition::new(reason::ACCEPTED, false, r, m.clone(), generation)
-                }
-                (None, Ok(_)) => {
-                    Condition::new(reason::ACCEPTED, true, reason::ACCEPTED, "", generation)
-                }
+            ) else {
+                continue;
             };
-            let resolved_cond = match &resolved {
-                Ok(()) => Condition::new(
-                    reason::RESOLVED_REFS,
-                    true,
-                    reason::RESOLVED_REFS,
-                    "",
-                    generation,
-                ),
-                Err((r, m)) => {
-                    Condition::new(reason::RESOLVED_REFS, false, r, m.clone(), generation)
+            for (listener, hosts) in attachments {
+                let slot = (gw.key.clone(), listener.name.clone());
+                let there = taken.entry(slot.clone()).or_default();
+                let clash = there.iter().find(|(k, _, theirs)| {
+                    *k != kind
+                        && theirs
+                            .iter()
+                            .any(|t| hosts.iter().any(|h| hostnames_intersect(t, h)))
+                });
+                if let Some((_, other, _)) = clash {
+                    rejected.insert((kind, key.clone(), slot.0, slot.1), other.clone());
+                } else {
+                    there.push((kind, format!("{} {key}", kind.name()), hosts));
                 }
-            };
-            if let (None, Ok(attachments)) = (&route_problem, attach) {
-                for (listener, hosts) in attachments {
-                    *out.attached
-                        .entry((gw.key.clone(), listener.name.clone()))
-                        .or_default() += 1;
-                    if !listener.programmable {
-                        continue;
+            }
+        }
+    }
+    rejected
+}
+
+/// Hostnames as attachment leaves them: "" stands for every name.
+fn hostnames_intersect(a: &str, b: &str) -> bool {
+    a.is_empty() || b.is_empty() || hostname::intersect(Some(a), b).is_some()
+}
+
+/// One route of either kind. `problem` is a reason the route cannot be accepted that was found
+/// before compiling it (a GRPCRoute that has no HTTPRoute equivalent).
+fn compile_route(
+    inputs: &Inputs<'_>,
+    kind: RouteKind,
+    route: &HttpRoute,
+    problem: Option<Problem>,
+    rejected: &Rejections,
+    out: &mut RouteOutput,
+) {
+    let Inputs {
+        store,
+        index,
+        served,
+        config,
+    } = *inputs;
+    let key = route_key(route);
+    let generation = route.metadata.generation.unwrap_or(0);
+    let ours = served_parents(route, &key, served);
+    if ours.is_empty() {
+        return;
+    }
+
+    let (rules, resolved, rules_problem) =
+        compile_rules(store, index, kind, route, &key, &mut out.clusters);
+    let route_problem = problem.or(rules_problem);
+    let hostnames = route.spec.hostnames.clone().unwrap_or_default();
+    let mut parents = Vec::new();
+    for (p, gw) in ours {
+        let parent_ref = ParentRef {
+            group: GATEWAY_GROUP.into(),
+            kind: "Gateway".into(),
+            namespace: gw.key.namespace.clone(),
+            name: gw.key.name.clone(),
+            section_name: p.section_name.clone(),
+            port: p.port,
+        };
+        let attach = attach(
+            gw,
+            kind,
+            p.section_name.as_deref(),
+            p.port,
+            &key.namespace,
+            &hostnames,
+        )
+        .and_then(|attachments| {
+            let mut turned_away = None;
+            let kept: Vec<_> = attachments
+                .into_iter()
+                .filter(|(l, _)| {
+                    let slot = (kind, key.clone(), gw.key.clone(), l.name.clone());
+                    match rejected.get(&slot) {
+                        Some(other) => {
+                            turned_away.get_or_insert((l.name.clone(), other.clone()));
+                            false
+                        }
+                        None => true,
                     }
-                    for host in hosts {
-                        for rule in &rules {
-                            for (match_index, m) in rule.matches.iter().enumerate() {
-                                out.entries.push(Entry {
-                                    scope: gw.scope.clone(),
-                                    port: listener.port,
-                                    protocol: listener.protocol,
-                                    listener_hostname: listener.hostname.clone(),
-                                    vhost: host.clone(),
-                                    key: PrecedenceKey::new(
-                                        &host,
-                                        m,
-                                        route.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                                        &key,
-                                        rule.index,
-                                        match_index as u32,
-                                    ),
-                                    route: snap::Route {
-                                        source: Some(RouteSource {
-                                            kind: "HTTPRoute".into(),
-                                            namespace: key.namespace.clone(),
-                                            name: key.name.clone(),
-                                            rule: rule.index,
-                                            rule_name: rule.name.clone(),
-                                        }),
-                                        r#match: Some(m.clone()),
-                                        filters: rule.filters.clone(),
-                                        backends: rule.backends.clone(),
-                                        timeouts: rule.timeouts,
-                                        direct_status: rule.direct_status,
-                                        ..Default::default()
-                                    },
-                                });
-                            }
+                })
+                .collect();
+            match turned_away {
+                Some((listener, other)) if kept.is_empty() => Err((
+                    reason::NOT_ALLOWED_BY_LISTENERS,
+                    format!(
+                        "{other} serves a hostname of this route on listener {listener}: an \
+                         HTTPRoute and a GRPCRoute cannot share a hostname on one listener, and \
+                         the older one (then the first by namespace/name) keeps it"
+                    ),
+                )),
+                _ => Ok(kept),
+            }
+        });
+        let accepted = match (&route_problem, &attach) {
+            (Some((r, m)), _) => Condition::new(reason::ACCEPTED, false, r, m.clone(), generation),
+            (None, Err((r, m))) => {
+                Condition::new(reason::ACCEPTED, false, r, m.clone(), generation)
+            }
+            (None, Ok(_)) => {
+                Condition::new(reason::ACCEPTED, true, reason::ACCEPTED, "", generation)
+            }
+        };
+        let resolved_cond = match &resolved {
+            Ok(()) => Condition::new(
+                reason::RESOLVED_REFS,
+                true,
+                reason::RESOLVED_REFS,
+                "",
+                generation,
+            ),
+            Err((r, m)) => Condition::new(reason::RESOLVED_REFS, false, r, m.clone(), generation),
+        };
+        if let (None, Ok(attachments)) = (&route_problem, attach) {
+            for (listener, hosts) in attachments {
+                *out.attached
+                    .entry((gw.key.clone(), listener.name.clone()))
+                    .or_default() += 1;
+                if !listener.programmable {
+                    continue;
+                }
+                for host in hosts {
+                    for rule in &rules {
+                        for (match_index, m) in rule.matches.iter().enumerate() {
+                            out.entries.push(Entry {
+                                scope: gw.scope.clone(),
+                                port: listener.port,
+                                protocol: listener.protocol,
+                                listener_hostname: listener.hostname.clone(),
+                                vhost: host.clone(),
+                                key: PrecedenceKey::new(
+                                    &host,
+                                    m,
+                                    route.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                                    &key,
+                                    rule.index,
+                                    match_index as u32,
+                                ),
+                                route: snap::Route {
+                                    source: Some(RouteSource {
+                                        kind: kind.name().into(),
+                                        namespace: key.namespace.clone(),
+                                        name: key.name.clone(),
+                                        rule: rule.index,
+                                        rule_name: rule.name.clone(),
+                                    }),
+                                    r#match: Some(m.clone()),
+                                    filters: rule.filters.clone(),
+                                    backends: rule.backends.clone(),
+                                    timeouts: rule.timeouts,
+                                    direct_status: rule.direct_status,
+                                    ..Default::default()
+                                },
+                            });
                         }
                     }
                 }
             }
-            parents.push(RouteParentStatus {
-                parent_ref,
-                controller_name: config.controller_name.clone(),
-                conditions: vec![accepted, resolved_cond],
-            });
         }
-        parents.sort_by(|a, b| a.parent_ref.cmp(&b.parent_ref));
-        out.status.insert(key, parents);
+        parents.push(RouteParentStatus {
+            parent_ref,
+            controller_name: config.controller_name.clone(),
+            conditions: vec![accepted, resolved_cond],
+        });
     }
-    out
+    parents.sort_by(|a, b| a.parent_ref.cmp(&b.parent_ref));
+    match kind {
+        RouteKind::Http => out.status.insert(key, parents),
+        RouteKind::Grpc => out.grpc_status.insert(key, parents),
+    };
 }
 
 type Problem = (&'static str, String);
@@ -183,6 +377,7 @@ type Problem = (&'static str, String);
 /// hostname intersection decide).
 fn attach<'g>(
     gw: &'g ServedGateway,
+    kind: RouteKind,
     section: Option<&str>,
     port: Option<i32>,
     route_ns: &str,
@@ -221,14 +416,18 @@ fn attach<'g>(
     }
     let allowed: Vec<_> = candidates
         .into_iter()
-        .filter(|l| l.allows_http_route && l.allowed_namespaces.allows(&gw.key.namespace, route_ns))
+        .filter(|l| {
+            l.route_kinds.contains(&kind)
+                && l.allowed_namespaces.allows(&gw.key.namespace, route_ns)
+        })
         .collect();
     if allowed.is_empty() {
         return Err((
             reason::NOT_ALLOWED_BY_LISTENERS,
             format!(
-                "the listeners of Gateway {} do not allow HTTPRoutes from namespace {route_ns}",
-                gw.key
+                "the listeners of Gateway {} do not allow {}s from namespace {route_ns}",
+                gw.key,
+                kind.name()
             ),
         ));
     }
@@ -263,6 +462,7 @@ fn attach<'g>(
 fn compile_rules(
     store: &Store,
     index: &Index<'_>,
+    kind: RouteKind,
     route: &HttpRoute,
     key: &ObjectKey,
     clusters: &mut Vec<snap::Cluster>,
@@ -276,7 +476,7 @@ fn compile_rules(
     let spec_rules = route.spec.rules.as_deref().unwrap_or(&default_rules);
     for (i, rule) in spec_rules.iter().enumerate() {
         let index_u32 = i as u32;
-        match compile_rule(store, index, rule, key, clusters) {
+        match compile_rule(store, index, kind, rule, key, clusters) {
             Ok((compiled_matches, filters, backends, timeouts, direct_status, rule_resolved)) => {
                 if let (Ok(()), Err(e)) = (&resolved, rule_resolved) {
                     resolved = Err(e);
@@ -311,6 +511,7 @@ type RuleParts = (
 fn compile_rule(
     store: &Store,
     index: &Index<'_>,
+    kind: RouteKind,
     rule: &HttpRouteRules,
     key: &ObjectKey,
     clusters: &mut Vec<snap::Cluster>,
@@ -325,6 +526,7 @@ fn compile_rule(
         filters.push(compile_filter(
             store,
             index,
+            kind,
             f,
             key,
             clusters,
@@ -337,6 +539,7 @@ fn compile_rule(
         let target = resolve_backend(
             store,
             index,
+            kind,
             key,
             b.group.as_deref(),
             b.kind.as_deref(),
@@ -363,6 +566,7 @@ fn compile_rule(
             backend_filters.push(compile_filter(
                 store,
                 index,
+                kind,
                 &as_rule,
                 key,
                 clusters,
@@ -523,6 +727,7 @@ fn check_regex(value: &str, what: &str) -> Result<(), Problem> {
 fn compile_filter(
     store: &Store,
     index: &Index<'_>,
+    kind: RouteKind,
     f: &HttpRouteRulesFilters,
     key: &ObjectKey,
     clusters: &mut Vec<snap::Cluster>,
@@ -580,6 +785,7 @@ fn compile_filter(
         let cluster = match resolve_backend(
             store,
             index,
+            kind,
             key,
             b.group.as_deref(),
             b.kind.as_deref(),
@@ -703,6 +909,7 @@ fn path_modifier(
 fn resolve_backend(
     store: &Store,
     index: &Index<'_>,
+    route_kind: RouteKind,
     route: &ObjectKey,
     group: Option<&str>,
     kind: Option<&str>,
@@ -723,7 +930,7 @@ fn resolve_backend(
     if !refs::permitted(
         store,
         GATEWAY_GROUP,
-        "HTTPRoute",
+        route_kind.name(),
         &route.namespace,
         "",
         "Service",
@@ -733,7 +940,8 @@ fn resolve_backend(
         return Err((
             reason::REF_NOT_PERMITTED,
             format!(
-                "no ReferenceGrant in {ns} allows HTTPRoutes in {} to use Service {name}",
+                "no ReferenceGrant in {ns} allows {}s in {} to use Service {name}",
+                route_kind.name(),
                 route.namespace
             ),
         ));
@@ -750,12 +958,19 @@ fn resolve_backend(
             format!("Service {ns}/{name} not found"),
         ));
     }
-    let Some(cluster) = index.cluster(ns, name, port) else {
+    let Some(mut cluster) = index.cluster(ns, name, port) else {
         return Err((
             reason::BACKEND_NOT_FOUND,
             format!("Service {ns}/{name} has no port {port}"),
         ));
     };
+    // gRPC is HTTP/2: a GRPCRoute's backends get cleartext HTTP/2 whatever the Service port's
+    // appProtocol says, under a name of their own so an HTTPRoute to the same port keeps its
+    // protocol.
+    if route_kind == RouteKind::Grpc && cluster.app_protocol != snap::AppProtocol::H2c as i32 {
+        cluster.app_protocol = snap::AppProtocol::H2c as i32;
+        cluster.name.push_str(refs::H2C_CLUSTER_SUFFIX);
+    }
     let name = cluster.name.clone();
     clusters.push(cluster);
     Ok(name)

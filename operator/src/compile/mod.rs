@@ -3,13 +3,14 @@
 //! byte-identical snapshots.
 //!
 //! Pipeline: GatewayClasses and Gateways ([`gateway`]) decide which listeners exist;
-//! HTTPRoutes ([`httproute`]) and Ingresses ([`ingress`]) become route [`entries`] on those
-//! listeners; [`assemble`] groups entries into virtual hosts in precedence order per port and
+//! HTTPRoutes and GRPCRoutes ([`httproute`], [`grpcroute`]) and Ingresses ([`ingress`]) become
+//! route [`entries`] on those listeners; [`assemble`] groups entries into virtual hosts in precedence order per port and
 //! scope, and seals each snapshot with its content hash.
 
 pub mod annotations;
 pub mod entries;
 pub mod gateway;
+pub mod grpcroute;
 pub mod hostname;
 pub mod httproute;
 pub mod ingress;
@@ -74,6 +75,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         gateway_classes: gateways.class_status,
         gateways: gateways.gateway_status,
         http_routes: routes.status,
+        grpc_routes: routes.grpc_status,
         ingresses: ingresses.status,
         ingress_classes: ingresses.class_problems,
     };

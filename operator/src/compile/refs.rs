@@ -146,6 +146,10 @@ impl<'a> Index<'a> {
     }
 }
 
+/// Appended to a cluster's name when a GRPCRoute makes the proxy speak cleartext HTTP/2 to a
+/// Service port whose appProtocol does not say so.
+pub const H2C_CLUSTER_SUFFIX: &str = "/h2c";
+
 pub fn cluster_name(namespace: &str, name: &str, port: i32) -> String {
     format!("{namespace}/{name}:{port}")
 }

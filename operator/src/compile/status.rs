@@ -155,6 +155,8 @@ pub struct StatusDecisions {
     pub gateways: BTreeMap<ObjectKey, GatewayStatus>,
     /// Only the parents this controller is responsible for.
     pub http_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub grpc_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     pub ingresses: BTreeMap<ObjectKey, IngressStatus>,
     /// IngressClass name -> why its `spec.parameters` is not used (one Warning Event on the
     /// IngressClass); its Ingresses are served without class defaults.

@@ -4,6 +4,7 @@
 use coxswain_api::{CoxswainGatewayParameters, CoxswainIngressClassParameters};
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
+use gateway_api::apis::standard::grpcroutes::GrpcRoute;
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use gateway_api::apis::standard::referencegrants::ReferenceGrant;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
@@ -17,6 +18,7 @@ pub struct Store {
     pub gateway_classes: Vec<GatewayClass>,
     pub gateways: Vec<Gateway>,
     pub http_routes: Vec<HttpRoute>,
+    pub grpc_routes: Vec<GrpcRoute>,
     pub reference_grants: Vec<ReferenceGrant>,
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
@@ -35,6 +37,7 @@ impl Store {
             ("GatewayClass", self.gateway_classes.len()),
             ("Gateway", self.gateways.len()),
             ("HTTPRoute", self.http_routes.len()),
+            ("GRPCRoute", self.grpc_routes.len()),
             ("ReferenceGrant", self.reference_grants.len()),
             ("Service", self.services.len()),
             ("EndpointSlice", self.endpoint_slices.len()),
@@ -143,6 +146,7 @@ impl Store {
             ("gateway.networking.k8s.io", "GatewayClass") => push(&mut self.gateway_classes, value),
             ("gateway.networking.k8s.io", "Gateway") => push(&mut self.gateways, value),
             ("gateway.networking.k8s.io", "HTTPRoute") => push(&mut self.http_routes, value),
+            ("gateway.networking.k8s.io", "GRPCRoute") => push(&mut self.grpc_routes, value),
             ("gateway.networking.k8s.io", "ReferenceGrant") => {
                 push(&mut self.reference_grants, value)
             }

@@ -1,0 +1,281 @@
+//! GRPCRoutes, read as the HTTPRoutes they are equivalent to. A gRPC call is an HTTP/2 POST to
+//! `/<service>/<method>` with its metadata as headers, so a method match is a path match and a
+//! header match is a header match; filters and backendRefs have the HTTPRoute shapes already.
+//! What stays gRPC-specific — HTTP/2 to the backends, the kind in status and ReferenceGrants —
+//! is decided by [`super::httproute`] from [`super::httproute::RouteKind`].
+
+use super::status::reason;
+use gateway_api::apis::standard::grpcroutes::{
+    GrpcRoute, GrpcRouteRules, GrpcRouteRulesMatches, GrpcRouteRulesMatchesMethodType,
+};
+use gateway_api::apis::standard::httproutes::{HttpRoute, HttpRouteSpec};
+use serde_json::{Value, json};
+
+type Problem = (&'static str, String);
+
+/// The HTTPRoute serving what `route` asks for, and a problem when part of it has no HTTPRoute
+/// equivalent (the route is then not accepted; what converted still gets status).
+pub fn as_http_route(route: &GrpcRoute) -> (HttpRoute, Option<Problem>) {
+    let mut problem = None;
+    let rules = route.spec.rules.as_ref().map(|rules| {
+        rules
+            .iter()
+            .filter_map(|rule| match rule_as_http(rule) {
+                Ok(r) => Some(r),
+                Err(p) => {
+                    problem.get_or_insert(p);
+                    None
+                }
+            })
+            .collect::<Vec<Value>>()
+    });
+    let spec = json!({
+        "parentRefs": route.spec.parent_refs,
+        "hostnames": route.spec.hostnames,
+        "rules": rules,
+    });
+    let spec = match serde_json::from_value::<HttpRouteSpec>(spec) {
+        Ok(spec) => spec,
+        Err(e) => {
+            // Only the parents survive, so the route still gets a status saying why.
+            problem.get_or_insert((reason::UNSUPPORTED_VALUE, format!("GRPCRoute: {e}")));
+            HttpRouteSpec {
+                parent_refs: serde_json::to_value(&route.spec.parent_refs)
+                    .and_then(serde_json::from_value)
+                    .unwrap_or_default(),
+                rules: Some(Vec::new()),
+                ..Default::default()
+            }
+        }
+    };
+    let http = HttpRoute {
+        metadata: route.metadata.clone(),
+        spec,
+        status: None,
+    };
+    (http, problem)
+}
+
+fn rule_as_http(rule: &GrpcRouteRules) -> Result<Value, Problem> {
+    let matches = rule
+        .matches
+        .as_ref()
+        .map(|ms| ms.iter().map(match_as_http).collect::<Result<Vec<_>, _>>())
+        .transpose()?;
+    let mut out = json!({
+        "matches": matches,
+        "filters": rule.filters,
+        "backendRefs": rule.backend_refs,
+    });
+    if let Some(name) = &rule.name {
+        out["name"] = json!(name);
+    }
+    Ok(out)
+}
+
+/// Gateway API: an absent method matches every method; with type Exact (the default) a
+/// service and a method match `/<service>/<method>`, a service alone every method of it, a
+/// method alone that method of any service; with RegularExpression each part is a pattern.
+fn match_as_http(m: &GrpcRouteRulesMatches) -> Result<Value, Problem> {
+    let path = match &m.method {
+        None => None,
+        Some(method) => {
+            let service = method.service.as_deref().filter(|s| !s.is_empty());
+            let name = method.method.as_deref().filter(|s| !s.is_empty());
+            match method.r#type {
+                None | Some(GrpcRouteRulesMatchesMethodType::Exact) => {
+                    for part in [service, name].into_iter().flatten() {
+                        if part.contains('/') {
+                            return Err((
+                                reason::UNSUPPORTED_VALUE,
+                                format!("method match {part:?} contains a '/'"),
+                            ));
+                        }
+                    }
+                    match (service, name) {
+                        (Some(s), Some(n)) => {
+                            Some(json!({"type": "Exact", "value": format!("/{s}/{n}")}))
+                        }
+                        (Some(s), None) => {
+                            Some(json!({"type": "PathPrefix", "value": format!("/{s}")}))
+                        }
+                        (None, Some(n)) => Some(json!({
+                            "type": "RegularExpression",
+                            "value": format!("/[^/]+/{}", regex::escape(n)),
+                        })),
+                        (None, None) => None,
+                    }
+                }
+                Some(GrpcRouteRulesMatchesMethodType::RegularExpression) => {
+                    let pattern = |p: Option<&str>, what: &str| -> Result<String, Problem> {
+                        let p = p.unwrap_or("[^/]+");
+                        regex::Regex::new(p).map_err(|e| {
+                            (
+                                reason::UNSUPPORTED_VALUE,
+                                format!("{what} regular expression {p:?}: {e}"),
+                            )
+                        })?;
+                        Ok(format!("(?:{p})"))
+                    };
+                    let value = format!(
+                        "/{}/{}",
+                        pattern(service, "service")?,
+                        pattern(name, "method")?
+                    );
+                    Some(json!({"type": "RegularExpression", "value": value}))
+                }
+            }
+        }
+    };
+    let mut out = json!({ "headers": m.headers });
+    if let Some(path) = path {
+        out["path"] = path;
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grpc(yaml: &str) -> GrpcRoute {
+        serde_yaml::from_str(yaml).expect("GRPCRoute fixture")
+    }
+
+    fn paths(route: &HttpRoute) -> Vec<(String, String)> {
+        route
+            .spec
+            .rules
+            .iter()
+            .flatten()
+            .flat_map(|r| r.matches.iter().flatten())
+            .map(|m| {
+                let p = m.path.as_ref().expect("a path match");
+                (
+                    serde_json::to_value(&p.r#type)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_owned))
+                        .unwrap_or_default(),
+                    p.value.clone().unwrap_or_default(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn method_matches_become_path_matches() {
+        let route = grpc(
+            r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: r, namespace: ns}
+spec:
+  parentRefs: [{name: gw}]
+  rules:
+  - name: both
+    matches:
+    - method: {service: pkg.Echo, method: Say}
+    - method: {service: pkg.Echo}
+    - method: {method: Say.Hi}
+    - method: {type: RegularExpression, service: "pkg\\..*", method: "S.y"}
+    - method: {type: RegularExpression, method: "Say"}
+    backendRefs: [{name: svc, port: 9000}]
+"#,
+        );
+        let (http, problem) = as_http_route(&route);
+        assert_eq!(problem, None);
+        let expected = [
+            ("Exact", "/pkg.Echo/Say"),
+            ("PathPrefix", "/pkg.Echo"),
+            ("RegularExpression", r"/[^/]+/Say\.Hi"),
+            ("RegularExpression", r"/(?:pkg\..*)/(?:S.y)"),
+            ("RegularExpression", "/(?:[^/]+)/(?:Say)"),
+        ];
+        assert_eq!(
+            paths(&http),
+            expected
+                .iter()
+                .map(|(t, v)| ((*t).to_owned(), (*v).to_owned()))
+                .collect::<Vec<_>>()
+        );
+        let rule = &http.spec.rules.as_ref().expect("rules")[0];
+        assert_eq!(rule.name.as_deref(), Some("both"));
+        let backend = &rule.backend_refs.as_ref().expect("backends")[0];
+        assert_eq!((backend.name.as_str(), backend.port), ("svc", Some(9000)));
+        assert_eq!(http.metadata.name.as_deref(), Some("r"));
+        assert_eq!(http.spec.parent_refs.as_ref().map(Vec::len), Some(1));
+    }
+
+    #[test]
+    fn headers_and_filters_carry_over() {
+        let route = grpc(
+            r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: r, namespace: ns}
+spec:
+  parentRefs: [{name: gw}]
+  hostnames: [grpc.example.com]
+  rules:
+  - matches:
+    - headers: [{name: Version, value: two}, {type: RegularExpression, name: color, value: "o.*"}]
+    filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier: {set: [{name: x-a, value: b}]}
+    - type: RequestMirror
+      requestMirror: {backendRef: {name: shadow, port: 9000}, percent: 10}
+    backendRefs: [{name: svc, port: 9000, weight: 3}]
+"#,
+        );
+        let (http, problem) = as_http_route(&route);
+        assert_eq!(problem, None);
+        assert_eq!(
+            http.spec.hostnames.as_deref(),
+            Some(&["grpc.example.com".to_owned()][..])
+        );
+        let rule = &http.spec.rules.as_ref().expect("rules")[0];
+        let m = &rule.matches.as_ref().expect("matches")[0];
+        // No method: every path.
+        assert!(m.path.is_none());
+        let headers = m.headers.as_ref().expect("headers");
+        assert_eq!(headers.len(), 2);
+        assert_eq!(
+            (headers[1].name.as_str(), headers[1].value.as_str()),
+            ("color", "o.*")
+        );
+        let filters = rule.filters.as_ref().expect("filters");
+        assert!(filters[0].request_header_modifier.is_some());
+        let mirror = filters[1].request_mirror.as_ref().expect("mirror");
+        assert_eq!(
+            (mirror.backend_ref.name.as_str(), mirror.percent),
+            ("shadow", Some(10))
+        );
+        assert_eq!(
+            rule.backend_refs.as_ref().expect("backends")[0].weight,
+            Some(3)
+        );
+    }
+
+    #[test]
+    fn a_bad_method_pattern_is_a_problem_not_a_panic() {
+        let route = grpc(
+            r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: r, namespace: ns}
+spec:
+  parentRefs: [{name: gw}]
+  rules:
+  - matches: [{method: {type: RegularExpression, service: "(unclosed"}}]
+    backendRefs: [{name: svc, port: 9000}]
+  - backendRefs: [{name: svc, port: 9000}]
+"#,
+        );
+        let (http, problem) = as_http_route(&route);
+        let (reason, message) = problem.expect("a problem");
+        assert_eq!(reason, reason::UNSUPPORTED_VALUE);
+        assert!(message.contains("(unclosed"), "{message}");
+        // The parents stay, so the route can be told why.
+        assert_eq!(http.spec.parent_refs.as_ref().map(Vec::len), Some(1));
+    }
+}
