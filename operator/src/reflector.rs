@@ -18,6 +18,7 @@ use gateway_api::apis::standard::gateways::Gateway;
 use gateway_api::apis::standard::grpcroutes::GrpcRoute;
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use gateway_api::apis::standard::referencegrants::ReferenceGrant;
+use gateway_api::apis::standard::tlsroutes::TlsRoute;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
@@ -37,6 +38,7 @@ pub struct Reflector {
     gateways: Cache<Gateway>,
     http_routes: Cache<HttpRoute>,
     grpc_routes: Cache<GrpcRoute>,
+    tls_routes: Cache<TlsRoute>,
     reference_grants: Cache<ReferenceGrant>,
     services: Cache<Service>,
     endpoint_slices: Cache<EndpointSlice>,
@@ -135,6 +137,7 @@ impl Reflector {
             gateways: reflect(client, all.clone(), c.clone(), s),
             http_routes: reflect(client, all.clone(), c.clone(), s),
             grpc_routes: reflect(client, all.clone(), c.clone(), s),
+            tls_routes: reflect(client, all.clone(), c.clone(), s),
             reference_grants: reflect(client, all.clone(), c.clone(), s),
             services: reflect(client, all.clone(), c.clone(), s),
             endpoint_slices: reflect(client, all.clone(), c.clone(), s),
@@ -178,6 +181,7 @@ impl Reflector {
             gateways: copy(&self.gateways),
             http_routes: copy(&self.http_routes),
             grpc_routes: copy(&self.grpc_routes),
+            tls_routes: copy(&self.tls_routes),
             reference_grants: copy(&self.reference_grants),
             services: copy(&self.services),
             endpoint_slices: copy(&self.endpoint_slices),

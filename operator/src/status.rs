@@ -1,5 +1,5 @@
 //! The status writer: turns the compiler's decisions into server-side applies of `status` on
-//! GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes and Ingresses (their addresses: the proxy Service's
+//! GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes, TLSRoutes and Ingresses (their addresses: the proxy Service's
 //! load balancer). It keeps lastTransitionTime when a condition's status did not change,
 //! writes only this controller's `status.parents` entries of a route (other controllers'
 //! entries are kept), skips writes that would change nothing, so its own writes do not make
@@ -34,6 +34,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "Gateway",
     "HTTPRoute",
     "GRPCRoute",
+    "TLSRoute",
     "ReferenceGrant",
     "GatewayAddressEmpty",
     "GatewayHTTPListenerIsolation",
@@ -615,6 +616,14 @@ impl StatusWriter {
             RouteKind::Grpc,
             &store.grpc_routes,
             &decisions.grpc_routes,
+            &now,
+        )
+        .await;
+        self.route_parents(
+            &mut next,
+            RouteKind::Tls,
+            &store.tls_routes,
+            &decisions.tls_routes,
             &now,
         )
         .await;

@@ -20,4 +20,5 @@ pub mod server;
 pub mod standalone;
 pub mod table;
 pub mod tls;
+pub mod tls_passthrough;
 pub mod workers;

@@ -455,6 +455,11 @@ impl PortRouter {
         routes.iter().find(|r| r.matches(path, query, req))
     }
 
+    /// The first route of the host a name lands on: TLS passthrough has only the SNI to go by.
+    pub fn first_route_for(&self, host: &str) -> Option<&CompiledRoute> {
+        self.hosts[self.host_index(host)?].first()
+    }
+
     /// The most specific host: exact name, then the longest wildcard suffix, then any.
     fn host_index(&self, host: &str) -> Option<usize> {
         let host = strip_port(host);

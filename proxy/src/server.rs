@@ -860,6 +860,7 @@ fn table_active(table: &SharedTable) -> Arc<AtomicUsize> {
 }
 
 struct Running {
+    protocol: snap::Protocol,
     accept: JoinHandle<()>,
     proxy: Arc<HttpProxy<Gateway>>,
     /// Tells fast-path connections idling between requests to close.
@@ -929,11 +930,12 @@ impl Listeners {
     /// Returns the errors of ports that could not be bound; the others are served regardless.
     pub async fn sync(&mut self) -> Vec<ListenError> {
         let wanted: HashMap<u16, snap::Protocol> = self.table.load().router.ports().collect();
+        // Ports no longer asked for, and ports whose protocol changed (bound again below).
         let dropped: Vec<u16> = self
             .running
-            .keys()
-            .filter(|p| !wanted.contains_key(p))
-            .copied()
+            .iter()
+            .filter(|(p, r)| wanted.get(p) != Some(&r.protocol))
+            .map(|(p, _)| *p)
             .collect();
         for port in dropped {
             if let Some(r) = self.running.remove(&port) {
@@ -950,6 +952,7 @@ impl Listeners {
             match TcpListener::bind(addr).await {
                 Ok(listener) => {
                     let https = protocol == snap::Protocol::Https;
+                    let tls_passthrough = protocol == snap::Protocol::TlsPassthrough;
                     let proxy = self.proxy_for(port, https);
                     let (closing, closed) = watch::channel(false);
                     let accept = tokio::spawn(accept_loop(
@@ -957,6 +960,7 @@ impl Listeners {
                         Connection {
                             proxy: proxy.clone(),
                             tls: https.then(|| self.acceptor(port)),
+                            tls_passthrough,
                             table: self.table.clone(),
                             port,
                             shutdown: self.shutdown.clone(),
@@ -967,10 +971,11 @@ impl Listeners {
                         self.active.clone(),
                         self.workers.clone(),
                     ));
-                    tracing::info!(port, https, "listener bound");
+                    tracing::info!(port, ?protocol, "listener bound");
                     self.running.insert(
                         port,
                         Running {
+                            protocol,
                             accept,
                             proxy,
                             closing,
@@ -1105,6 +1110,8 @@ async fn accept_loop(
 struct Connection {
     proxy: Arc<HttpProxy<Gateway>>,
     tls: Option<Arc<Acceptor>>,
+    /// TLS is relayed to the backend chosen by SNI, not terminated (see `tls_passthrough`).
+    tls_passthrough: bool,
     table: SharedTable,
     port: u16,
     shutdown: watch::Receiver<bool>,
@@ -1117,6 +1124,10 @@ struct Connection {
 impl Connection {
     /// TLS if the port has it, then Pingora's keep-alive loop.
     async fn serve(mut self, tcp: tokio::net::TcpStream) {
+        if self.tls_passthrough {
+            crate::tls_passthrough::serve(tcp, &self.table, self.port, self.peer).await;
+            return;
+        }
         let stream: pingora::protocols::Stream = match &self.tls {
             None => {
                 let mut conn = crate::conn::Buffered::new(tcp, self.peer);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `make conformance`: the Gateway API conformance suite (the release pinned in go.mod, which is
 # the one hack/cluster installs) against Coxswain installed from config/default on a local
-# cluster with the test node. Profiles GATEWAY-HTTP and GATEWAY-GRPC; features come from the
+# cluster with the test node. Profiles GATEWAY-HTTP, GATEWAY-GRPC and GATEWAY-TLS; features come from the
 # GatewayClass's status.supportedFeatures. Writes the report to reports/ and the full log next to it.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -17,7 +17,7 @@ export COXSWAIN_ETCD_PEER_PORT="${COXSWAIN_CONFORMANCE_ETCD_PEER_PORT:-24791}"
 export COXSWAIN_APISERVER_PORT="${COXSWAIN_CONFORMANCE_APISERVER_PORT:-27443}"
 export COXSWAIN_KCM_PORT="${COXSWAIN_CONFORMANCE_KCM_PORT:-27457}"
 target="${CARGO_TARGET_DIR:-$repo/target}"
-profiles="${COXSWAIN_CONFORMANCE_PROFILES:-GATEWAY-HTTP,GATEWAY-GRPC}"
+profiles="${COXSWAIN_CONFORMANCE_PROFILES:-GATEWAY-HTTP,GATEWAY-GRPC,GATEWAY-TLS}"
 version="v$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
 report="${COXSWAIN_CONFORMANCE_REPORT:-$here/reports/$GATEWAY_API_VERSION/coxswain/${GATEWAY_API_CHANNEL}-${version}-default-report.yaml}"
 mkdir -p "$(dirname "$report")"

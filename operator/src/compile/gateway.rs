@@ -327,8 +327,14 @@ fn params_exist(store: &Store, namespace: &str, name: &str) -> bool {
     })
 }
 
-/// The route kinds an HTTP or HTTPS listener serves, in the order supportedKinds lists them.
-const SERVED_ROUTE_KINDS: [RouteKind; 2] = [RouteKind::Http, RouteKind::Grpc];
+/// The route kinds a listener of `protocol` serves, in the order supportedKinds lists them.
+fn served_kinds(protocol: Option<Protocol>) -> &'static [RouteKind] {
+    match protocol {
+        Some(Protocol::Http | Protocol::Https) => &[RouteKind::Http, RouteKind::Grpc],
+        Some(Protocol::TlsPassthrough) => &[RouteKind::Tls],
+        _ => &[],
+    }
+}
 
 fn route_group_kind(kind: RouteKind) -> RouteGroupKind {
     RouteGroupKind {
@@ -355,15 +361,37 @@ fn compile_listeners(
             if i == j || a.port != b.port {
                 continue;
             }
-            let pa = normalized_protocol(&a.protocol);
-            let pb = normalized_protocol(&b.protocol);
-            if pa != pb {
+            // TLS listeners that terminate and TLS listeners that pass through cannot share a
+            // port either: the first bytes of a connection cannot tell them apart.
+            let pa = (
+                normalized_protocol(&a.protocol),
+                a.tls.as_ref().and_then(|t| t.mode.clone()),
+            );
+            let pb = (
+                normalized_protocol(&b.protocol),
+                b.tls.as_ref().and_then(|t| t.mode.clone()),
+            );
+            let tls_modes_differ = pa.0 == "TLS" && pb.0 == "TLS" && pa.1 != pb.1;
+            if pa.0 != pb.0 || tls_modes_differ {
                 conflicts.entry(&a.name).or_insert((
                     reason::PROTOCOL_CONFLICT,
-                    format!(
-                        "port {} is also used by listener {} with protocol {}",
-                        a.port, b.name, b.protocol
-                    ),
+                    if tls_modes_differ {
+                        format!(
+                            "port {} is also used by listener {} with TLS mode {}",
+                            a.port,
+                            b.name,
+                            if pb.1 == Some(GatewayListenersTlsMode::Passthrough) {
+                                "Passthrough"
+                            } else {
+                                "Terminate"
+                            }
+                        )
+                    } else {
+                        format!(
+                            "port {} is also used by listener {} with protocol {}",
+                            a.port, b.name, b.protocol
+                        )
+                    },
                 ));
             } else if a.hostname.as_deref().unwrap_or("") == b.hostname.as_deref().unwrap_or("") {
                 conflicts.entry(&a.name).or_insert((
@@ -383,12 +411,16 @@ fn compile_listeners(
     let mut accepted = Vec::new();
     for l in listeners {
         let mut conditions = Vec::new();
+        let tls_mode = l.tls.as_ref().and_then(|t| t.mode.clone());
+        let passthrough = tls_mode == Some(GatewayListenersTlsMode::Passthrough);
         let protocol = match normalized_protocol(&l.protocol).as_str() {
             "HTTP" => Some(Protocol::Http),
-            "HTTPS" => Some(Protocol::Https),
+            "HTTPS" if !passthrough => Some(Protocol::Https),
+            // TLS terminated here and then relayed (TLSRoute mode Terminate) is not served.
+            "TLS" if passthrough => Some(Protocol::TlsPassthrough),
             _ => None,
         };
-        let (supported_kinds, kinds_ok) = supported_kinds(l, protocol.is_some());
+        let (supported_kinds, kinds_ok) = supported_kinds(l, protocol);
         let route_kinds: Vec<RouteKind> = supported_kinds
             .iter()
             .filter_map(|k| RouteKind::from_name(&k.kind))
@@ -398,29 +430,43 @@ fn compile_listeners(
             .filter(|p| (1..=65535).contains(p));
 
         let mut accepted_problem: Option<(&'static str, String)> = None;
-        if protocol.is_none() {
-            accepted_problem = Some((
-                reason::UNSUPPORTED_PROTOCOL,
-                format!(
-                    "protocol {} is not supported; use HTTP or HTTPS",
-                    l.protocol
-                ),
-            ));
-        } else if port.is_none() {
-            accepted_problem = Some((
-                reason::UNSUPPORTED_VALUE,
-                format!("port {} is out of range", l.port),
-            ));
-        } else if protocol == Some(Protocol::Https)
-            && l.tls
-                .as_ref()
-                .and_then(|t| t.mode.as_ref())
-                .is_some_and(|m| *m == GatewayListenersTlsMode::Passthrough)
-        {
-            accepted_problem = Some((
-                reason::UNSUPPORTED_VALUE,
-                "HTTPS listeners terminate TLS; tls.mode Passthrough needs protocol TLS".into(),
-            ));
+        match normalized_protocol(&l.protocol).as_str() {
+            "HTTPS" if passthrough => {
+                accepted_problem = Some((
+                    reason::UNSUPPORTED_VALUE,
+                    "HTTPS listeners terminate TLS; tls.mode Passthrough needs protocol TLS".into(),
+                ));
+            }
+            "TLS" if !passthrough => {
+                accepted_problem = Some((
+                    reason::UNSUPPORTED_VALUE,
+                    "TLS listeners pass TLS through to the backend (tls.mode Passthrough); \
+                     mode Terminate is not supported, use protocol HTTPS to terminate TLS"
+                        .into(),
+                ));
+            }
+            _ if protocol.is_none() => {
+                accepted_problem = Some((
+                    reason::UNSUPPORTED_PROTOCOL,
+                    format!(
+                        "protocol {} is not supported; use HTTP, HTTPS or TLS",
+                        l.protocol
+                    ),
+                ));
+            }
+            _ if port.is_none() => {
+                accepted_problem = Some((
+                    reason::UNSUPPORTED_VALUE,
+                    format!("port {} is out of range", l.port),
+                ));
+            }
+            _ => {}
+        }
+
+        // A listener whose port another listener claims with another protocol generates no
+        // configuration: not accepted, whatever else is wrong with it.
+        if let Some((reason::PROTOCOL_CONFLICT, message)) = conflicts.get(l.name.as_str()) {
+            accepted_problem = Some((reason::PROTOCOL_CONFLICT, message.clone()));
         }
 
         // ResolvedRefs: route kinds and certificates.
@@ -428,7 +474,14 @@ fn compile_listeners(
         if !kinds_ok {
             resolved_problem = Some((
                 reason::INVALID_ROUTE_KINDS,
-                "allowedRoutes.kinds lists a kind this listener cannot serve; HTTPRoute and GRPCRoute are supported".into(),
+                format!(
+                    "allowedRoutes.kinds lists a kind this listener cannot serve; it serves {}",
+                    served_kinds(protocol)
+                        .iter()
+                        .map(|k| k.name())
+                        .collect::<Vec<_>>()
+                        .join(" and ")
+                ),
             ));
         }
         let mut certificate = None;
@@ -513,14 +566,12 @@ fn normalized_protocol(p: &str) -> String {
 }
 
 /// supportedKinds and whether every listed kind is one we serve.
-fn supported_kinds(l: &GatewayListeners, protocol_ok: bool) -> (Vec<RouteGroupKind>, bool) {
-    let all = || -> Vec<RouteGroupKind> {
-        if protocol_ok {
-            SERVED_ROUTE_KINDS.map(route_group_kind).to_vec()
-        } else {
-            vec![]
-        }
-    };
+fn supported_kinds(
+    l: &GatewayListeners,
+    protocol: Option<Protocol>,
+) -> (Vec<RouteGroupKind>, bool) {
+    let served = served_kinds(protocol);
+    let all = || -> Vec<RouteGroupKind> { served.iter().map(|k| route_group_kind(*k)).collect() };
     let listed = l.allowed_routes.as_ref().and_then(|a| a.kinds.as_ref());
     match listed {
         None => (all(), true),
@@ -531,7 +582,7 @@ fn supported_kinds(l: &GatewayListeners, protocol_ok: bool) -> (Vec<RouteGroupKi
             for k in kinds {
                 let group = k.group.as_deref().unwrap_or(GATEWAY_GROUP);
                 match RouteKind::from_name(&k.kind) {
-                    Some(kind) if group == GATEWAY_GROUP && protocol_ok => {
+                    Some(kind) if group == GATEWAY_GROUP && served.contains(&kind) => {
                         let gk = route_group_kind(kind);
                         if !supported.contains(&gk) {
                             supported.push(gk);

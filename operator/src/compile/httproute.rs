@@ -25,6 +25,7 @@ use std::collections::BTreeMap;
 pub enum RouteKind {
     Http,
     Grpc,
+    Tls,
 }
 
 impl RouteKind {
@@ -32,6 +33,7 @@ impl RouteKind {
         match self {
             Self::Http => "HTTPRoute",
             Self::Grpc => "GRPCRoute",
+            Self::Tls => "TLSRoute",
         }
     }
 
@@ -39,6 +41,7 @@ impl RouteKind {
         match kind {
             "HTTPRoute" => Some(Self::Http),
             "GRPCRoute" => Some(Self::Grpc),
+            "TLSRoute" => Some(Self::Tls),
             _ => None,
         }
     }
@@ -48,6 +51,7 @@ pub struct RouteOutput {
     pub entries: Vec<Entry>,
     pub status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     pub grpc_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    pub tls_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     /// (gateway, listener name) -> number of attached routes
     pub attached: BTreeMap<(ObjectKey, String), i32>,
     pub clusters: Vec<snap::Cluster>,
@@ -82,6 +86,7 @@ pub fn compile(
         entries: Vec::new(),
         status: BTreeMap::new(),
         grpc_status: BTreeMap::new(),
+        tls_status: BTreeMap::new(),
         attached: BTreeMap::new(),
         clusters: Vec::new(),
     };
@@ -96,11 +101,17 @@ pub fn compile(
         .iter()
         .map(super::grpcroute::as_http_route)
         .collect();
+    let tls: Vec<(HttpRoute, Option<Problem>)> = store
+        .tls_routes
+        .iter()
+        .map(super::tlsroute::as_http_route)
+        .collect();
     let routes: Vec<(RouteKind, &HttpRoute, Option<Problem>)> = store
         .http_routes
         .iter()
         .map(|r| (RouteKind::Http, r, None))
         .chain(grpc.iter().map(|(r, p)| (RouteKind::Grpc, r, p.clone())))
+        .chain(tls.iter().map(|(r, p)| (RouteKind::Tls, r, p.clone())))
         .collect();
     let rejected = cross_kind_conflicts(&inputs, &routes);
     for (kind, route, problem) in routes {
@@ -199,10 +210,12 @@ fn cross_kind_conflicts(
                 let slot = (gw.key.clone(), listener.name.clone());
                 let there = taken.entry(slot.clone()).or_default();
                 let clash = there.iter().find(|(k, _, theirs)| {
-                    *k != kind
-                        && theirs
-                            .iter()
-                            .any(|t| hosts.iter().any(|h| hostnames_intersect(t, h)))
+                    matches!(
+                        (*k, kind),
+                        (RouteKind::Http, RouteKind::Grpc) | (RouteKind::Grpc, RouteKind::Http)
+                    ) && theirs
+                        .iter()
+                        .any(|t| hosts.iter().any(|h| hostnames_intersect(t, h)))
                 });
                 if let Some((_, other, _)) = clash {
                     rejected.insert((kind, key.clone(), slot.0, slot.1), other.clone());
@@ -367,6 +380,7 @@ fn compile_route(
     match kind {
         RouteKind::Http => out.status.insert(key, parents),
         RouteKind::Grpc => out.grpc_status.insert(key, parents),
+        RouteKind::Tls => out.tls_status.insert(key, parents),
     };
 }
 

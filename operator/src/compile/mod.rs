@@ -3,7 +3,7 @@
 //! byte-identical snapshots.
 //!
 //! Pipeline: GatewayClasses and Gateways ([`gateway`]) decide which listeners exist;
-//! HTTPRoutes and GRPCRoutes ([`httproute`], [`grpcroute`]) and Ingresses ([`ingress`]) become
+//! HTTPRoutes, GRPCRoutes and TLSRoutes ([`httproute`], [`grpcroute`], [`tlsroute`]) and Ingresses ([`ingress`]) become
 //! route [`entries`] on those listeners; [`assemble`] groups entries into virtual hosts in precedence order per port and
 //! scope, and seals each snapshot with its content hash.
 
@@ -19,6 +19,7 @@ pub mod status;
 pub mod store;
 #[cfg(test)]
 mod tests;
+pub mod tlsroute;
 
 use coxswain_api::names;
 use coxswain_api::snapshot::{self as snap, Snapshot};
@@ -76,6 +77,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         gateways: gateways.gateway_status,
         http_routes: routes.status,
         grpc_routes: routes.grpc_status,
+        tls_routes: routes.tls_status,
         ingresses: ingresses.status,
         ingress_classes: ingresses.class_problems,
     };

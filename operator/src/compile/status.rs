@@ -157,6 +157,8 @@ pub struct StatusDecisions {
     pub http_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub grpc_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub tls_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     pub ingresses: BTreeMap<ObjectKey, IngressStatus>,
     /// IngressClass name -> why its `spec.parameters` is not used (one Warning Event on the
     /// IngressClass); its Ingresses are served without class defaults.

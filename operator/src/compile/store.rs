@@ -7,6 +7,7 @@ use gateway_api::apis::standard::gateways::Gateway;
 use gateway_api::apis::standard::grpcroutes::GrpcRoute;
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use gateway_api::apis::standard::referencegrants::ReferenceGrant;
+use gateway_api::apis::standard::tlsroutes::TlsRoute;
 use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
@@ -19,6 +20,7 @@ pub struct Store {
     pub gateways: Vec<Gateway>,
     pub http_routes: Vec<HttpRoute>,
     pub grpc_routes: Vec<GrpcRoute>,
+    pub tls_routes: Vec<TlsRoute>,
     pub reference_grants: Vec<ReferenceGrant>,
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
@@ -38,6 +40,7 @@ impl Store {
             ("Gateway", self.gateways.len()),
             ("HTTPRoute", self.http_routes.len()),
             ("GRPCRoute", self.grpc_routes.len()),
+            ("TLSRoute", self.tls_routes.len()),
             ("ReferenceGrant", self.reference_grants.len()),
             ("Service", self.services.len()),
             ("EndpointSlice", self.endpoint_slices.len()),
@@ -147,6 +150,7 @@ impl Store {
             ("gateway.networking.k8s.io", "Gateway") => push(&mut self.gateways, value),
             ("gateway.networking.k8s.io", "HTTPRoute") => push(&mut self.http_routes, value),
             ("gateway.networking.k8s.io", "GRPCRoute") => push(&mut self.grpc_routes, value),
+            ("gateway.networking.k8s.io", "TLSRoute") => push(&mut self.tls_routes, value),
             ("gateway.networking.k8s.io", "ReferenceGrant") => {
                 push(&mut self.reference_grants, value)
             }

@@ -1,0 +1,316 @@
+//! TLS passthrough listeners (Gateway listener protocol TLS, tls.mode Passthrough; TLSRoutes):
+//! TLS ends at the backend, not here. The proxy reads the client's first flight until the
+//! ClientHello is complete, takes its server_name (SNI), picks the virtual host by it as HTTP
+//! listeners pick one by Host, and relays the connection to a backend of the host's first
+//! route, starting with the bytes it read.
+//!
+//! Metrics count each connection as one request of its route: 2xx relayed, 5xx when no backend
+//! could take it; a name no route serves counts as an unrouted 404.
+
+use crate::router::Pick;
+use crate::table::SharedTable;
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// A ClientHello is a few hundred bytes, a couple of KiB with post-quantum key shares; the TLS
+/// record limit is 16 KiB per record and a hello may span records. Past this, it is refused.
+const MAX_HELLO: usize = 64 * 1024;
+/// How long a client may take to send its ClientHello.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long connecting to a backend may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the bytes read so far say.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Hello {
+    /// The ClientHello is not complete yet.
+    NeedMore,
+    /// Not a TLS ClientHello (or a malformed one).
+    NotTls,
+    /// A complete ClientHello and its server_name, if it has one.
+    Complete(Option<String>),
+}
+
+/// Reads the server_name of the ClientHello at the start of `buf`, which may be split over
+/// several handshake records (RFC 8446 §5.1, RFC 6066 §3).
+pub fn client_hello_sni(buf: &[u8]) -> Hello {
+    // Reassemble the handshake message from the records' fragments.
+    let mut handshake = Vec::new();
+    let mut rest = buf;
+    loop {
+        if rest.len() < 5 {
+            return Hello::NeedMore;
+        }
+        // ContentType handshake(22), legacy version 3.x.
+        if rest[0] != 22 || rest[1] != 3 {
+            return Hello::NotTls;
+        }
+        let len = usize::from(u16::from_be_bytes([rest[3], rest[4]]));
+        if len == 0 || len > 16 * 1024 + 256 {
+            return Hello::NotTls;
+        }
+        let Some(fragment) = rest.get(5..5 + len) else {
+            return Hello::NeedMore;
+        };
+        handshake.extend_from_slice(fragment);
+        rest = &rest[5 + len..];
+        if handshake.len() >= 4 {
+            // HandshakeType client_hello(1), 24-bit length.
+            if handshake[0] != 1 {
+                return Hello::NotTls;
+            }
+            let body_len = (usize::from(handshake[1]) << 16)
+                | (usize::from(handshake[2]) << 8)
+                | usize::from(handshake[3]);
+            if body_len > MAX_HELLO {
+                return Hello::NotTls;
+            }
+            if let Some(body) = handshake.get(4..4 + body_len) {
+                return match server_name(body) {
+                    Some(name) => Hello::Complete(name),
+                    None => Hello::NotTls,
+                };
+            }
+        }
+    }
+}
+
+/// A cursor over a ClientHello body; every read is bounds-checked.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        let (head, tail) = (self.0.get(..n)?, self.0.get(n..)?);
+        self.0 = tail;
+        Some(head)
+    }
+
+    fn u8(&mut self) -> Option<usize> {
+        self.take(1).map(|b| usize::from(b[0]))
+    }
+
+    fn u16(&mut self) -> Option<usize> {
+        self.take(2)
+            .map(|b| usize::from(u16::from_be_bytes([b[0], b[1]])))
+    }
+
+    /// A vector with a length prefix of `width` bytes.
+    fn vec(&mut self, width: usize) -> Option<&'a [u8]> {
+        let n = if width == 1 { self.u8()? } else { self.u16()? };
+        self.take(n)
+    }
+}
+
+/// None: malformed. Some(None): well formed without a host_name.
+fn server_name(body: &[u8]) -> Option<Option<String>> {
+    let mut r = Reader(body);
+    r.take(2)?; // legacy_version
+    r.take(32)?; // random
+    r.vec(1)?; // legacy_session_id
+    r.vec(2)?; // cipher_suites
+    r.vec(1)?; // legacy_compression_methods
+    if r.0.is_empty() {
+        // No extensions at all (allowed before TLS 1.3).
+        return Some(None);
+    }
+    let mut extensions = Reader(r.vec(2)?);
+    while !extensions.0.is_empty() {
+        let kind = extensions.u16()?;
+        let data = extensions.vec(2)?;
+        if kind != 0 {
+            continue;
+        }
+        let mut list = Reader(Reader(data).vec(2)?);
+        while !list.0.is_empty() {
+            let name_type = list.u8()?;
+            let name = list.vec(2)?;
+            if name_type == 0 {
+                let name = std::str::from_utf8(name).ok()?;
+                return Some(Some(name.to_ascii_lowercase()));
+            }
+        }
+        return Some(None);
+    }
+    Some(None)
+}
+
+/// Serves one connection accepted on a passthrough `port`.
+pub async fn serve(mut client: TcpStream, table: &SharedTable, port: u16, peer: SocketAddr) {
+    let mut first = Vec::with_capacity(2048);
+    let sni = match tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut client, &mut first)).await {
+        Ok(Some(sni)) => sni,
+        Ok(None) => {
+            tracing::debug!(%peer, port, "not a TLS ClientHello; connection closed");
+            return;
+        }
+        Err(_) => {
+            tracing::debug!(%peer, port, "no ClientHello in time; connection closed");
+            return;
+        }
+    };
+    let (addr, counters) = {
+        let metrics = table.metrics().clone();
+        let table = table.load();
+        let Some(route) = table
+            .router
+            .port(port)
+            .and_then(|p| p.first_route_for(sni.as_deref().unwrap_or("")))
+        else {
+            metrics.unrouted(404);
+            tracing::debug!(%peer, port, sni = sni.as_deref().unwrap_or(""), "no route for this name");
+            return;
+        };
+        let counters = route.counters.clone();
+        match route.pick() {
+            Pick::Endpoint { addr, .. } => (addr, counters),
+            Pick::InvalidBackend => {
+                counters.record(500);
+                return;
+            }
+            Pick::NoEndpoints => {
+                counters.record(503);
+                return;
+            }
+        }
+    };
+    let mut upstream = match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            counters.record(503);
+            tracing::debug!(%peer, %addr, error = %e, "backend refused the connection");
+            return;
+        }
+        Err(_) => {
+            counters.record(503);
+            tracing::debug!(%peer, %addr, "connecting to the backend timed out");
+            return;
+        }
+    };
+    let _ = upstream.set_nodelay(true);
+    if upstream.write_all(&first).await.is_err() {
+        counters.record(503);
+        return;
+    }
+    counters.record(200);
+    // There are no request boundaries to stop at: on SIGTERM a relayed connection lives until
+    // either side closes it or the drain period ends with the process.
+    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        tracing::debug!(%peer, %addr, error = %e, "passthrough connection ended");
+    }
+}
+
+/// Reads until the ClientHello is complete. None: not TLS, too large, or the client left.
+async fn read_hello(client: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Option<String>> {
+    loop {
+        match client_hello_sni(buf) {
+            Hello::Complete(sni) => return Some(sni),
+            Hello::NotTls => return None,
+            Hello::NeedMore if buf.len() >= MAX_HELLO => return None,
+            Hello::NeedMore => {}
+        }
+        let mut chunk = [0u8; 4096];
+        let n = client.read(&mut chunk).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ClientHello as a TLS client would send it for `sni`.
+    fn hello(sni: Option<&str>) -> Vec<u8> {
+        let mut ext = Vec::new();
+        // supported_versions first, so the parser has to skip an extension.
+        ext.extend_from_slice(&[0x00, 0x2b, 0x00, 0x03, 0x02, 0x03, 0x04]);
+        if let Some(name) = sni {
+            let n = name.len();
+            let mut list = vec![0u8];
+            list.extend_from_slice(&u16::try_from(n).unwrap_or(0).to_be_bytes());
+            list.extend_from_slice(name.as_bytes());
+            let mut data = u16::try_from(list.len())
+                .unwrap_or(0)
+                .to_be_bytes()
+                .to_vec();
+            data.extend_from_slice(&list);
+            ext.extend_from_slice(&[0, 0]);
+            ext.extend_from_slice(&u16::try_from(data.len()).unwrap_or(0).to_be_bytes());
+            ext.extend_from_slice(&data);
+        }
+        let mut body = vec![3, 3];
+        body.extend_from_slice(&[7u8; 32]);
+        body.extend_from_slice(&[0]); // no session id
+        body.extend_from_slice(&[0, 2, 0x13, 0x01]);
+        body.extend_from_slice(&[1, 0]);
+        body.extend_from_slice(&u16::try_from(ext.len()).unwrap_or(0).to_be_bytes());
+        body.extend_from_slice(&ext);
+        let mut hs = vec![1];
+        let len = u32::try_from(body.len()).unwrap_or(0).to_be_bytes();
+        hs.extend_from_slice(&len[1..]);
+        hs.extend_from_slice(&body);
+        hs
+    }
+
+    /// The handshake message in records of at most `max` bytes of fragment each.
+    fn records(hs: &[u8], max: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        for chunk in hs.chunks(max) {
+            out.extend_from_slice(&[22, 3, 1]);
+            out.extend_from_slice(&u16::try_from(chunk.len()).unwrap_or(0).to_be_bytes());
+            out.extend_from_slice(chunk);
+        }
+        out
+    }
+
+    #[test]
+    fn the_server_name_is_read_at_every_split() {
+        let wire = records(&hello(Some("DB.Example.com")), 16 * 1024);
+        for cut in 0..wire.len() {
+            assert_eq!(
+                client_hello_sni(&wire[..cut]),
+                Hello::NeedMore,
+                "cut at {cut}"
+            );
+        }
+        assert_eq!(
+            client_hello_sni(&wire),
+            Hello::Complete(Some("db.example.com".into()))
+        );
+    }
+
+    #[test]
+    fn a_hello_spanning_records_is_reassembled() {
+        let wire = records(&hello(Some("a.example")), 7);
+        assert_eq!(
+            client_hello_sni(&wire),
+            Hello::Complete(Some("a.example".into()))
+        );
+    }
+
+    #[test]
+    fn no_server_name_is_a_complete_hello_without_one() {
+        let wire = records(&hello(None), 16 * 1024);
+        assert_eq!(client_hello_sni(&wire), Hello::Complete(None));
+    }
+
+    #[test]
+    fn other_protocols_and_garbage_are_not_tls() {
+        assert_eq!(client_hello_sni(b"GET / HTTP/1.1\r\n\r\n"), Hello::NotTls);
+        assert_eq!(client_hello_sni(b"PRI * HTTP/2.0\r\n"), Hello::NotTls);
+        // A handshake record whose message is not a ClientHello.
+        assert_eq!(
+            client_hello_sni(&[22, 3, 3, 0, 4, 2, 0, 0, 0]),
+            Hello::NotTls
+        );
+        // Lengths that point past the message.
+        let mut bad = hello(Some("x.example"));
+        let n = bad.len();
+        bad[n - 11] = 0xff; // the name's length, high byte
+        assert_eq!(client_hello_sni(&records(&bad, 16 * 1024)), Hello::NotTls);
+    }
+}
