@@ -13,13 +13,14 @@
 use crate::compile::Store;
 use coxswain_api::{CoxswainGatewayParameters, CoxswainIngressClassParameters};
 use futures::StreamExt;
+use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
 use gateway_api::apis::standard::grpcroutes::GrpcRoute;
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use gateway_api::apis::standard::referencegrants::ReferenceGrant;
 use gateway_api::apis::standard::tlsroutes::TlsRoute;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::core::DeserializeGuard;
@@ -39,6 +40,8 @@ pub struct Reflector {
     http_routes: Cache<HttpRoute>,
     grpc_routes: Cache<GrpcRoute>,
     tls_routes: Cache<TlsRoute>,
+    backend_tls_policies: Cache<BackendTlsPolicy>,
+    config_maps: Cache<ConfigMap>,
     reference_grants: Cache<ReferenceGrant>,
     services: Cache<Service>,
     endpoint_slices: Cache<EndpointSlice>,
@@ -138,6 +141,8 @@ impl Reflector {
             http_routes: reflect(client, all.clone(), c.clone(), s),
             grpc_routes: reflect(client, all.clone(), c.clone(), s),
             tls_routes: reflect(client, all.clone(), c.clone(), s),
+            backend_tls_policies: reflect(client, all.clone(), c.clone(), s),
+            config_maps: reflect(client, all.clone(), c.clone(), s),
             reference_grants: reflect(client, all.clone(), c.clone(), s),
             services: reflect(client, all.clone(), c.clone(), s),
             endpoint_slices: reflect(client, all.clone(), c.clone(), s),
@@ -182,6 +187,8 @@ impl Reflector {
             http_routes: copy(&self.http_routes),
             grpc_routes: copy(&self.grpc_routes),
             tls_routes: copy(&self.tls_routes),
+            backend_tls_policies: copy(&self.backend_tls_policies),
+            config_maps: copy(&self.config_maps),
             reference_grants: copy(&self.reference_grants),
             services: copy(&self.services),
             endpoint_slices: copy(&self.endpoint_slices),

@@ -1,9 +1,10 @@
 //! The status writer: turns the compiler's decisions into server-side applies of `status` on
-//! GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes, TLSRoutes and Ingresses (their addresses: the proxy Service's
-//! load balancer). It keeps lastTransitionTime when a condition's status did not change,
-//! writes only this controller's `status.parents` entries of a route (other controllers'
-//! entries are kept), skips writes that would change nothing, so its own writes do not make
-//! it loop, and turns condition transitions into Events.
+//! GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes, TLSRoutes, BackendTLSPolicies and
+//! Ingresses (their addresses: the proxy Service's load balancer). It keeps lastTransitionTime
+//! when a condition's status did not change, writes only this controller's `status.parents`
+//! entries of a route and `status.ancestors` entries of a policy (other controllers' entries
+//! are kept), skips writes that would change nothing, so its own writes do not make it loop,
+//! and turns condition transitions into Events.
 
 use crate::admin;
 use crate::compile::ScopeKey;
@@ -36,6 +37,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "GRPCRoute",
     "TLSRoute",
     "ReferenceGrant",
+    "BackendTLSPolicy",
     "GatewayAddressEmpty",
     "GatewayHTTPListenerIsolation",
     "GatewayInfrastructurePropagation",
@@ -338,12 +340,15 @@ impl StatusWriter {
         }
     }
 
-    /// `status.parents` of the routes of one kind: our entries as decided, other controllers'
+    /// `status.parents` of the routes of one kind (or `status.ancestors` of policies, with
+    /// `list` and `reference` naming the fields): our entries as decided, other controllers'
     /// entries as they are.
+    #[allow(clippy::too_many_arguments)]
     async fn route_parents<K>(
         &self,
         next: &mut HashMap<String, (ConditionStatus, &'static str)>,
-        kind: RouteKind,
+        kind: &'static str,
+        (list, reference): (&str, &str),
         routes: &[K],
         decisions: &BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
         now: &str,
@@ -365,10 +370,10 @@ impl StatusWriter {
             };
             let current_parents = serde_json::to_value(route)
                 .ok()
-                .and_then(|v| v["status"]["parents"].as_array().cloned())
+                .and_then(|v| v["status"][list].as_array().cloned())
                 .unwrap_or_default();
             let object = route.object_ref(&());
-            let event_scope = format!("{}/{ns}/{name}", kind.name());
+            let event_scope = format!("{kind}/{ns}/{name}");
             // Other controllers' entries stay as they are.
             let mut parents: Vec<Value> = current_parents
                 .iter()
@@ -381,7 +386,7 @@ impl StatusWriter {
                     .iter()
                     .find(|e| {
                         e["controllerName"] == controller_name
-                            && same_parent_ref(&e["parentRef"], &parent_ref)
+                            && same_parent_ref(&e[reference], &parent_ref)
                     })
                     .map(|e| existing_conditions(Some(e.clone())))
                     .unwrap_or_default();
@@ -402,11 +407,12 @@ impl StatusWriter {
                     &existing,
                     false,
                 );
-                parents.push(json!({
-                    "parentRef": parent_ref,
+                let mut entry = json!({
                     "controllerName": p.controller_name,
                     "conditions": render_conditions(&p.conditions, &existing, now),
-                }));
+                });
+                entry[reference] = parent_ref;
+                parents.push(entry);
             }
             if same_parents(&parents, &current_parents) {
                 continue;
@@ -414,18 +420,20 @@ impl StatusWriter {
             // status.parents is an atomic list shared with other controllers: the apply
             // carries the resourceVersion it was computed from, so it fails (and is redone)
             // instead of dropping an entry another controller wrote in between.
+            let mut status = json!({});
+            status[list] = Value::Array(parents);
             let body = json!({
                 "apiVersion": "gateway.networking.k8s.io/v1",
-                "kind": kind.name(),
+                "kind": kind,
                 "metadata": {
                     "name": name,
                     "namespace": ns,
                     "resourceVersion": meta.resource_version,
                 },
-                "status": {"parents": parents},
+                "status": status,
             });
             let api: Api<K> = Api::namespaced(self.client.clone(), ns);
-            self.apply(api, kind.name(), name, body).await;
+            self.apply(api, kind, name, body).await;
         }
     }
 
@@ -605,7 +613,8 @@ impl StatusWriter {
 
         self.route_parents(
             &mut next,
-            RouteKind::Http,
+            RouteKind::Http.name(),
+            ("parents", "parentRef"),
             &store.http_routes,
             &decisions.http_routes,
             &now,
@@ -613,7 +622,8 @@ impl StatusWriter {
         .await;
         self.route_parents(
             &mut next,
-            RouteKind::Grpc,
+            RouteKind::Grpc.name(),
+            ("parents", "parentRef"),
             &store.grpc_routes,
             &decisions.grpc_routes,
             &now,
@@ -621,9 +631,19 @@ impl StatusWriter {
         .await;
         self.route_parents(
             &mut next,
-            RouteKind::Tls,
+            RouteKind::Tls.name(),
+            ("parents", "parentRef"),
             &store.tls_routes,
             &decisions.tls_routes,
+            &now,
+        )
+        .await;
+        self.route_parents(
+            &mut next,
+            "BackendTLSPolicy",
+            ("ancestors", "ancestorRef"),
+            &store.backend_tls_policies,
+            &decisions.backend_tls_policies,
             &now,
         )
         .await;

@@ -322,6 +322,17 @@ spec:
   parentRefs: [{{name: edge}}]
   hostnames: [rpc.example]
   rules: [{{backendRefs: [{{name: app, port: 80}}]}}]
+---
+# Its CA ConfigMap does not exist: the policy is not usable, and says so on the Gateway that
+# sends to the Service.
+apiVersion: gateway.networking.k8s.io/v1
+kind: BackendTLSPolicy
+metadata: {{name: app-tls, namespace: {ns}}}
+spec:
+  targetRefs: [{{group: "", kind: Service, name: app}}]
+  validation:
+    hostname: app.internal
+    caCertificateRefs: [{{group: "", kind: ConfigMap, name: no-such-ca}}]
 "#
         ),
     )
@@ -372,6 +383,39 @@ spec:
         },
     )
     .await;
+    let policies: Api<gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy> =
+        env.api();
+    let ancestor = coxswain_testenv::eventually(
+        "the BackendTLSPolicy's status",
+        Duration::from_secs(30),
+        || async {
+            let p = policies.get("app-tls").await.ok()?;
+            p.status?.ancestors.into_iter().next()
+        },
+    )
+    .await;
+    assert_eq!(
+        (
+            ancestor.ancestor_ref.kind.as_deref(),
+            ancestor.ancestor_ref.name.as_str()
+        ),
+        (Some("Gateway"), "edge")
+    );
+    let of = |t: &str| {
+        ancestor
+            .conditions
+            .iter()
+            .find(|c| c.type_ == t)
+            .map(|c| (c.status.clone(), c.reason.clone()))
+    };
+    assert_eq!(
+        of("Accepted"),
+        Some(("False".to_owned(), "NoValidCACertificate".to_owned()))
+    );
+    assert_eq!(
+        of("ResolvedRefs"),
+        Some(("False".to_owned(), "InvalidCACertificateRef".to_owned()))
+    );
     let reason_of = |route: &'static str, type_: &'static str| {
         let routes = routes.clone();
         async move {

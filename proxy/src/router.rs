@@ -51,6 +51,84 @@ pub struct ClusterState {
     /// Serving but terminating: used only when nothing is ready (EndpointSlice semantics).
     fallback: Vec<SocketAddr>,
     next: AtomicUsize,
+    /// BackendTLSPolicy: verified TLS to this cluster.
+    pub backend_tls: Option<Arc<BackendTls>>,
+}
+
+/// TLS to a backend as a BackendTLSPolicy asks: certificates verified for `hostname`.
+#[derive(Debug)]
+pub struct BackendTls {
+    pub hostname: Box<str>,
+    /// None: the proxy's built-in roots.
+    pub ca: Option<Arc<pingora::protocols::tls::CaType>>,
+    /// Requests are refused (the policy has no usable CA, or its CA did not parse here).
+    pub refuse: bool,
+    /// Tells pooled connections verified against one set of CAs from another's: Pingora's
+    /// pool key covers the address, SNI and whether to verify, but not what against.
+    pub pool_key: u64,
+}
+
+impl BackendTls {
+    fn new(t: &snap::BackendTls) -> Self {
+        let pool_key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (&t.ca_pem, t.system_roots).hash(&mut h);
+            h.finish()
+        };
+        let refuse = |why: &str| {
+            tracing::warn!(hostname = %t.hostname, why, "backend TLS settings unusable; requests are refused");
+            Self {
+                hostname: t.hostname.as_str().into(),
+                ca: None,
+                refuse: true,
+                pool_key,
+            }
+        };
+        if t.refuse {
+            return Self {
+                hostname: t.hostname.as_str().into(),
+                ca: None,
+                refuse: true,
+                pool_key,
+            };
+        }
+        if t.hostname.is_empty() {
+            return refuse("no hostname to verify");
+        }
+        if t.system_roots {
+            return Self {
+                hostname: t.hostname.as_str().into(),
+                ca: None,
+                refuse: false,
+                pool_key,
+            };
+        }
+        use rustls_pki_types::pem::PemObject;
+        let mut certs = Vec::new();
+        for der in rustls_pki_types::CertificateDer::pem_slice_iter(t.ca_pem.as_bytes()) {
+            let Ok(der) = der else {
+                return refuse("a CA certificate is not valid PEM");
+            };
+            // Pingora parses these again and panics on bad DER: only well-formed ones pass.
+            if x509_parser::parse_x509_certificate(&der).is_err() {
+                return refuse("a CA certificate is not valid X.509");
+            }
+            certs.push(pingora::utils::tls::WrappedX509::new(
+                der.to_vec(),
+                pingora::utils::tls::parse_x509,
+            ));
+        }
+        if certs.is_empty() {
+            return refuse("no CA certificate");
+        }
+        Self {
+            hostname: t.hostname.as_str().into(),
+            ca: Some(Arc::from(certs.into_boxed_slice())),
+            refuse: false,
+            pool_key,
+        }
+    }
 }
 
 impl ClusterState {
@@ -86,6 +164,7 @@ impl ClusterState {
             ready,
             fallback,
             next: AtomicUsize::new(0),
+            backend_tls: c.tls.as_ref().map(|t| Arc::new(BackendTls::new(t))),
         }
     }
 
@@ -616,7 +695,7 @@ fn compile_route(
             b.filters.is_empty()
                 && b.cluster
                     .as_deref()
-                    .is_some_and(|c| c.has_endpoints() && plain_http1(c))
+                    .is_some_and(|c| c.has_endpoints() && c.backend_tls.is_none() && plain_http1(c))
         })
         && r.backends.iter().any(|b| b.weight > 0);
     Ok(CompiledRoute {

@@ -259,6 +259,8 @@ pub struct Ctx {
     h2c: bool,
     /// Some: TLS to the backend, with this SNI name.
     tls: Option<Box<str>>,
+    /// A BackendTLSPolicy's verified TLS (overrides `tls`).
+    backend_tls: Option<Arc<crate::router::BackendTls>>,
     counters: Option<Arc<crate::metrics::RouteCounters>>,
     upstream_sent: Option<std::time::Instant>,
     started: Option<std::time::Instant>,
@@ -518,6 +520,7 @@ impl ProxyHttp for Gateway {
                                     snap::UpstreamProtocol::TlsH2 => (true, true),
                                 };
                                 ctx.tls = tls.then(|| cluster.tls_name.clone());
+                                ctx.backend_tls = cluster.backend_tls.clone();
                                 ctx.deadline =
                                     route.route.timeouts.filter(|t| t.request_ms > 0).and_then(
                                         |t| {
@@ -525,7 +528,12 @@ impl ProxyHttp for Gateway {
                                                 .checked_add(Duration::from_millis(t.request_ms))
                                         },
                                     );
-                                Decision::Forward
+                                // A policy without a usable CA: never send unverified.
+                                if ctx.backend_tls.as_ref().is_some_and(|t| t.refuse) {
+                                    Decision::Status(502)
+                                } else {
+                                    Decision::Forward
+                                }
                             }
                             Pick::InvalidBackend => Decision::Status(500),
                             Pick::NoEndpoints => Decision::Status(503),
@@ -626,22 +634,44 @@ impl ProxyHttp for Gateway {
         let Some(addr) = ctx.upstream else {
             return Err(pingora::Error::new_str("no upstream chosen"));
         };
-        // TLS backends are not verified, as ingress-nginx does by default: they are addressed
-        // by Pod IP and usually present a certificate of their own making.
-        let mut peer = HttpPeer::new(
-            addr,
-            ctx.tls.is_some(),
-            ctx.tls.as_deref().unwrap_or_default().to_owned(),
-        );
-        if ctx.tls.is_some() {
-            peer.options.verify_cert = false;
-            peer.options.verify_hostname = false;
-        }
+        let mut peer = match &ctx.backend_tls {
+            // BackendTLSPolicy: the certificate must chain to the policy's CA (or the built-in
+            // roots) and be valid for its hostname, which is also the SNI.
+            Some(t) => {
+                let mut peer = HttpPeer::new(addr, true, t.hostname.to_string());
+                peer.options.ca = t.ca.clone();
+                peer
+            }
+            None => {
+                // TLS backends without a policy are not verified, as ingress-nginx does by
+                // default: they are addressed by Pod IP and usually present a certificate of
+                // their own making.
+                let mut peer = HttpPeer::new(
+                    addr,
+                    ctx.tls.is_some(),
+                    ctx.tls.as_deref().unwrap_or_default().to_owned(),
+                );
+                if ctx.tls.is_some() {
+                    peer.options.verify_cert = false;
+                    peer.options.verify_hostname = false;
+                }
+                peer
+            }
+        };
         if ctx.h2c {
             peer.options.alpn = ALPN::H2;
         }
-        // Pooled upstream connections stay with the worker that opened them.
-        peer.group_key = workers::index() as u64;
+        // Pooled upstream connections stay with the worker that opened them, and ones verified
+        // against a policy's CAs serve only peers asking for the same CAs.
+        peer.group_key = match &ctx.backend_tls {
+            None => workers::index() as u64,
+            Some(t) => {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                (workers::index(), t.pool_key).hash(&mut h);
+                h.finish()
+            }
+        };
         // Gateway API timeouts: the request timeout bounds every attempt by what is left of
         // it; the backend request timeout bounds each attempt. Pingora has no whole-exchange
         // timer, so the budget caps connecting and each read and write, and the body filters

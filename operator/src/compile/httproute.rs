@@ -54,6 +54,9 @@ pub struct RouteOutput {
     pub tls_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     /// (gateway, listener name) -> number of attached routes
     pub attached: BTreeMap<(ObjectKey, String), i32>,
+    /// (namespace, Service) -> the Gateways whose accepted routes send to it: the ancestors
+    /// of the BackendTLSPolicies targeting it.
+    pub service_gateways: BTreeMap<(String, String), std::collections::BTreeSet<ObjectKey>>,
     pub clusters: Vec<snap::Cluster>,
 }
 
@@ -88,6 +91,7 @@ pub fn compile(
         grpc_status: BTreeMap::new(),
         tls_status: BTreeMap::new(),
         attached: BTreeMap::new(),
+        service_gateways: BTreeMap::new(),
         clusters: Vec::new(),
     };
     let inputs = Inputs {
@@ -325,6 +329,18 @@ fn compile_route(
             Err((r, m)) => Condition::new(reason::RESOLVED_REFS, false, r, m.clone(), generation),
         };
         if let (None, Ok(attachments)) = (&route_problem, attach) {
+            for rule in &rules {
+                for b in rule.backends.iter().filter(|b| !b.cluster.is_empty()) {
+                    // Cluster names are "<namespace>/<service>:<port>[/h2c]".
+                    if let Some((ns, rest)) = b.cluster.split_once('/') {
+                        let svc = rest.split(':').next().unwrap_or(rest);
+                        out.service_gateways
+                            .entry((ns.to_owned(), svc.to_owned()))
+                            .or_default()
+                            .insert(gw.key.clone());
+                    }
+                }
+            }
             for (listener, hosts) in attachments {
                 *out.attached
                     .entry((gw.key.clone(), listener.name.clone()))

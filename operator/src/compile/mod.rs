@@ -3,11 +3,14 @@
 //! byte-identical snapshots.
 //!
 //! Pipeline: GatewayClasses and Gateways ([`gateway`]) decide which listeners exist;
-//! HTTPRoutes, GRPCRoutes and TLSRoutes ([`httproute`], [`grpcroute`], [`tlsroute`]) and Ingresses ([`ingress`]) become
-//! route [`entries`] on those listeners; [`assemble`] groups entries into virtual hosts in precedence order per port and
-//! scope, and seals each snapshot with its content hash.
+//! BackendTLSPolicies ([`backendtls`]) which Service ports get verified TLS; HTTPRoutes,
+//! GRPCRoutes and TLSRoutes ([`httproute`], [`grpcroute`], [`tlsroute`]) and Ingresses
+//! ([`ingress`]) become route [`entries`] on those listeners; [`assemble`] groups entries into
+//! virtual hosts in precedence order per port and scope, and seals each snapshot with its
+//! content hash.
 
 pub mod annotations;
+pub mod backendtls;
 pub mod entries;
 pub mod gateway;
 pub mod grpcroute;
@@ -72,12 +75,42 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
     let routes = httproute::compile(store, &index, &gateways.served, config);
     let ingresses = ingress::compile(store, &index, config);
 
+    let backend_tls_policies = index
+        .backend_tls
+        .decided
+        .iter()
+        .filter_map(|(policy, decided)| {
+            let gateways: BTreeSet<&ObjectKey> = decided
+                .services
+                .iter()
+                .filter_map(|s| routes.service_gateways.get(s))
+                .flatten()
+                .collect();
+            let ancestors: Vec<status::RouteParentStatus> = gateways
+                .into_iter()
+                .map(|gw| status::RouteParentStatus {
+                    parent_ref: status::ParentRef {
+                        group: refs::GATEWAY_GROUP.into(),
+                        kind: "Gateway".into(),
+                        namespace: gw.namespace.clone(),
+                        name: gw.name.clone(),
+                        section_name: None,
+                        port: None,
+                    },
+                    controller_name: config.controller_name.clone(),
+                    conditions: decided.conditions.clone(),
+                })
+                .collect();
+            (!ancestors.is_empty()).then(|| (policy.clone(), ancestors))
+        })
+        .collect();
     let mut status = StatusDecisions {
         gateway_classes: gateways.class_status,
         gateways: gateways.gateway_status,
         http_routes: routes.status,
         grpc_routes: routes.grpc_status,
         tls_routes: routes.tls_status,
+        backend_tls_policies,
         ingresses: ingresses.status,
         ingress_classes: ingresses.class_problems,
     };

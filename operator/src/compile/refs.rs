@@ -45,6 +45,8 @@ pub struct Index<'a> {
     /// (namespace, service name) -> slices
     slices: BTreeMap<(&'a str, &'a str), Vec<&'a k8s_openapi::api::discovery::v1::EndpointSlice>>,
     secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
+    /// BackendTLSPolicies, decided once: every cluster of a Service port they hold gets TLS.
+    pub backend_tls: super::backendtls::Output,
 }
 
 impl<'a> Index<'a> {
@@ -80,6 +82,7 @@ impl<'a> Index<'a> {
                 .iter()
                 .map(|s| (key(&s.metadata), s))
                 .collect(),
+            backend_tls: super::backendtls::compile(store),
         }
     }
 
@@ -142,6 +145,10 @@ impl<'a> Index<'a> {
             name: cluster_name(namespace, name, port),
             app_protocol: app_protocol as i32,
             endpoints,
+            tls: self
+                .backend_tls
+                .for_port(namespace, name, &port_name)
+                .cloned(),
         })
     }
 }

@@ -159,6 +159,10 @@ pub struct StatusDecisions {
     pub grpc_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub tls_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    /// BackendTLSPolicy -> one entry per Gateway whose routes use a Service it targets
+    /// (`status.ancestors`; the entry's parent_ref is the ancestorRef).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub backend_tls_policies: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     pub ingresses: BTreeMap<ObjectKey, IngressStatus>,
     /// IngressClass name -> why its `spec.parameters` is not used (one Warning Event on the
     /// IngressClass); its Ingresses are served without class defaults.
@@ -192,4 +196,6 @@ pub mod reason {
     pub const UNSUPPORTED_VALUE: &str = "UnsupportedValue";
     pub const INVALID_KIND: &str = "InvalidKind";
     pub const BACKEND_NOT_FOUND: &str = "BackendNotFound";
+    pub const NO_VALID_CA_CERTIFICATE: &str = "NoValidCACertificate";
+    pub const INVALID_CA_CERTIFICATE_REF: &str = "InvalidCACertificateRef";
 }

@@ -2,13 +2,14 @@
 //! them, or as `coxswain snapshot` reads them from YAML files.
 
 use coxswain_api::{CoxswainGatewayParameters, CoxswainIngressClassParameters};
+use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
 use gateway_api::apis::standard::grpcroutes::GrpcRoute;
 use gateway_api::apis::standard::httproutes::HttpRoute;
 use gateway_api::apis::standard::referencegrants::ReferenceGrant;
 use gateway_api::apis::standard::tlsroutes::TlsRoute;
-use k8s_openapi::api::core::v1::{Namespace, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use serde::de::DeserializeOwned;
@@ -21,6 +22,9 @@ pub struct Store {
     pub http_routes: Vec<HttpRoute>,
     pub grpc_routes: Vec<GrpcRoute>,
     pub tls_routes: Vec<TlsRoute>,
+    pub backend_tls_policies: Vec<BackendTlsPolicy>,
+    /// Read for BackendTLSPolicy CA certificates.
+    pub config_maps: Vec<ConfigMap>,
     pub reference_grants: Vec<ReferenceGrant>,
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
@@ -41,6 +45,8 @@ impl Store {
             ("HTTPRoute", self.http_routes.len()),
             ("GRPCRoute", self.grpc_routes.len()),
             ("TLSRoute", self.tls_routes.len()),
+            ("BackendTLSPolicy", self.backend_tls_policies.len()),
+            ("ConfigMap", self.config_maps.len()),
             ("ReferenceGrant", self.reference_grants.len()),
             ("Service", self.services.len()),
             ("EndpointSlice", self.endpoint_slices.len()),
@@ -151,6 +157,10 @@ impl Store {
             ("gateway.networking.k8s.io", "HTTPRoute") => push(&mut self.http_routes, value),
             ("gateway.networking.k8s.io", "GRPCRoute") => push(&mut self.grpc_routes, value),
             ("gateway.networking.k8s.io", "TLSRoute") => push(&mut self.tls_routes, value),
+            ("gateway.networking.k8s.io", "BackendTLSPolicy") => {
+                push(&mut self.backend_tls_policies, value)
+            }
+            ("", "ConfigMap") => push(&mut self.config_maps, value),
             ("gateway.networking.k8s.io", "ReferenceGrant") => {
                 push(&mut self.reference_grants, value)
             }

@@ -1,0 +1,237 @@
+//! BackendTLSPolicies: which Service ports the proxy reaches over verified TLS, with which CA
+//! and hostname, and each policy's conditions.
+//!
+//! Policies are taken oldest first (then by namespace/name); a policy whose target (a Service,
+//! or one named port of it) an earlier one already holds is Conflicted and not used. A policy
+//! naming a port outranks one naming the whole Service. A policy with no usable CA still
+//! claims its target, and the proxy refuses requests to it (502) rather than sending them
+//! unverified; so does one asking for subjectAltNames, which are not verified here.
+
+use super::status::{Condition, ObjectKey, reason};
+use super::store::Store;
+use coxswain_api::snapshot as snap;
+use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
+use std::collections::BTreeMap;
+
+/// (namespace, Service, port name or "" for every port).
+type Target = (String, String, String);
+
+#[derive(Debug, Default)]
+pub struct Output {
+    settings: BTreeMap<Target, snap::BackendTls>,
+    /// Per policy: its conditions, the same for every ancestor, and the Services it targets.
+    pub decided: BTreeMap<ObjectKey, Decided>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Decided {
+    pub conditions: Vec<Condition>,
+    pub services: Vec<(String, String)>,
+}
+
+impl Output {
+    /// The TLS settings for a Service port, if a policy holds it.
+    pub fn for_port(
+        &self,
+        namespace: &str,
+        service: &str,
+        port_name: &str,
+    ) -> Option<&snap::BackendTls> {
+        let key = |p: &str| (namespace.to_owned(), service.to_owned(), p.to_owned());
+        if !port_name.is_empty()
+            && let Some(t) = self.settings.get(&key(port_name))
+        {
+            return Some(t);
+        }
+        self.settings.get(&key(""))
+    }
+}
+
+pub fn compile(store: &Store) -> Output {
+    let mut out = Output::default();
+    let mut policies: Vec<&BackendTlsPolicy> = store.backend_tls_policies.iter().collect();
+    policies.sort_by(|a, b| {
+        let created = |p: &BackendTlsPolicy| {
+            p.metadata
+                .creation_timestamp
+                .as_ref()
+                .map(|t| (t.0.as_second(), t.0.subsec_nanosecond()))
+        };
+        let key = |p: &BackendTlsPolicy| {
+            (
+                p.metadata.namespace.clone().unwrap_or_default(),
+                p.metadata.name.clone().unwrap_or_default(),
+            )
+        };
+        match (created(a), created(b)) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            (Some(_), None) => std::cmp::Ordering::Less,
+            (None, Some(_)) => std::cmp::Ordering::Greater,
+            (None, None) => std::cmp::Ordering::Equal,
+        }
+        .then_with(|| key(a).cmp(&key(b)))
+    });
+    for policy in policies {
+        let ns = policy.metadata.namespace.clone().unwrap_or_default();
+        let name = policy.metadata.name.clone().unwrap_or_default();
+        let generation = policy.metadata.generation.unwrap_or(0);
+        let targets: Vec<Target> = policy
+            .spec
+            .target_refs
+            .iter()
+            .filter(|t| t.group.is_empty() && t.kind == "Service")
+            .map(|t| {
+                (
+                    ns.clone(),
+                    t.name.clone(),
+                    t.section_name.clone().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let services = targets
+            .iter()
+            .map(|(n, s, _)| (n.clone(), s.clone()))
+            .collect();
+        let (tls, accepted, resolved) = validate(store, policy, &ns);
+        let taken = targets.iter().find(|t| out.settings.contains_key(*t));
+        let accepted = match taken {
+            Some((_, svc, section)) => (
+                false,
+                reason::CONFLICTED,
+                if section.is_empty() {
+                    format!("an older BackendTLSPolicy already targets Service {svc}")
+                } else {
+                    format!(
+                        "an older BackendTLSPolicy already targets port {section} of Service {svc}"
+                    )
+                },
+            ),
+            None => {
+                for t in &targets {
+                    out.settings.insert(t.clone(), tls.clone());
+                }
+                accepted
+            }
+        };
+        let conditions = vec![
+            Condition::new(
+                reason::ACCEPTED,
+                accepted.0,
+                accepted.1,
+                accepted.2,
+                generation,
+            ),
+            Condition::new(
+                reason::RESOLVED_REFS,
+                resolved.0,
+                resolved.1,
+                resolved.2,
+                generation,
+            ),
+        ];
+        out.decided.insert(
+            ObjectKey::new(&ns, &name),
+            Decided {
+                conditions,
+                services,
+            },
+        );
+    }
+    out
+}
+
+type Verdict = (bool, &'static str, String);
+
+/// The TLS settings a policy asks for, and its Accepted and ResolvedRefs verdicts.
+fn validate(
+    store: &Store,
+    policy: &BackendTlsPolicy,
+    ns: &str,
+) -> (snap::BackendTls, Verdict, Verdict) {
+    let v = &policy.spec.validation;
+    let mut tls = snap::BackendTls {
+        hostname: v.hostname.clone(),
+        ..Default::default()
+    };
+    let mut resolved: Verdict = (true, reason::RESOLVED_REFS, String::new());
+    let mut pems = Vec::new();
+    for r in v.ca_certificate_refs.iter().flatten() {
+        let problem = if !r.group.is_empty() || r.kind != "ConfigMap" {
+            Some((
+                reason::INVALID_KIND,
+                format!(
+                    "caCertificateRef {}/{} {} is not a ConfigMap",
+                    r.group, r.kind, r.name
+                ),
+            ))
+        } else {
+            match ca_bundle(store, ns, &r.name) {
+                Ok(pem) => {
+                    pems.push(pem);
+                    None
+                }
+                Err(why) => Some((reason::INVALID_CA_CERTIFICATE_REF, why)),
+            }
+        };
+        if let (Some((r, m)), true) = (problem, resolved.0) {
+            resolved = (false, r, m);
+        }
+    }
+    tls.ca_pem = pems.join("\n");
+    let accepted: Verdict = match v.well_known_ca_certificates.as_deref() {
+        Some("System") => {
+            tls.system_roots = true;
+            (true, reason::ACCEPTED, String::new())
+        }
+        Some(other) => (
+            false,
+            reason::INVALID,
+            format!("wellKnownCACertificates {other:?} is not supported; use System"),
+        ),
+        None if pems.is_empty() => (
+            false,
+            reason::NO_VALID_CA_CERTIFICATE,
+            "no caCertificateRef holds a usable CA certificate".into(),
+        ),
+        None => (true, reason::ACCEPTED, String::new()),
+    };
+    let accepted = if v.subject_alt_names.as_ref().is_some_and(|s| !s.is_empty()) {
+        (
+            false,
+            reason::INVALID,
+            "subjectAltNames are not supported: requests to the Service are refused".into(),
+        )
+    } else {
+        accepted
+    };
+    tls.refuse = !accepted.0;
+    (tls, accepted, resolved)
+}
+
+/// The PEM CA bundle of a ConfigMap (key ca.crt), if every certificate in it parses.
+fn ca_bundle(store: &Store, ns: &str, name: &str) -> Result<String, String> {
+    let cm = store
+        .config_maps
+        .iter()
+        .find(|c| {
+            c.metadata.namespace.as_deref() == Some(ns) && c.metadata.name.as_deref() == Some(name)
+        })
+        .ok_or_else(|| format!("ConfigMap {ns}/{name} not found"))?;
+    let pem = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get("ca.crt"))
+        .ok_or_else(|| format!("ConfigMap {ns}/{name} has no ca.crt"))?;
+    let mut count = 0;
+    for block in x509_parser::pem::Pem::iter_from_buffer(pem.as_bytes()) {
+        let block = block.map_err(|e| format!("ConfigMap {ns}/{name} ca.crt: {e}"))?;
+        block
+            .parse_x509()
+            .map_err(|e| format!("ConfigMap {ns}/{name} ca.crt: {e}"))?;
+        count += 1;
+    }
+    if count == 0 {
+        return Err(format!("ConfigMap {ns}/{name} ca.crt holds no certificate"));
+    }
+    Ok(pem.clone())
+}

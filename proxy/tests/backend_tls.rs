@@ -1,0 +1,168 @@
+//! BackendTLSPolicy in the proxy: a cluster with backend TLS is reached over TLS with the
+//! policy's hostname as SNI, and its certificate must chain to the policy's CA and carry that
+//! hostname; otherwise the request fails (502) instead of going out unverified.
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+
+mod support;
+
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+
+struct Ca {
+    pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+fn ca() -> Ca {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::default();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let cert = params.self_signed(&key).unwrap();
+    Ca {
+        pem: cert.pem(),
+        issuer: Issuer::new(params, key),
+    }
+}
+
+/// An HTTPS backend whose certificate `ca` issued for `names`; it answers with the SNI it got.
+async fn tls_backend(ca: &Ca, names: &[&str]) -> SocketAddr {
+    let key = KeyPair::generate().unwrap();
+    let params =
+        CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>()).unwrap();
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![CertificateDer::from(cert.der().to_vec())],
+        PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+    )
+    .unwrap();
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let sni = tls.get_ref().1.server_name().unwrap_or("").to_owned();
+                // Keep-alive, so the proxy pools the connection.
+                let mut pending = Vec::new();
+                let mut buf = [0u8; 1024];
+                loop {
+                    while !pending.windows(4).any(|w| w == b"\r\n\r\n") {
+                        match tls.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => pending.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    pending.clear();
+                    let body = format!("sni={sni}");
+                    let reply = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                        body.len()
+                    );
+                    if tls.write_all(reply.as_bytes()).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backends_under_a_policy_are_verified_against_its_ca_and_hostname() {
+    let (good_ca, other_ca) = (ca(), ca());
+    let good = tls_backend(&good_ca, &["backend.example"]).await;
+    let foreign = tls_backend(&other_ca, &["backend.example"]).await;
+    let port = free_port();
+    // Four clusters: verified and right; a hostname the certificate lacks; a certificate
+    // from another CA; a policy the controller found unusable.
+    let yaml = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: good, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /good}}
+      backends: [{cluster: "t/good:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: wrong-name, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /wrong-name}}
+      backends: [{cluster: "t/wrong-name:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: foreign, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /foreign}}
+      backends: [{cluster: "t/foreign:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: other-ca, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /other-ca}}
+      backends: [{cluster: "t/other-ca:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: refused, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /refused}}
+      backends: [{cluster: "t/refused:443", weight: 1}]
+clusters:
+- name: t/good:443
+  endpoints: [{address: 127.0.0.1, port: {GOOD}, ready: true, serving: true}]
+  tls: {hostname: backend.example, caPem: "{CA}"}
+- name: t/wrong-name:443
+  endpoints: [{address: 127.0.0.1, port: {GOOD}, ready: true, serving: true}]
+  tls: {hostname: other.example, caPem: "{CA}"}
+- name: t/foreign:443
+  endpoints: [{address: 127.0.0.1, port: {FOREIGN}, ready: true, serving: true}]
+  tls: {hostname: backend.example, caPem: "{CA}"}
+- name: t/other-ca:443
+  endpoints: [{address: 127.0.0.1, port: {GOOD}, ready: true, serving: true}]
+  tls: {hostname: backend.example, caPem: "{OTHER_CA}"}
+- name: t/refused:443
+  endpoints: [{address: 127.0.0.1, port: {GOOD}, ready: true, serving: true}]
+  tls: {hostname: backend.example, refuse: true}
+"#;
+    let snap = snapshot(
+        yaml,
+        &[
+            ("PORT", port.to_string()),
+            ("GOOD", good.port().to_string()),
+            ("FOREIGN", foreign.port().to_string()),
+            ("CA", good_ca.pem.replace('\n', "\\n")),
+            ("OTHER_CA", other_ca.pem.replace('\n', "\\n")),
+        ],
+    );
+    let proxy = Proxy::start(&snap).await;
+    let base = format!("http://127.0.0.1:{port}");
+
+    let ok = get(&format!("{base}/good"), &[]).await.unwrap();
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    assert_eq!(ok.body, "sni=backend.example");
+    // The same endpoint and name under a policy with another CA: connections the good
+    // requests left in the pool (one per worker) were verified against a different CA and
+    // must not be reused for it.
+    for _ in 0..6 {
+        let ok = get(&format!("{base}/good"), &[]).await.unwrap();
+        assert_eq!(ok.status, 200, "{}", ok.body);
+        let other = get(&format!("{base}/other-ca"), &[]).await.unwrap();
+        assert_eq!(
+            other.status, 502,
+            "a pooled connection crossed CAs: {}",
+            other.body
+        );
+    }
+    for path in ["/wrong-name", "/foreign", "/refused"] {
+        let r = get(&format!("{base}{path}"), &[]).await.unwrap();
+        assert_eq!(r.status, 502, "{path}: {}", r.body);
+    }
+    proxy.stop().await;
+}
