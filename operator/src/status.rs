@@ -8,14 +8,17 @@
 
 use crate::admin;
 use crate::compile::ScopeKey;
-use crate::compile::httproute::RouteKind;
 use crate::compile::status::{
     Condition, ConditionStatus, ObjectKey, RouteParentStatus, StatusDecisions, reason,
 };
 use crate::compile::{Compiled, Store};
 use crate::discovery::Hub;
+use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
+use gateway_api::apis::standard::grpcroutes::GrpcRoute;
+use gateway_api::apis::standard::httproutes::HttpRoute;
+use gateway_api::apis::standard::tlsroutes::TlsRoute;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::networking::v1::Ingress;
@@ -340,38 +343,34 @@ impl StatusWriter {
         }
     }
 
-    /// `status.parents` of the routes of one kind (or `status.ancestors` of policies, with
-    /// `list` and `reference` naming the fields): our entries as decided, other controllers'
-    /// entries as they are.
-    #[allow(clippy::too_many_arguments)]
-    async fn route_parents<K>(
+    /// `status.parents` of routes (`status.ancestors` of policies): our entries as decided,
+    /// other controllers' entries as they are. An object we have nothing to say about any
+    /// more (its parentRefs no longer name a Gateway of ours) loses the entries we wrote.
+    async fn route_parents<K: SharedStatus>(
         &self,
         next: &mut HashMap<String, (ConditionStatus, &'static str)>,
-        kind: &'static str,
-        (list, reference): (&str, &str),
         routes: &[K],
         decisions: &BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
         now: &str,
-    ) where
-        K: kube::Resource<DynamicType = (), Scope = NamespaceResourceScope>
-            + Clone
-            + serde::Serialize
-            + serde::de::DeserializeOwned
-            + std::fmt::Debug,
-    {
+    ) {
+        let (kind, (list, reference)) = (K::KIND, K::FIELDS);
         let controller_name = self.controller_name.as_str();
         for route in routes {
             let meta = route.meta();
             let (Some(ns), Some(name)) = (meta.namespace.as_deref(), meta.name.as_deref()) else {
                 continue;
             };
-            let Some(ours) = decisions.get(&ObjectKey::new(ns, name)) else {
-                continue;
+            let current_parents = route.entries();
+            let ours = match decisions.get(&ObjectKey::new(ns, name)) {
+                Some(ours) => ours.as_slice(),
+                None if current_parents
+                    .iter()
+                    .any(|p| p["controllerName"] == controller_name) =>
+                {
+                    &[]
+                }
+                None => continue,
             };
-            let current_parents = serde_json::to_value(route)
-                .ok()
-                .and_then(|v| v["status"][list].as_array().cloned())
-                .unwrap_or_default();
             let object = route.object_ref(&());
             let event_scope = format!("{kind}/{ns}/{name}");
             // Other controllers' entries stay as they are.
@@ -611,37 +610,14 @@ impl StatusWriter {
             self.apply(api, "Gateway", name, body).await;
         }
 
+        self.route_parents(&mut next, &store.http_routes, &decisions.http_routes, &now)
+            .await;
+        self.route_parents(&mut next, &store.grpc_routes, &decisions.grpc_routes, &now)
+            .await;
+        self.route_parents(&mut next, &store.tls_routes, &decisions.tls_routes, &now)
+            .await;
         self.route_parents(
             &mut next,
-            RouteKind::Http.name(),
-            ("parents", "parentRef"),
-            &store.http_routes,
-            &decisions.http_routes,
-            &now,
-        )
-        .await;
-        self.route_parents(
-            &mut next,
-            RouteKind::Grpc.name(),
-            ("parents", "parentRef"),
-            &store.grpc_routes,
-            &decisions.grpc_routes,
-            &now,
-        )
-        .await;
-        self.route_parents(
-            &mut next,
-            RouteKind::Tls.name(),
-            ("parents", "parentRef"),
-            &store.tls_routes,
-            &decisions.tls_routes,
-            &now,
-        )
-        .await;
-        self.route_parents(
-            &mut next,
-            "BackendTLSPolicy",
-            ("ancestors", "ancestorRef"),
             &store.backend_tls_policies,
             &decisions.backend_tls_policies,
             &now,
@@ -724,6 +700,58 @@ impl StatusWriter {
             }
         }
         self.class_findings = decisions.ingress_classes.clone().into_iter().collect();
+    }
+}
+
+/// Kinds whose status is a list of per-Gateway entries that several controllers share.
+trait SharedStatus:
+    kube::Resource<DynamicType = (), Scope = NamespaceResourceScope>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+{
+    const KIND: &'static str;
+    /// The list and the reference field of its entries.
+    const FIELDS: (&'static str, &'static str);
+    /// The entries as the object carries them.
+    fn entries(&self) -> Vec<Value>;
+}
+
+fn as_values<T: serde::Serialize>(list: Option<&Vec<T>>) -> Vec<Value> {
+    list.and_then(|l| serde_json::to_value(l).ok())
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+}
+
+impl SharedStatus for HttpRoute {
+    const KIND: &'static str = "HTTPRoute";
+    const FIELDS: (&'static str, &'static str) = ("parents", "parentRef");
+    fn entries(&self) -> Vec<Value> {
+        as_values(self.status.as_ref().map(|s| &s.parents))
+    }
+}
+
+impl SharedStatus for GrpcRoute {
+    const KIND: &'static str = "GRPCRoute";
+    const FIELDS: (&'static str, &'static str) = ("parents", "parentRef");
+    fn entries(&self) -> Vec<Value> {
+        as_values(self.status.as_ref().map(|s| &s.parents))
+    }
+}
+
+impl SharedStatus for TlsRoute {
+    const KIND: &'static str = "TLSRoute";
+    const FIELDS: (&'static str, &'static str) = ("parents", "parentRef");
+    fn entries(&self) -> Vec<Value> {
+        as_values(self.status.as_ref().map(|s| &s.parents))
+    }
+}
+
+impl SharedStatus for BackendTlsPolicy {
+    const KIND: &'static str = "BackendTLSPolicy";
+    const FIELDS: (&'static str, &'static str) = ("ancestors", "ancestorRef");
+    fn entries(&self) -> Vec<Value> {
+        as_values(self.status.as_ref().map(|s| &s.ancestors))
     }
 }
 

@@ -554,6 +554,37 @@ spec:
         .expect("the other controller's entry was dropped");
     assert_eq!(theirs.parent_ref.name, "theirs");
 
+    // The route leaves our Gateway: the entry we wrote goes, theirs stays.
+    routes
+        .patch(
+            "app",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                serde_json::json!({"spec": {"parentRefs": [{"name": "theirs"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let parents = coxswain_testenv::eventually(
+        "our entry removed once the route no longer names our Gateway",
+        Duration::from_secs(30),
+        || async {
+            let parents = routes.get("app").await.ok()?.status?.parents;
+            parents
+                .iter()
+                .all(|p| p.controller_name != "coxswain-labs.dev/gateway-controller")
+                .then_some(parents)
+        },
+    )
+    .await;
+    assert_eq!(
+        parents
+            .iter()
+            .map(|p| p.controller_name.as_str())
+            .collect::<Vec<_>>(),
+        ["example.com/other-controller"]
+    );
+
     proxy.stop().await;
     let _ = stop_ctl.send(());
     ctl.await.unwrap().unwrap();
