@@ -76,6 +76,35 @@ impl PrecedenceKey {
     }
 }
 
+impl PrecedenceKey {
+    /// GRPCRoute precedence (GRPCRouteRule "matches"): after the hostname, a match naming the
+    /// service, then one naming the method, then more header matches. `m` is the path match
+    /// as [`super::grpcroute`] wrote it: Exact "/s/m", PathPrefix "/s", "/[^/]+/m" for a
+    /// method alone, "/(?:S)/(?:M)" for patterns ("(?:[^/]+)" standing for an absent part).
+    pub fn grpc(mut self, m: &RouteMatch) -> Self {
+        const ANY: &str = "(?:[^/]+)";
+        let (service, method) = match &m.path {
+            None => (false, false),
+            Some(p) => match path_match::Kind::try_from(p.kind) {
+                Ok(path_match::Kind::Exact) => (true, true),
+                Ok(path_match::Kind::Prefix) => (p.value != "/", false),
+                _ if p.value.starts_with("/[^/]+/") => (false, true),
+                _ => (
+                    !p.value.starts_with(&format!("/{ANY}/")),
+                    !p.value.ends_with(&format!("/{ANY}")),
+                ),
+            },
+        };
+        self.path_rank = match (service, method) {
+            (true, true) => 0,
+            (true, false) => 1,
+            (false, true) => 2,
+            (false, false) => 3,
+        };
+        self
+    }
+}
+
 impl Ord for PrecedenceKey {
     fn cmp(&self, other: &Self) -> Ordering {
         hostname::specificity(&self.hostname, &other.hostname)

@@ -357,14 +357,21 @@ fn compile_route(
                                 protocol: listener.protocol,
                                 listener_hostname: listener.hostname.clone(),
                                 vhost: host.clone(),
-                                key: PrecedenceKey::new(
-                                    &host,
-                                    m,
-                                    route.metadata.creation_timestamp.as_ref().map(|t| t.0),
-                                    &key,
-                                    rule.index,
-                                    match_index as u32,
-                                ),
+                                key: {
+                                    let k = PrecedenceKey::new(
+                                        &host,
+                                        m,
+                                        route.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                                        &key,
+                                        rule.index,
+                                        match_index as u32,
+                                    );
+                                    if kind == RouteKind::Grpc {
+                                        k.grpc(m)
+                                    } else {
+                                        k
+                                    }
+                                },
                                 route: snap::Route {
                                     source: Some(RouteSource {
                                         kind: kind.name().into(),

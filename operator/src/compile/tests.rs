@@ -2279,3 +2279,33 @@ fn a_backend_tls_policy_without_a_usable_ca_refuses_traffic() {
     );
     assert!(shared(&c).clusters[0].tls.as_ref().unwrap().refuse);
 }
+
+#[test]
+fn grpc_rules_rank_by_service_then_method_then_headers() {
+    // GRPCRoute precedence: a match naming the service outranks one naming only the method,
+    // which outranks one with only headers, whatever the rule order.
+    let route = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: rpc, namespace: web}
+spec:
+  parentRefs: [{name: edge}]
+  rules:
+  - matches: [{headers: [{name: a, value: "1"}, {name: b, value: "2"}]}]
+    backendRefs: [{name: echo, port: 8080}]
+  - matches: [{method: {method: Say}}]
+    backendRefs: [{name: echo, port: 8080}]
+  - matches: [{method: {type: RegularExpression, service: "pkg\\..*"}}]
+    backendRefs: [{name: echo, port: 8080}]
+  - matches: [{method: {service: pkg.Echo, method: Say}}]
+    backendRefs: [{name: echo, port: 8080}]
+"#;
+    let c = compile_yaml(&[BASE, GATEWAY, route]);
+    let l = &shared(&c).listeners[0];
+    let order: Vec<u32> = l.virtual_hosts[0]
+        .routes
+        .iter()
+        .map(|r| r.source.as_ref().unwrap().rule)
+        .collect();
+    assert_eq!(order, [3, 2, 1, 0]);
+}
