@@ -66,6 +66,9 @@ pub struct BackendTls {
     /// Tells pooled connections verified against one set of CAs from another's: Pingora's
     /// pool key covers the address, SNI and whether to verify, but not what against.
     pub pool_key: u64,
+    /// For request mirrors, which do not go through Pingora: the same verification. None
+    /// (built-in roots, or refused): mirrors to this cluster are not sent.
+    pub mirror: Option<Arc<rustls::ClientConfig>>,
 }
 
 impl BackendTls {
@@ -83,6 +86,7 @@ impl BackendTls {
                 ca: None,
                 refuse: true,
                 pool_key,
+                mirror: None,
             }
         };
         if t.refuse {
@@ -91,6 +95,7 @@ impl BackendTls {
                 ca: None,
                 refuse: true,
                 pool_key,
+                mirror: None,
             };
         }
         if t.hostname.is_empty() {
@@ -102,10 +107,12 @@ impl BackendTls {
                 ca: None,
                 refuse: false,
                 pool_key,
+                mirror: None,
             };
         }
         use rustls_pki_types::pem::PemObject;
         let mut certs = Vec::new();
+        let mut roots = rustls::RootCertStore::empty();
         for der in rustls_pki_types::CertificateDer::pem_slice_iter(t.ca_pem.as_bytes()) {
             let Ok(der) = der else {
                 return refuse("a CA certificate is not valid PEM");
@@ -118,15 +125,25 @@ impl BackendTls {
                 der.to_vec(),
                 pingora::utils::tls::parse_x509,
             ));
+            if roots.add(der).is_err() {
+                return refuse("a CA certificate is not usable as a trust anchor");
+            }
         }
         if certs.is_empty() {
             return refuse("no CA certificate");
         }
+        let mirror = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map(|b| Arc::new(b.with_root_certificates(roots).with_no_client_auth()))
+        .ok();
         Self {
             hostname: t.hostname.as_str().into(),
             ca: Some(Arc::from(certs.into_boxed_slice())),
             refuse: false,
             pool_key,
+            mirror,
         }
     }
 }

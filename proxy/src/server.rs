@@ -63,8 +63,19 @@ mod mirror {
     /// without `None` aborts the mirrored request, so a backend never takes a cut body as whole.
     pub type Tap = mpsc::Sender<Option<Bytes>>;
 
+    /// Verified TLS to a mirror's backend (BackendTLSPolicy), with the name to verify.
+    pub type TlsTo = (
+        std::sync::Arc<rustls::ClientConfig>,
+        rustls_pki_types::ServerName<'static>,
+    );
+
     /// Starts a copy of `req` to `target`; returns the feed for its body (none when empty).
-    pub fn start(target: SocketAddr, req: &RequestHeader, framing: Framing) -> Option<Tap> {
+    pub fn start(
+        target: SocketAddr,
+        tls: Option<TlsTo>,
+        req: &RequestHeader,
+        framing: Framing,
+    ) -> Option<Tap> {
         let head = head(req, framing);
         let (tap, body) = match framing {
             Framing::Empty => (None, None),
@@ -74,7 +85,7 @@ mod mirror {
             }
         };
         tokio::spawn(async move {
-            let copy = send(target, head, body, matches!(framing, Framing::Chunked));
+            let copy = send(target, tls, head, body, matches!(framing, Framing::Chunked));
             let result = tokio::time::timeout(DEADLINE, copy)
                 .await
                 .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into()));
@@ -87,12 +98,30 @@ mod mirror {
 
     async fn send(
         target: SocketAddr,
+        tls: Option<TlsTo>,
         head: Vec<u8>,
         body: Option<mpsc::Receiver<Option<Bytes>>>,
         chunked: bool,
     ) -> std::io::Result<()> {
-        let mut s = tokio::net::TcpStream::connect(target).await?;
-        s.set_nodelay(true)?;
+        let tcp = tokio::net::TcpStream::connect(target).await?;
+        tcp.set_nodelay(true)?;
+        match tls {
+            None => copy(tcp, head, body, chunked).await,
+            Some((config, name)) => {
+                let s = tokio_rustls::TlsConnector::from(config)
+                    .connect(name, tcp)
+                    .await?;
+                copy(s, head, body, chunked).await
+            }
+        }
+    }
+
+    async fn copy<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+        mut s: S,
+        head: Vec<u8>,
+        body: Option<mpsc::Receiver<Option<Bytes>>>,
+        chunked: bool,
+    ) -> std::io::Result<()> {
         s.write_all(&head).await?;
         if let Some(mut body) = body {
             loop {
@@ -272,7 +301,7 @@ pub struct Ctx {
     /// The current attempt's end: the backend request timeout, within `deadline`.
     attempt_deadline: Option<std::time::Instant>,
     /// Mirror endpoints this request was sampled for, started with the first attempt.
-    mirror_targets: Vec<SocketAddr>,
+    mirror_targets: Vec<(SocketAddr, Option<mirror::TlsTo>)>,
     /// Body feeds of the mirrors in flight.
     mirror_taps: Vec<mirror::Tap>,
     /// Request body bytes already fed to the mirrors; a retry replays the body from 0.
@@ -492,10 +521,28 @@ impl ProxyHttp for Gateway {
                     } else {
                         // Sampled here, from this table; sent once the request goes upstream.
                         for m in &route.mirrors {
+                            let Some(cluster) = m.cluster.as_ref() else {
+                                continue;
+                            };
+                            // Verified TLS or nothing: a Service under a BackendTLSPolicy
+                            // gets no mirror in clear.
+                            let tls = match &cluster.backend_tls {
+                                None => None,
+                                Some(t) => match (
+                                    &t.mirror,
+                                    rustls_pki_types::ServerName::try_from(t.hostname.to_string()),
+                                ) {
+                                    (Some(config), Ok(name)) => Some((config.clone(), name)),
+                                    _ => {
+                                        tracing::debug!(cluster = %cluster.name, "mirror skipped: its TLS cannot be verified here");
+                                        continue;
+                                    }
+                                },
+                            };
                             if m.sampled()
-                                && let Some(target) = m.cluster.as_ref().and_then(|c| c.pick())
+                                && let Some(target) = cluster.pick()
                             {
-                                ctx.mirror_targets.push(target);
+                                ctx.mirror_targets.push((target, tls));
                             }
                         }
                         match route.pick() {
@@ -734,8 +781,8 @@ impl ProxyHttp for Gateway {
                 content_length(session.req_header())
                     .map_or(mirror::Framing::Chunked, mirror::Framing::Length)
             };
-            for target in std::mem::take(&mut ctx.mirror_targets) {
-                if let Some(tap) = mirror::start(target, upstream, framing) {
+            for (target, tls) in std::mem::take(&mut ctx.mirror_targets) {
+                if let Some(tap) = mirror::start(target, tls, upstream, framing) {
                     ctx.mirror_taps.push(tap);
                 }
             }

@@ -30,8 +30,13 @@ fn ca() -> Ca {
     }
 }
 
-/// An HTTPS backend whose certificate `ca` issued for `names`; it answers with the SNI it got.
-async fn tls_backend(ca: &Ca, names: &[&str]) -> SocketAddr {
+type Seen = Arc<std::sync::Mutex<Vec<String>>>;
+
+/// An HTTPS backend whose certificate `ca` issued for `names`; it answers with the SNI it got
+/// and records the request lines it served.
+async fn tls_backend(ca: &Ca, names: &[&str]) -> (SocketAddr, Seen) {
+    let seen: Seen = Arc::default();
+    let record = seen.clone();
     let key = KeyPair::generate().unwrap();
     let params =
         CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>()).unwrap();
@@ -53,6 +58,7 @@ async fn tls_backend(ca: &Ca, names: &[&str]) -> SocketAddr {
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             let acceptor = acceptor.clone();
+            let record = record.clone();
             tokio::spawn(async move {
                 let Ok(mut tls) = acceptor.accept(tcp).await else {
                     return;
@@ -68,6 +74,9 @@ async fn tls_backend(ca: &Ca, names: &[&str]) -> SocketAddr {
                             Ok(n) => pending.extend_from_slice(&buf[..n]),
                         }
                     }
+                    let line = String::from_utf8_lossy(&pending);
+                    let line = line.lines().next().unwrap_or("").to_owned();
+                    record.lock().unwrap().push(line);
                     pending.clear();
                     let body = format!("sni={sni}");
                     let reply = format!(
@@ -81,14 +90,14 @@ async fn tls_backend(ca: &Ca, names: &[&str]) -> SocketAddr {
             });
         }
     });
-    addr
+    (addr, seen)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn backends_under_a_policy_are_verified_against_its_ca_and_hostname() {
     let (good_ca, other_ca) = (ca(), ca());
-    let good = tls_backend(&good_ca, &["backend.example"]).await;
-    let foreign = tls_backend(&other_ca, &["backend.example"]).await;
+    let (good, good_seen) = tls_backend(&good_ca, &["backend.example"]).await;
+    let (foreign, foreign_seen) = tls_backend(&other_ca, &["backend.example"]).await;
     let port = free_port();
     // Four clusters: verified and right; a hostname the certificate lacks; a certificate
     // from another CA; a policy the controller found unusable.
@@ -111,6 +120,12 @@ listeners:
     - source: {kind: HTTPRoute, namespace: t, name: other-ca, rule: 0}
       match: {path: {kind: KIND_PREFIX, value: /other-ca}}
       backends: [{cluster: "t/other-ca:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: mirrored, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /mirrored}}
+      filters:
+      - kind: {requestMirror: {cluster: "t/good:443", numerator: 1, denominator: 1}}
+      - kind: {requestMirror: {cluster: "t/foreign:443", numerator: 1, denominator: 1}}
+      backends: [{cluster: "t/good:443", weight: 1}]
     - source: {kind: HTTPRoute, namespace: t, name: refused, rule: 0}
       match: {path: {kind: KIND_PREFIX, value: /refused}}
       backends: [{cluster: "t/refused:443", weight: 1}]
@@ -164,5 +179,29 @@ clusters:
         let r = get(&format!("{base}{path}"), &[]).await.unwrap();
         assert_eq!(r.status, 502, "{path}: {}", r.body);
     }
+
+    // Mirrors speak the same verified TLS: the copy reaches the backend the policy's CA
+    // vouches for, and not the one it does not.
+    let r = get(&format!("{base}/mirrored"), &[]).await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    let mirrored = |seen: &Seen| {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.starts_with("GET /mirrored"))
+            .count()
+    };
+    for _ in 0..100 {
+        if mirrored(&good_seen) == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert_eq!(mirrored(&good_seen), 2, "the request and its mirror");
+    assert_eq!(
+        mirrored(&foreign_seen),
+        0,
+        "a mirror crossed to an unverified backend"
+    );
     proxy.stop().await;
 }
