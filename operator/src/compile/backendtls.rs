@@ -51,25 +51,8 @@ pub fn compile(store: &Store) -> Output {
     let mut out = Output::default();
     let mut policies: Vec<&BackendTlsPolicy> = store.backend_tls_policies.iter().collect();
     policies.sort_by(|a, b| {
-        let created = |p: &BackendTlsPolicy| {
-            p.metadata
-                .creation_timestamp
-                .as_ref()
-                .map(|t| (t.0.as_second(), t.0.subsec_nanosecond()))
-        };
-        let key = |p: &BackendTlsPolicy| {
-            (
-                p.metadata.namespace.clone().unwrap_or_default(),
-                p.metadata.name.clone().unwrap_or_default(),
-            )
-        };
-        match (created(a), created(b)) {
-            (Some(x), Some(y)) => x.cmp(&y),
-            (Some(_), None) => std::cmp::Ordering::Less,
-            (None, Some(_)) => std::cmp::Ordering::Greater,
-            (None, None) => std::cmp::Ordering::Equal,
-        }
-        .then_with(|| key(a).cmp(&key(b)))
+        let key = |p: &BackendTlsPolicy| (p.metadata.namespace.clone(), p.metadata.name.clone());
+        super::store::oldest_first(&a.metadata, &b.metadata).then_with(|| key(a).cmp(&key(b)))
     });
     for policy in policies {
         let ns = policy.metadata.namespace.clone().unwrap_or_default();

@@ -16,7 +16,7 @@ use coxswain_api::snapshot::{
 use gateway_api::apis::standard::httproutes::{
     HttpRoute, HttpRouteParentRefs, HttpRouteRules, HttpRouteRulesFilters, HttpRouteRulesMatches,
     HttpRouteRulesMatchesHeadersType, HttpRouteRulesMatchesPathType,
-    HttpRouteRulesMatchesQueryParamsType,
+    HttpRouteRulesMatchesQueryParamsType, HttpRouteSpec,
 };
 use std::collections::BTreeMap;
 
@@ -124,6 +124,42 @@ pub fn compile(
     out
 }
 
+/// The HTTPRoute a route of another kind is read as: its metadata, parentRefs and hostnames,
+/// and `rules` already in HTTPRoute shape. If that does not read as an HTTPRoute spec, only
+/// the parents are kept, so the route is still told why (the problem returned).
+pub(super) fn equivalent_route(
+    kind: &str,
+    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    parent_refs: &impl serde::Serialize,
+    hostnames: &impl serde::Serialize,
+    rules: Option<Vec<serde_json::Value>>,
+) -> (HttpRoute, Option<Problem>) {
+    let spec = serde_json::json!({
+        "parentRefs": parent_refs,
+        "hostnames": hostnames,
+        "rules": rules,
+    });
+    let (spec, problem) = match serde_json::from_value::<HttpRouteSpec>(spec) {
+        Ok(spec) => (spec, None),
+        Err(e) => (
+            HttpRouteSpec {
+                parent_refs: serde_json::to_value(parent_refs)
+                    .and_then(serde_json::from_value)
+                    .unwrap_or_default(),
+                rules: Some(Vec::new()),
+                ..Default::default()
+            },
+            Some((reason::UNSUPPORTED_VALUE, format!("{kind}: {e}"))),
+        ),
+    };
+    let route = HttpRoute {
+        metadata: metadata.clone(),
+        spec,
+        status: None,
+    };
+    (route, problem)
+}
+
 /// (route kind, route, Gateway, listener name) -> the route of the other kind that keeps the
 /// hostnames they share on that listener.
 type Rejections = BTreeMap<(RouteKind, ObjectKey, ObjectKey, String), String>;
@@ -179,20 +215,7 @@ fn cross_kind_conflicts(
         .map(|(kind, route, _)| (*kind, *route, route_key(route)))
         .collect();
     order.sort_by(|a, b| {
-        let created = |r: &HttpRoute| {
-            r.metadata
-                .creation_timestamp
-                .as_ref()
-                .map(|t| (t.0.as_second(), t.0.subsec_nanosecond()))
-        };
-        // Objects without a creationTimestamp (files) come after those with one.
-        match (created(a.1), created(b.1)) {
-            (Some(x), Some(y)) => x.cmp(&y),
-            (Some(_), None) => std::cmp::Ordering::Less,
-            (None, Some(_)) => std::cmp::Ordering::Greater,
-            (None, None) => std::cmp::Ordering::Equal,
-        }
-        .then_with(|| a.2.cmp(&b.2))
+        super::store::oldest_first(&a.1.metadata, &b.1.metadata).then_with(|| a.2.cmp(&b.2))
     });
     // (Gateway, listener) -> the routes taken there: kind, "Kind ns/name", hostnames.
     type Taken = Vec<(RouteKind, String, Vec<String>)>;
@@ -407,7 +430,7 @@ fn compile_route(
     };
 }
 
-type Problem = (&'static str, String);
+pub(super) type Problem = (&'static str, String);
 
 /// The listeners of `gw` a route attaches to through one parentRef, with the hostnames it
 /// serves on each (Gateway API: sectionName and port narrow the listeners; allowedRoutes and

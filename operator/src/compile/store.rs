@@ -63,6 +63,25 @@ impl Store {
     }
 }
 
+/// Older objects first by creationTimestamp; objects without one (read from files) after those
+/// with one. Callers break ties by namespace/name: Gateway API conflict rules.
+pub fn oldest_first(
+    a: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    b: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> std::cmp::Ordering {
+    let created = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        m.creation_timestamp
+            .as_ref()
+            .map(|t| (t.0.as_second(), t.0.subsec_nanosecond()))
+    };
+    match (created(a), created(b)) {
+        (Some(x), Some(y)) => x.cmp(&y),
+        (Some(_), None) => std::cmp::Ordering::Less,
+        (None, Some(_)) => std::cmp::Ordering::Greater,
+        (None, None) => std::cmp::Ordering::Equal,
+    }
+}
+
 /// A document that could not be loaded. The rest of the input still compiles.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
