@@ -4,14 +4,13 @@
 //! What stays gRPC-specific — HTTP/2 to the backends, the kind in status and ReferenceGrants —
 //! is decided by [`super::httproute`] from [`super::httproute::RouteKind`].
 
+use super::httproute::{Problem, equivalent_route};
 use super::status::reason;
 use gateway_api::apis::standard::grpcroutes::{
     GrpcRoute, GrpcRouteRules, GrpcRouteRulesMatches, GrpcRouteRulesMatchesMethodType,
 };
-use gateway_api::apis::standard::httproutes::{HttpRoute, HttpRouteSpec};
+use gateway_api::apis::standard::httproutes::HttpRoute;
 use serde_json::{Value, json};
-
-type Problem = (&'static str, String);
 
 /// The HTTPRoute serving what `route` asks for, and a problem when part of it has no HTTPRoute
 /// equivalent (the route is then not accepted; what converted still gets status).
@@ -29,31 +28,14 @@ pub fn as_http_route(route: &GrpcRoute) -> (HttpRoute, Option<Problem>) {
             })
             .collect::<Vec<Value>>()
     });
-    let spec = json!({
-        "parentRefs": route.spec.parent_refs,
-        "hostnames": route.spec.hostnames,
-        "rules": rules,
-    });
-    let spec = match serde_json::from_value::<HttpRouteSpec>(spec) {
-        Ok(spec) => spec,
-        Err(e) => {
-            // Only the parents survive, so the route still gets a status saying why.
-            problem.get_or_insert((reason::UNSUPPORTED_VALUE, format!("GRPCRoute: {e}")));
-            HttpRouteSpec {
-                parent_refs: serde_json::to_value(&route.spec.parent_refs)
-                    .and_then(serde_json::from_value)
-                    .unwrap_or_default(),
-                rules: Some(Vec::new()),
-                ..Default::default()
-            }
-        }
-    };
-    let http = HttpRoute {
-        metadata: route.metadata.clone(),
-        spec,
-        status: None,
-    };
-    (http, problem)
+    let (http, unreadable) = equivalent_route(
+        "GRPCRoute",
+        &route.metadata,
+        &route.spec.parent_refs,
+        &route.spec.hostnames,
+        rules,
+    );
+    (http, problem.or(unreadable))
 }
 
 fn rule_as_http(rule: &GrpcRouteRules) -> Result<Value, Problem> {

@@ -4,12 +4,10 @@
 //! and resolves them like other routes; [`super::httproute::RouteKind::Tls`] keeps them on TLS
 //! listeners and names them in status and ReferenceGrants.
 
-use super::status::reason;
-use gateway_api::apis::standard::httproutes::{HttpRoute, HttpRouteSpec};
+use super::httproute::{Problem, equivalent_route};
+use gateway_api::apis::standard::httproutes::HttpRoute;
 use gateway_api::apis::standard::tlsroutes::TlsRoute;
 use serde_json::json;
-
-type Problem = (&'static str, String);
 
 /// The HTTPRoute equivalent of `route`, and a problem when it has none (then only its parents
 /// are kept, so the route can be told why it is not accepted).
@@ -20,30 +18,13 @@ pub fn as_http_route(route: &TlsRoute) -> (HttpRoute, Option<Problem>) {
         .iter()
         .map(|r| json!({"name": r.name, "backendRefs": r.backend_refs}))
         .collect();
-    let spec = json!({
-        "parentRefs": route.spec.parent_refs,
-        "hostnames": route.spec.hostnames,
-        "rules": rules,
-    });
-    let (spec, problem) = match serde_json::from_value::<HttpRouteSpec>(spec) {
-        Ok(spec) => (spec, None),
-        Err(e) => (
-            HttpRouteSpec {
-                parent_refs: serde_json::to_value(&route.spec.parent_refs)
-                    .and_then(serde_json::from_value)
-                    .unwrap_or_default(),
-                rules: Some(Vec::new()),
-                ..Default::default()
-            },
-            Some((reason::UNSUPPORTED_VALUE, format!("TLSRoute: {e}"))),
-        ),
-    };
-    let http = HttpRoute {
-        metadata: route.metadata.clone(),
-        spec,
-        status: None,
-    };
-    (http, problem)
+    equivalent_route(
+        "TLSRoute",
+        &route.metadata,
+        &route.spec.parent_refs,
+        &route.spec.hostnames,
+        Some(rules),
+    )
 }
 
 #[cfg(test)]
