@@ -68,7 +68,7 @@ pub struct BackendTls {
     pub pool_key: u64,
     /// For request mirrors, which do not go through Pingora: the same verification. None
     /// (built-in roots, or refused): mirrors to this cluster are not sent.
-    pub mirror: Option<Arc<rustls::ClientConfig>>,
+    pub mirror: Option<crate::server::mirror::TlsTo>,
 }
 
 impl BackendTls {
@@ -132,12 +132,16 @@ impl BackendTls {
         if certs.is_empty() {
             return refuse("no CA certificate");
         }
-        let mirror = rustls::ClientConfig::builder_with_provider(Arc::new(
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map(|b| Arc::new(b.with_root_certificates(roots).with_no_client_auth()))
-        .ok();
+        .map(|b| Arc::new(b.with_root_certificates(roots).with_no_client_auth()));
+        let name = rustls_pki_types::ServerName::try_from(t.hostname.clone());
+        let mirror = match (config, name) {
+            (Ok(config), Ok(name)) => Some((config, name)),
+            _ => None,
+        };
         Self {
             hostname: t.hostname.as_str().into(),
             ca: Some(Arc::from(certs.into_boxed_slice())),

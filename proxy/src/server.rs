@@ -33,7 +33,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-mod mirror {
+pub(crate) mod mirror {
     //! RequestMirror: the request as the rule's filters leave it, body included, sent to a
     //! mirror backend over a connection of its own; the answer is read and dropped. The main
     //! request never waits for a mirror: body chunks are handed over without blocking, and a
@@ -528,12 +528,9 @@ impl ProxyHttp for Gateway {
                             // gets no mirror in clear.
                             let tls = match &cluster.backend_tls {
                                 None => None,
-                                Some(t) => match (
-                                    &t.mirror,
-                                    rustls_pki_types::ServerName::try_from(t.hostname.to_string()),
-                                ) {
-                                    (Some(config), Ok(name)) => Some((config.clone(), name)),
-                                    _ => {
+                                Some(t) => match &t.mirror {
+                                    Some(tls) => Some(tls.clone()),
+                                    None => {
                                         tracing::debug!(cluster = %cluster.name, "mirror skipped: its TLS cannot be verified here");
                                         continue;
                                     }
