@@ -13,7 +13,6 @@ use hyper::{HeaderMap, Request, Response, StatusCode};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::convert::Infallible;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 use support::free_port;
 
 /// A length-prefixed gRPC message (uncompressed).
@@ -179,24 +178,10 @@ spec:
 "#
     );
     let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("grpc.yaml");
-    std::fs::write(&input, manifests).unwrap();
-    let bin = env!("CARGO_BIN_EXE_coxswain");
-    let out = Command::new(bin)
-        .args(["snapshot", "compile", "-o", "json", "-f"])
-        .arg(&input)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let snapshot = dir.path().join("snapshot.json");
-    std::fs::write(&snapshot, &out.stdout).unwrap();
-
+    let snapshot =
+        support::compile_snapshot(env!("CARGO_BIN_EXE_coxswain"), dir.path(), &manifests);
     let _proxy = Proxy(
-        Command::new(bin)
+        Command::new(env!("CARGO_BIN_EXE_coxswain"))
             .args(["serve", "proxy", "--bind-address", "127.0.0.1"])
             .arg("--snapshot-file")
             .arg(&snapshot)
@@ -205,15 +190,9 @@ spec:
             .spawn()
             .unwrap(),
     );
-    let ready = Instant::now();
-    while !support::http_get(admin, "/readyz", "test").is_ok_and(|r| r.starts_with("HTTP/1.1 200"))
-    {
-        assert!(
-            ready.elapsed() < Duration::from_secs(10),
-            "proxy never became ready"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    tokio::task::spawn_blocking(move || support::wait_proxy_ready(admin))
+        .await
+        .unwrap();
 
     let host = "grpc.example.com";
     let say = call(listen, host, "/pkg.Echo/Say", &[]).await;

@@ -18,23 +18,10 @@ fn sigterm_drains_in_flight_requests_then_exits() {
     let (port, admin) = (free_port(), free_port());
     let manifests = support::app_manifests(port, backend);
     let dir = tempfile::tempdir().unwrap();
-    let input = dir.path().join("app.yaml");
-    std::fs::write(&input, manifests).unwrap();
-    let bin = env!("CARGO_BIN_EXE_coxswain");
-    let out = Command::new(bin)
-        .args(["snapshot", "compile", "-o", "json", "-f"])
-        .arg(&input)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let snapshot = dir.path().join("snapshot.json");
-    std::fs::write(&snapshot, &out.stdout).unwrap();
+    let snapshot =
+        support::compile_snapshot(env!("CARGO_BIN_EXE_coxswain"), dir.path(), &manifests);
 
-    let mut proxy = Command::new(bin)
+    let mut proxy = Command::new(env!("CARGO_BIN_EXE_coxswain"))
         .args([
             "serve",
             "proxy",
@@ -49,14 +36,7 @@ fn sigterm_drains_in_flight_requests_then_exits() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    let ready = Instant::now();
-    while !http_get(admin, "/readyz").is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
-        assert!(
-            ready.elapsed() < Duration::from_secs(10),
-            "proxy never became ready"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    support::wait_proxy_ready(admin);
 
     let in_flight = std::thread::spawn(move || http_get(port, "/work"));
     std::thread::sleep(Duration::from_millis(300));

@@ -138,6 +138,38 @@ spec:
     )
 }
 
+/// `coxswain snapshot compile -o json` of `manifests`, run with the binary `bin`: the snapshot
+/// file it writes in `dir`.
+pub fn compile_snapshot(bin: &str, dir: &std::path::Path, manifests: &str) -> std::path::PathBuf {
+    let input = dir.join("manifests.yaml");
+    std::fs::write(&input, manifests).unwrap();
+    let out = std::process::Command::new(bin)
+        .args(["snapshot", "compile", "-o", "json", "-f"])
+        .arg(&input)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snapshot = dir.join("snapshot.json");
+    std::fs::write(&snapshot, &out.stdout).unwrap();
+    snapshot
+}
+
+/// Waits (10 s at most) until a proxy's admin listener on `admin` answers /readyz with 200.
+pub fn wait_proxy_ready(admin: u16) {
+    let start = std::time::Instant::now();
+    while !http_get(admin, "/readyz", "test").is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "proxy never became ready"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Server-side applies multi-document YAML, whatever the kinds (field manager coxswain-test).
 pub async fn apply_yaml(client: &kube::Client, yaml: &str) {
     if let Err(e) = try_apply_yaml(client, yaml).await {
