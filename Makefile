@@ -92,7 +92,7 @@ demo: ## Run Coxswain for real on a local cluster: installed from config/default
 	hack/demo.sh
 
 .PHONY: conformance
-conformance: ## Gateway API conformance suite (GATEWAY-HTTP, GATEWAY-GRPC, GATEWAY-TLS) against Coxswain on a local cluster; report under test/conformance/reports/ (root, test node; ~3 min warm)
+conformance: ## Gateway API conformance suite (GATEWAY-HTTP, GATEWAY-GRPC, GATEWAY-TLS) against Coxswain on a local cluster; report under test/conformance/reports/ (root, test node; ~4-5 min warm)
 	test/conformance/run.sh
 
 .PHONY: bench-propagation
