@@ -157,11 +157,25 @@ impl GetSocketDigest for Buffered {
 
 #[async_trait]
 impl Peek for Buffered {
-    /// Fills `buf` (waiting for that many bytes, as Pingora's own streams do for the h2c
-    /// preface check) and puts the bytes back to be read again.
+    /// Pingora peeks for the HTTP/2 preface. This fills `buf` only as far as the bytes can
+    /// still be that preface: a request that differs early (any HTTP/1 request, however
+    /// short) is known at once, instead of waiting for a client that may send nothing more.
+    /// Whatever was read is put back to be read again.
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
-        self.read_exact(buf).await?;
-        self.unread(buf);
+        let mut have = std::mem::take(&mut self.rewound);
+        while have.len() < buf.len() && crate::fastpath::H2_PREFACE.starts_with(&have) {
+            let mut more = [0u8; 64];
+            let want = (buf.len() - have.len()).min(more.len());
+            let n = self.io.read(&mut more[..want]).await?;
+            if n == 0 {
+                break;
+            }
+            have.extend_from_slice(&more[..n]);
+        }
+        let n = have.len().min(buf.len());
+        buf[..n].copy_from_slice(&have[..n]);
+        buf[n..].fill(0);
+        self.rewound = have;
         Ok(true)
     }
 }
@@ -194,6 +208,21 @@ mod tests {
         let mut all = [0u8; 23];
         conn.read_exact(&mut all).await.unwrap();
         assert_eq!(&all, b"PRI * HTTP/2.0 and more");
+
+        // Fewer bytes than the preface, already different from it: no waiting for more.
+        client.write_all(b"GET / HTTP/1.0\r\n\r\n").await.unwrap();
+        let mut peeked = [0u8; 24];
+        let early = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            conn.try_peek(&mut peeked),
+        )
+        .await
+        .expect("a short HTTP/1 request is told from the preface without waiting");
+        assert!(early.unwrap());
+        assert_ne!(&peeked[..], crate::fastpath::H2_PREFACE);
+        let mut again = [0u8; 18];
+        conn.read_exact(&mut again).await.unwrap();
+        assert_eq!(&again, b"GET / HTTP/1.0\r\n\r\n");
 
         // Header and body written apart leave together, at the flush.
         conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n")

@@ -5,7 +5,7 @@
 //! when the controller goes away: the proxy keeps serving its last good snapshot and reconnects
 //! with jittered exponential backoff.
 
-use crate::server::Listeners;
+use crate::listeners::Listeners;
 use crate::table::{SharedTable, Table};
 use coxswain_api::discovery::discovery_client::DiscoveryClient;
 use coxswain_api::discovery::identity_client::IdentityClient;

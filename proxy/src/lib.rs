@@ -8,17 +8,24 @@
 //! client or runtime (`hack/check-proxy-deps.sh`, run by `make test`, enforces it).
 #![forbid(unsafe_code)]
 
+pub mod access_log;
 pub mod admin;
 mod conn;
 pub mod discovery;
+pub mod fastpath;
 pub mod filters;
+pub mod handler;
+pub mod http1;
+pub mod limits;
+pub mod listeners;
 pub mod metrics;
-mod passthrough;
+pub mod mirror;
 pub mod policy;
+pub mod request;
 pub mod router;
-pub mod server;
 pub mod standalone;
 pub mod table;
 pub mod tls;
 pub mod tls_passthrough;
+pub mod upstream;
 pub mod workers;

@@ -38,6 +38,14 @@ pub struct Metrics {
     unrouted: RouteCounters,
     upstream: Histogram,
     pub active_connections: Arc<AtomicUsize>,
+    /// Times the accept loop found the connection limit reached and waited.
+    pub connection_limit_waits: AtomicU64,
+    /// Request heads refused before routing (400, 405, 431).
+    pub requests_refused: AtomicU64,
+    /// Request heads not complete within the head deadline.
+    pub request_head_timeouts: AtomicU64,
+    /// TLS handshakes not complete within their deadline.
+    pub tls_handshake_timeouts: AtomicU64,
 }
 
 impl Metrics {
@@ -133,6 +141,38 @@ impl Metrics {
             "coxswain_proxy_active_connections {}",
             self.active_connections.load(Ordering::Relaxed)
         );
+        let counters = [
+            (
+                "coxswain_proxy_connection_limit_waits_total",
+                "Times new connections waited because the proxy's connection limit was reached.",
+                &self.connection_limit_waits,
+            ),
+            (
+                "coxswain_proxy_requests_refused_total",
+                "Request heads refused before routing (malformed, ambiguous framing, over the limits).",
+                &self.requests_refused,
+            ),
+            (
+                "coxswain_proxy_request_head_timeouts_total",
+                "Request heads that did not arrive whole within the head deadline.",
+                &self.request_head_timeouts,
+            ),
+            (
+                "coxswain_proxy_tls_handshake_timeouts_total",
+                "TLS handshakes that did not finish within their deadline.",
+                &self.tls_handshake_timeouts,
+            ),
+        ];
+        for (name, help, value) in counters {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+        }
+    }
+
+    /// Adds one to a counter.
+    pub fn count(counter: &AtomicU64) {
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 }
 

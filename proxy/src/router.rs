@@ -6,10 +6,11 @@
 //! (one hash probe per label at most) and a scan of that host's routes, with no allocation
 //! unless the Host header has upper-case letters.
 
+use crate::upstream::ClusterState;
 use coxswain_api::snapshot::{self as snap, Snapshot, header_match, path_match, query_param_match};
 use regex::Regex;
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -36,176 +37,6 @@ pub struct Router {
     ports: HashMap<u16, PortRouter>,
     clusters: HashMap<Box<str>, Arc<ClusterState>>,
     version: String,
-}
-
-/// A cluster with its endpoints parsed and split by whether they take new requests.
-#[derive(Debug)]
-pub struct ClusterState {
-    pub name: Box<str>,
-    pub app_protocol: snap::AppProtocol,
-    /// SNI for TLS to this cluster: the Service's DNS name ("svc.ns.svc") for a
-    /// "ns/svc:port" cluster.
-    pub tls_name: Box<str>,
-    /// Ready endpoints.
-    ready: Vec<SocketAddr>,
-    /// Serving but terminating: used only when nothing is ready (EndpointSlice semantics).
-    fallback: Vec<SocketAddr>,
-    next: AtomicUsize,
-    /// BackendTLSPolicy: verified TLS to this cluster.
-    pub backend_tls: Option<Arc<BackendTls>>,
-}
-
-/// TLS to a backend as a BackendTLSPolicy asks: certificates verified for `hostname`.
-#[derive(Debug)]
-pub struct BackendTls {
-    pub hostname: Box<str>,
-    /// None: the proxy's built-in roots.
-    pub ca: Option<Arc<pingora::protocols::tls::CaType>>,
-    /// Requests are refused (the policy has no usable CA, or its CA did not parse here).
-    pub refuse: bool,
-    /// Tells pooled connections verified against one set of CAs from another's: Pingora's
-    /// pool key covers the address, SNI and whether to verify, but not what against.
-    pub pool_key: u64,
-    /// For request mirrors, which do not go through Pingora: the same verification. None
-    /// (built-in roots, or refused): mirrors to this cluster are not sent.
-    pub mirror: Option<crate::server::mirror::TlsTo>,
-}
-
-impl BackendTls {
-    fn new(t: &snap::BackendTls) -> Self {
-        let pool_key = {
-            use std::hash::{Hash, Hasher};
-            let mut h = std::collections::hash_map::DefaultHasher::new();
-            (&t.ca_pem, t.system_roots).hash(&mut h);
-            h.finish()
-        };
-        let refuse = |why: &str| {
-            tracing::warn!(hostname = %t.hostname, why, "backend TLS settings unusable; requests are refused");
-            Self {
-                hostname: t.hostname.as_str().into(),
-                ca: None,
-                refuse: true,
-                pool_key,
-                mirror: None,
-            }
-        };
-        if t.refuse {
-            return Self {
-                hostname: t.hostname.as_str().into(),
-                ca: None,
-                refuse: true,
-                pool_key,
-                mirror: None,
-            };
-        }
-        if t.hostname.is_empty() {
-            return refuse("no hostname to verify");
-        }
-        if t.system_roots {
-            return Self {
-                hostname: t.hostname.as_str().into(),
-                ca: None,
-                refuse: false,
-                pool_key,
-                mirror: None,
-            };
-        }
-        use rustls_pki_types::pem::PemObject;
-        let mut certs = Vec::new();
-        let mut roots = rustls::RootCertStore::empty();
-        for der in rustls_pki_types::CertificateDer::pem_slice_iter(t.ca_pem.as_bytes()) {
-            let Ok(der) = der else {
-                return refuse("a CA certificate is not valid PEM");
-            };
-            // Pingora parses these again and panics on bad DER: only well-formed ones pass.
-            if x509_parser::parse_x509_certificate(&der).is_err() {
-                return refuse("a CA certificate is not valid X.509");
-            }
-            certs.push(pingora::utils::tls::WrappedX509::new(
-                der.to_vec(),
-                pingora::utils::tls::parse_x509,
-            ));
-            if roots.add(der).is_err() {
-                return refuse("a CA certificate is not usable as a trust anchor");
-            }
-        }
-        if certs.is_empty() {
-            return refuse("no CA certificate");
-        }
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map(|b| Arc::new(b.with_root_certificates(roots).with_no_client_auth()));
-        let name = rustls_pki_types::ServerName::try_from(t.hostname.clone());
-        let mirror = match (config, name) {
-            (Ok(config), Ok(name)) => Some((config, name)),
-            _ => None,
-        };
-        Self {
-            hostname: t.hostname.as_str().into(),
-            ca: Some(Arc::from(certs.into_boxed_slice())),
-            refuse: false,
-            pool_key,
-            mirror,
-        }
-    }
-}
-
-impl ClusterState {
-    fn new(c: &snap::Cluster) -> Self {
-        let mut ready = Vec::new();
-        let mut fallback = Vec::new();
-        for e in &c.endpoints {
-            let Ok(ip) = e.address.parse::<IpAddr>() else {
-                continue;
-            };
-            let Ok(port) = u16::try_from(e.port) else {
-                continue;
-            };
-            let addr = SocketAddr::new(ip, port);
-            if e.ready {
-                ready.push(addr);
-            } else if e.serving {
-                fallback.push(addr);
-            }
-        }
-        Self {
-            name: c.name.as_str().into(),
-            app_protocol: snap::AppProtocol::try_from(c.app_protocol).unwrap_or_default(),
-            tls_name: c
-                .name
-                .split_once('/')
-                .and_then(|(ns, rest)| {
-                    let svc = rest.split_once(':').map_or(rest, |(s, _)| s);
-                    (!ns.is_empty() && !svc.is_empty()).then(|| format!("{svc}.{ns}.svc"))
-                })
-                .unwrap_or_else(|| "backend".to_owned())
-                .into(),
-            ready,
-            fallback,
-            next: AtomicUsize::new(0),
-            backend_tls: c.tls.as_ref().map(|t| Arc::new(BackendTls::new(t))),
-        }
-    }
-
-    /// Round robin over ready endpoints, else over serving ones.
-    pub fn pick(&self) -> Option<SocketAddr> {
-        let pool = if self.ready.is_empty() {
-            &self.fallback
-        } else {
-            &self.ready
-        };
-        if pool.is_empty() {
-            return None;
-        }
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        Some(pool[i % pool.len()])
-    }
-
-    pub fn has_endpoints(&self) -> bool {
-        !self.ready.is_empty() || !self.fallback.is_empty()
-    }
 }
 
 /// A backend of a route with its cluster looked up.
@@ -588,7 +419,7 @@ impl PortRouter {
 }
 
 /// "example.com:8080" -> "example.com"; "[::1]:80" -> "[::1]".
-fn strip_port(host: &str) -> &str {
+pub fn strip_port(host: &str) -> &str {
     if host.starts_with('[') {
         return host
             .split_once(']')

@@ -3,7 +3,7 @@
 //! discovery stream replaces the file in a cluster.
 
 use crate::admin;
-use crate::server::Listeners;
+use crate::listeners::Listeners;
 use crate::table::{SharedTable, Table};
 use crate::workers::Workers;
 use coxswain_api::snapshot::Snapshot;

@@ -3,7 +3,7 @@
 
 use coxswain_api::snapshot::Snapshot;
 use rustls::crypto::ring::sign::any_supported_type;
-use rustls::server::{ClientHello, ResolvesServerCert};
+
 use rustls::sign::CertifiedKey;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
@@ -119,18 +119,4 @@ pub fn certified_key(
         .map_err(|e| invalid(format!("private key: {e}")))?;
     let signing = any_supported_type(&key).map_err(|e| invalid(format!("private key: {e}")))?;
     Ok(CertifiedKey::new(chain, signing))
-}
-
-/// rustls' certificate callback for one listener port, reading the current table.
-#[derive(Debug)]
-pub struct SniResolver {
-    pub port: u16,
-    pub table: crate::table::SharedTable,
-}
-
-impl ResolvesServerCert for SniResolver {
-    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        let table = self.table.load();
-        table.tls.port(self.port)?.resolve(hello.server_name())
-    }
 }

@@ -1,0 +1,612 @@
+//! Cleartext HTTP/1 connections: every request head is read here, under the head deadline,
+//! and checked, normalised and routed by `request`; then either forwarded by the fast path
+//! or handed to Pingora for that one request.
+//!
+//! The fast path exists because, for the most common request, Pingora's per-request
+//! machinery (header maps rebuilt on both sides, a task pair joined by channels, an upstream
+//! pool that spawns a task and takes locks per release) has nothing to do: no filter changes
+//! a header, no body streams, no protocol changes. Such a request (HTTP/1.1, no body, no
+//! upgrade, on a route that only forwards to HTTP/1 backends: `CompiledRoute::passthrough`,
+//! decided once per snapshot) is written upstream as it came, except for a normalised target,
+//! over a connection from this worker's pool, and the response is copied back with its
+//! framing checked (`http1`) so both connections stay reusable.
+//!
+//! Any other request goes to Pingora with its bytes put back. Pingora serves it and returns
+//! the connection, and the next request is read here again.
+
+use crate::access_log::{AccessLine, access_line};
+use crate::conn::Buffered;
+use crate::http1;
+use crate::limits::Limits;
+use crate::request::{self, Arrival, Body, Decision, Head, Version};
+use crate::table::SharedTable;
+use crate::upstream::pool;
+use coxswain_api::snapshot as snap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::watch;
+
+/// Header fields parsed in place; a request with more is counted by Pingora.
+const MAX_HEADERS: usize = 128;
+/// Header fields a backend's response may have on this path.
+const MAX_RESPONSE_HEADERS: usize = 128;
+/// A response head larger than this is refused (502).
+const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+/// Room for the request line on top of the header bytes the limits allow.
+const REQUEST_LINE: usize = 8 * 1024;
+/// What an HTTP/2 connection with prior knowledge starts with.
+pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// What the connection does after `serve` returns.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Next {
+    /// The connection is finished (closed by either side, a deadline, or an error).
+    Closed,
+    /// Pingora serves the next request (the bytes read have been put back); then the
+    /// connection comes back here.
+    Pingora,
+    /// An HTTP/2 connection with prior knowledge: Pingora serves all of it.
+    H2c,
+}
+
+/// What a connection is served with.
+pub struct Env<'a> {
+    pub table: &'a SharedTable,
+    pub limits: &'a Limits,
+    pub port: u16,
+    pub peer: SocketAddr,
+    /// Tells connections idling between requests to close (the listener stopped).
+    pub closing: &'a mut watch::Receiver<bool>,
+    pub shutdown: &'a watch::Receiver<bool>,
+}
+
+/// Serves requests from `conn` until one is for Pingora or the connection ends. `first`:
+/// no request was read on this connection yet (the head deadline runs from accept).
+pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next {
+    let mut req: Vec<u8> = Vec::with_capacity(4096);
+    let mut resp: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut first = first;
+    loop {
+        let len = match read_head(conn, &mut req, env, first).await {
+            HeadRead::Complete(len) => len,
+            HeadRead::H2c => {
+                conn.unread(&req);
+                return Next::H2c;
+            }
+            HeadRead::Closed => return Next::Closed,
+            HeadRead::Reject(status) => {
+                let _ = conn.write_all(status_response(status)).await;
+                let _ = conn.flush().await;
+                return Next::Closed;
+            }
+        };
+        first = false;
+        if !env.limits.fast_path {
+            conn.unread(&req);
+            return Next::Pingora;
+        }
+        let started = Instant::now();
+        let step = {
+            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut parsed = httparse::Request::new(&mut headers);
+            match parsed.parse(&req[..len]) {
+                Ok(httparse::Status::Complete(_)) => {
+                    let head = FastHead(&parsed);
+                    plan(&head, env)
+                }
+                Err(httparse::Error::TooManyHeaders)
+                    if env.limits.max_request_headers < MAX_HEADERS =>
+                {
+                    Step::Reject(431)
+                }
+                // Anything httparse leaves to others: Pingora parses it and decides.
+                _ => Step::Pingora,
+            }
+        };
+        let plan = match step {
+            Step::Pingora => {
+                conn.unread(&req);
+                return Next::Pingora;
+            }
+            Step::Reject(status) => {
+                let _ = conn.write_all(status_response(status)).await;
+                let _ = conn.flush().await;
+                return Next::Closed;
+            }
+            Step::Forward(plan) => plan,
+        };
+        let outcome = exchange(conn, &req[..len], &plan, &mut resp, env.table).await;
+        let status = match outcome {
+            Ok(Exchange { status, .. }) | Err(status) => status,
+        };
+        plan.counters.record(status);
+        if let Some(log) = &plan.access_log {
+            access_line(&AccessLine {
+                client: Some(env.peer.ip()),
+                method: &log.method,
+                host: &log.host,
+                path: &log.path,
+                status,
+                route: log.route.source.as_ref(),
+                upstream: Some(plan.upstream),
+                duration_ms: started.elapsed().as_millis() as u64,
+            });
+        }
+        match outcome {
+            Ok(Exchange { keep_client, .. }) if keep_client && !*env.shutdown.borrow() => {
+                req.drain(..len);
+            }
+            Ok(_) => {
+                let _ = conn.flush().await;
+                return Next::Closed;
+            }
+            Err(status) => {
+                let _ = conn.write_all(status_response(status)).await;
+                let _ = conn.flush().await;
+                return Next::Closed;
+            }
+        }
+    }
+}
+
+enum HeadRead {
+    /// A whole head of this many bytes starts the buffer.
+    Complete(usize),
+    /// The buffer starts with the HTTP/2 preface.
+    H2c,
+    Closed,
+    /// Answer this status and close.
+    Reject(u16),
+}
+
+/// Reads until `req` starts with a whole request head. Empty lines before a request are
+/// dropped (RFC 9112 2.2), so they are never forwarded. Waits at most the keep-alive idle
+/// time for a first byte, then the head deadline for the rest (for a connection's first
+/// request, the head deadline counts from accept).
+async fn read_head(
+    conn: &mut Buffered,
+    req: &mut Vec<u8>,
+    env: &mut Env<'_>,
+    first: bool,
+) -> HeadRead {
+    let limits = env.limits;
+    let max = limits.max_request_head_bytes + REQUEST_LINE;
+    let mut deadline = first.then(|| tokio::time::Instant::now() + limits.request_head);
+    loop {
+        let blank = req
+            .iter()
+            .take_while(|b| matches!(b, b'\r' | b'\n'))
+            .count();
+        if blank > 0 {
+            req.drain(..blank);
+        }
+        if !req.is_empty() {
+            if deadline.is_none() {
+                deadline = Some(tokio::time::Instant::now() + limits.request_head);
+            }
+            if req.starts_with(H2_PREFACE) {
+                return HeadRead::H2c;
+            }
+            if !H2_PREFACE.starts_with(req) {
+                match head_end(req) {
+                    Some(len) if len > max => return HeadRead::Reject(431),
+                    Some(len) => return HeadRead::Complete(len),
+                    None if req.len() > max => return HeadRead::Reject(431),
+                    None => {}
+                }
+            }
+        }
+        if req.capacity() - req.len() < 1024 {
+            req.reserve(4096);
+        }
+        let read = conn.read_buf(req);
+        let result = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, read).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::debug!(peer = %env.peer, "request head deadline passed");
+                    // A request begun and not finished in time: 408, as nginx answers.
+                    return if req.is_empty() {
+                        HeadRead::Closed
+                    } else {
+                        HeadRead::Reject(408)
+                    };
+                }
+            },
+            None => {
+                let idle = tokio::time::timeout(limits.keepalive_idle, read);
+                tokio::select! {
+                    r = idle => match r {
+                        Ok(r) => r,
+                        Err(_) => return HeadRead::Closed,
+                    },
+                    _ = env.closing.wait_for(|c| *c) => return HeadRead::Closed,
+                }
+            }
+        };
+        match result {
+            Ok(0) | Err(_) => return HeadRead::Closed,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// The length of the head at the start of `buf` (through its empty line), if whole.
+fn head_end(buf: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while let Some(lf) = buf[i..].iter().position(|b| *b == b'\n') {
+        let at = i + lf;
+        // "\n\n" or "\n\r\n": the line that just ended was empty.
+        if at > 0 && buf[at - 1] == b'\n' {
+            return Some(at + 1);
+        }
+        if at > 1 && buf[at - 1] == b'\r' && buf[at - 2] == b'\n' {
+            return Some(at + 1);
+        }
+        i = at + 1;
+    }
+    None
+}
+
+/// httparse's view of a request head, for the request layer.
+struct FastHead<'h, 'b>(&'h httparse::Request<'h, 'b>);
+
+impl crate::router::Headers for FastHead<'_, '_> {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0
+            .headers
+            .iter()
+            .find(|h| h.name.eq_ignore_ascii_case(name))
+            .and_then(|h| visible(h.value))
+    }
+}
+
+impl Head for FastHead<'_, '_> {
+    fn method(&self) -> &str {
+        self.0.method.unwrap_or("")
+    }
+
+    fn target(&self) -> &[u8] {
+        self.0.path.unwrap_or("").as_bytes()
+    }
+
+    fn version(&self) -> Version {
+        if self.0.version == Some(0) {
+            Version::Http10
+        } else {
+            Version::Http11
+        }
+    }
+
+    fn each_header<'s>(&'s self, f: &mut dyn FnMut(&'s [u8], &'s [u8])) {
+        for h in self.0.headers.iter() {
+            f(h.name.as_bytes(), h.value);
+        }
+    }
+}
+
+/// A header value as text when it is visible ASCII (what `http::HeaderValue::to_str` takes).
+fn visible(v: &[u8]) -> Option<&str> {
+    if v.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)) {
+        std::str::from_utf8(v).ok()
+    } else {
+        None
+    }
+}
+
+enum Step {
+    Pingora,
+    Reject(u16),
+    Forward(Plan),
+}
+
+/// A request this path forwards, and what it needs to know afterwards.
+struct Plan {
+    upstream: SocketAddr,
+    head_only: bool,
+    /// Sent again on a fresh connection if a pooled one fails (RFC 9110 9.2.2).
+    idempotent: bool,
+    /// The request line to send instead of the received one (a normalised target).
+    request_line: Option<String>,
+    counters: Arc<crate::metrics::RouteCounters>,
+    /// Some when the route logs and the access log target is enabled.
+    access_log: Option<AccessFields>,
+}
+
+/// What the access log line needs once the request buffer has moved on.
+struct AccessFields {
+    method: String,
+    host: String,
+    path: String,
+    route: Arc<snap::Route>,
+}
+
+/// Checks and routes a parsed head; forwards it here only when nothing but forwarding is
+/// asked of it.
+fn plan(head: &FastHead<'_, '_>, env: &Env<'_>) -> Step {
+    let checked = match request::check(head, env.limits) {
+        Ok(c) => c,
+        Err(reject) => {
+            tracing::debug!(peer = %env.peer, reason = reject.reason(), "request refused");
+            return Step::Reject(reject.status());
+        }
+    };
+    // The fast path's own conditions: HTTP/1.1 origin-form, no body, nothing in the headers
+    // that asks for more than forwarding.
+    let target = head.target();
+    if head.version() != Version::Http11 || target.first() != Some(&b'/') {
+        return Step::Pingora;
+    }
+    if checked.body != Body::None {
+        return Step::Pingora;
+    }
+    for h in head.0.headers.iter() {
+        let name = h.name;
+        let plain = if name.eq_ignore_ascii_case("connection") {
+            h.value.eq_ignore_ascii_case(b"keep-alive")
+        } else {
+            !(name.eq_ignore_ascii_case("transfer-encoding")
+                || name.eq_ignore_ascii_case("upgrade")
+                || name.eq_ignore_ascii_case("expect")
+                || name.eq_ignore_ascii_case("te"))
+        };
+        if !plain {
+            return Step::Pingora;
+        }
+    }
+    let table = env.table.load();
+    let route = request::route(&table, env.port, head, &checked);
+    if !route.is_some_and(|r| r.passthrough) {
+        return Step::Pingora;
+    }
+    let arrival = Arrival {
+        port: env.port,
+        https: false,
+        client: Some(env.peer.ip()),
+    };
+    let Decision::Forward(forward) = request::decide(route, head, &checked, &arrival) else {
+        // Not reached: a passthrough route has no policy that answers by itself.
+        return Step::Pingora;
+    };
+    let method = head.method();
+    let request_line = checked
+        .rewritten()
+        .then(|| format!("{method} {} HTTP/1.1\r\n", checked.path_and_query));
+    let route = forward.route;
+    let access_log = (route.policy.access_log
+        && tracing::enabled!(target: "coxswain::access", tracing::Level::INFO))
+    .then(|| AccessFields {
+        method: method.to_owned(),
+        host: checked.host.to_owned(),
+        path: checked.path().to_owned(),
+        route: route.route.clone(),
+    });
+    Step::Forward(Plan {
+        upstream: forward.addr,
+        head_only: method == "HEAD",
+        idempotent: request::idempotent(method),
+        request_line,
+        counters: route.counters.clone(),
+        access_log,
+    })
+}
+
+struct Exchange {
+    status: u16,
+    /// The client connection can take another request.
+    keep_client: bool,
+}
+
+impl Exchange {
+    /// The response went (at least partly) out and the client connection ends with it.
+    fn client_done(status: u16) -> Self {
+        Self {
+            status,
+            keep_client: false,
+        }
+    }
+}
+
+/// Writes the request head upstream: as received, or with the normalised request line.
+async fn send_head(up: &mut TcpStream, request: &[u8], plan: &Plan) -> std::io::Result<()> {
+    match &plan.request_line {
+        None => up.write_all(request).await,
+        Some(line) => {
+            let rest = request
+                .iter()
+                .position(|b| *b == b'\n')
+                .map_or(request.len(), |i| i + 1);
+            let mut head = Vec::with_capacity(line.len() + request.len() - rest);
+            head.extend_from_slice(line.as_bytes());
+            head.extend_from_slice(&request[rest..]);
+            up.write_all(&head).await
+        }
+    }
+}
+
+/// Sends one request upstream and copies the response back. Err(status): nothing was sent
+/// to the client, which gets that status.
+async fn exchange(
+    conn: &mut Buffered,
+    request: &[u8],
+    plan: &Plan,
+    resp: &mut Vec<u8>,
+    table: &SharedTable,
+) -> Result<Exchange, u16> {
+    // A pooled connection the backend closed meanwhile fails on first use. An idempotent
+    // request is sent again, once, on a fresh connection; any other may have been acted on.
+    let mut attempt = 0;
+    let (mut upstream, sent) = loop {
+        attempt += 1;
+        let (mut up, reused) = match pool::take(plan.upstream) {
+            Some(up) => (up, true),
+            None => match TcpStream::connect(plan.upstream).await {
+                Ok(up) => {
+                    let _ = up.set_nodelay(true);
+                    (up, false)
+                }
+                Err(e) => {
+                    tracing::debug!(upstream = %plan.upstream, error = %e, "connect failed");
+                    return Err(502);
+                }
+            },
+        };
+        let sent = Instant::now();
+        resp.clear();
+        let ok = send_head(&mut up, request, plan).await.is_ok()
+            && matches!(read_more(&mut up, resp).await, Ok(n) if n > 0);
+        if ok {
+            break (up, sent);
+        }
+        if !reused || attempt > 1 || !plan.idempotent {
+            return Err(502);
+        }
+    };
+    // Response heads: 1xx interim ones are passed on, then the final one.
+    let head = loop {
+        match http1::parse_response(resp, plan.head_only, MAX_RESPONSE_HEADERS) {
+            Ok(Some(h)) if (100..200).contains(&h.status) => {
+                // 101 answers an Upgrade, which this path never forwards.
+                if h.status == 101 {
+                    return Err(502);
+                }
+                if write_head(conn, &resp[..h.len], h.version).await.is_err() {
+                    return Ok(Exchange::client_done(h.status));
+                }
+                resp.drain(..h.len);
+                if resp.is_empty()
+                    && !matches!(read_more(&mut upstream, resp).await, Ok(n) if n > 0)
+                {
+                    return Err(502);
+                }
+            }
+            Ok(Some(h)) => break h,
+            Ok(None) if resp.len() < MAX_RESPONSE_HEAD => {
+                if !matches!(read_more(&mut upstream, resp).await, Ok(n) if n > 0) {
+                    return Err(502);
+                }
+            }
+            Ok(None) => return Err(502),
+            Err(e) => {
+                tracing::debug!(upstream = %plan.upstream, error = %e, "response refused");
+                return Err(502);
+            }
+        }
+    };
+    table.metrics().upstream_latency(sent.elapsed());
+    let status = head.status;
+
+    // The head, then the body as it arrives: each read is flushed to the client at once,
+    // so streamed responses (server-sent events, long polls) are not held back.
+    if write_head(conn, &resp[..head.len], head.version)
+        .await
+        .is_err()
+    {
+        return Ok(Exchange::client_done(status));
+    }
+    let mut framing = head.framing;
+    let mut pos = head.len;
+    let complete;
+    loop {
+        let (end, done) = match framing.advance(&resp[pos..]) {
+            Ok(step) => step,
+            Err(e) => {
+                // The head went out: the client can only see the connection end.
+                tracing::debug!(upstream = %plan.upstream, error = %e, "response body refused");
+                let _ = conn.flush().await;
+                return Ok(Exchange::client_done(status));
+            }
+        };
+        let upto = pos + end;
+        if conn.write_all(&resp[pos..upto]).await.is_err() {
+            return Ok(Exchange::client_done(status));
+        }
+        if done {
+            // Bytes past the response's end: the backend broke framing; do not reuse it.
+            complete = upto == resp.len();
+            break;
+        }
+        if conn.flush().await.is_err() {
+            return Ok(Exchange::client_done(status));
+        }
+        resp.clear();
+        pos = 0;
+        match read_more(&mut upstream, resp).await {
+            Ok(n) if n > 0 => {}
+            _ => {
+                // End of stream: the end of a close-delimited body, else a truncated one.
+                let _ = conn.flush().await;
+                return Ok(Exchange::client_done(status));
+            }
+        }
+    }
+    if conn.flush().await.is_err() {
+        return Ok(Exchange::client_done(status));
+    }
+    if complete && head.reusable {
+        pool::put(plan.upstream, upstream);
+    }
+    Ok(Exchange {
+        status,
+        keep_client: framing.delimited(),
+    })
+}
+
+/// Writes a response head to the client; an HTTP/1.0 backend's status line goes out as
+/// HTTP/1.1, the version this proxy speaks.
+async fn write_head(
+    conn: &mut Buffered,
+    head: &[u8],
+    version: http1::Version,
+) -> std::io::Result<()> {
+    if version == http1::Version::Http10 && head.starts_with(b"HTTP/1.0") {
+        conn.write_all(b"HTTP/1.1").await?;
+        conn.write_all(&head[8..]).await
+    } else {
+        conn.write_all(head).await
+    }
+}
+
+/// Reads what is available into the spare capacity of `buf`.
+async fn read_more(up: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+    if buf.capacity() - buf.len() < 4096 {
+        buf.reserve(16 * 1024);
+    }
+    up.read_buf(buf).await
+}
+
+/// The answers this path writes itself; the connection closes after each.
+pub fn status_response(status: u16) -> &'static [u8] {
+    match status {
+        400 => b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        405 => b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        408 => b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        431 => b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        500 => b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\ncache-control: private, no-store\r\nconnection: close\r\n\r\n",
+        503 => b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\ncache-control: private, no-store\r\nconnection: close\r\n\r\n",
+        _ => b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\ncache-control: private, no-store\r\nconnection: close\r\n\r\n",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_end_finds_the_empty_line() {
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\r\n\r\nrest"), Some(27));
+        assert_eq!(head_end(b"GET / HTTP/1.1\nHost: a\n\nrest"), Some(24));
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\nHost: a\r\n"), None);
+        assert_eq!(head_end(b"GET / HTTP/1.1\r\n\r\n"), Some(18));
+    }
+
+    #[test]
+    fn header_values_are_text_only_when_visible_ascii() {
+        assert_eq!(visible(b"a b\tc"), Some("a b\tc"));
+        assert_eq!(visible(b"caf\xc3\xa9"), None);
+        assert_eq!(visible(b"a\x01"), None);
+    }
+}

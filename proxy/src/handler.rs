@@ -1,0 +1,690 @@
+//! The Pingora engine: Pingora's per-request hooks for one listener port. Everything about
+//! what a request means comes from `request`; this module moves it through Pingora (headers,
+//! bodies, upstream peers, timeouts, mirrors) and answers what `request` decided.
+
+use crate::access_log::{AccessLine, access_line};
+use crate::filters::{self, EditHeaders};
+use crate::limits::Limits;
+use crate::mirror;
+use crate::policy::{CorsPolicy, RoutePolicy};
+use crate::request::{self, Decision, Head, Version};
+use crate::router::Headers;
+use crate::table::SharedTable;
+use crate::workers;
+use async_trait::async_trait;
+use coxswain_api::snapshot::{self as snap, filter};
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::prelude::{HttpPeer, ProxyHttp, Session};
+use pingora::protocols::ALPN;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The Pingora proxy logic for one listener port.
+pub struct Gateway {
+    pub port: u16,
+    pub https: bool,
+    pub table: SharedTable,
+    pub limits: Arc<Limits>,
+}
+
+/// What `request_filter` answers, owned so the table guard can be dropped before writing.
+enum Answer {
+    Forward,
+    Status(u16),
+    Redirect(u16, String),
+    /// A CORS preflight answered here, with the request's Origin.
+    Preflight(Arc<RoutePolicy>, Option<String>),
+}
+
+/// Pingora's parsed request as the request layer reads it.
+struct PingoraHead<'a>(&'a RequestHeader);
+
+impl Headers for PingoraHead<'_> {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+impl Head for PingoraHead<'_> {
+    fn method(&self) -> &str {
+        self.0.method.as_str()
+    }
+
+    fn target(&self) -> &[u8] {
+        self.0.raw_path()
+    }
+
+    fn version(&self) -> Version {
+        match self.0.version {
+            pingora::http::Version::HTTP_10 | pingora::http::Version::HTTP_09 => Version::Http10,
+            pingora::http::Version::HTTP_2 | pingora::http::Version::HTTP_3 => Version::Http2,
+            _ => Version::Http11,
+        }
+    }
+
+    fn authority(&self) -> Option<&[u8]> {
+        // HTTP/1 carries it in the target (absolute-form) or Host; HTTP/2 in :authority.
+        (self.version() == Version::Http2)
+            .then(|| self.0.uri.authority().map(|a| a.as_str().as_bytes()))
+            .flatten()
+    }
+
+    fn each_header<'s>(&'s self, f: &mut dyn FnMut(&'s [u8], &'s [u8])) {
+        for (name, value) in &self.0.headers {
+            f(name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
+}
+
+impl Gateway {
+    /// Fills the context of a request going upstream.
+    fn prepare(&self, ctx: &mut Ctx, f: &request::Forward<'_>, checked: &request::Checked<'_>) {
+        let route = f.route;
+        let policy = &route.policy;
+        ctx.mirror_targets = f.mirrors.clone();
+        ctx.policy = Some(policy.clone());
+        ctx.matched_prefix = route.matched_prefix().map(Into::into);
+        ctx.regex_rewrite = route.regex_rewrite(&checked.path_and_query);
+        ctx.backend_filters = f.backend.filters.clone();
+        ctx.upstream = Some(f.addr);
+        let tls;
+        (tls, ctx.h2c) = match policy.upstream_protocol {
+            snap::UpstreamProtocol::Unspecified => {
+                (false, f.cluster.app_protocol == snap::AppProtocol::H2c)
+            }
+            snap::UpstreamProtocol::Http1 => (false, false),
+            snap::UpstreamProtocol::H2c => (false, true),
+            snap::UpstreamProtocol::Tls => (true, false),
+            snap::UpstreamProtocol::TlsH2 => (true, true),
+        };
+        ctx.tls = tls.then(|| f.cluster.tls_name.clone());
+        ctx.backend_tls = f.cluster.backend_tls.clone();
+        ctx.deadline = route
+            .route
+            .timeouts
+            .filter(|t| t.request_ms > 0)
+            .and_then(|t| {
+                ctx.started?
+                    .checked_add(Duration::from_millis(t.request_ms))
+            });
+    }
+}
+
+/// A rule or backend filter's edits to the request sent upstream.
+fn apply_request_filter(
+    f: &snap::Filter,
+    upstream: &mut RequestHeader,
+    ctx: &mut Ctx,
+) -> pingora::Result<()> {
+    match &f.kind {
+        Some(filter::Kind::RequestHeaderModifier(m)) => filters::modify_headers(upstream, m),
+        Some(filter::Kind::UrlRewrite(r)) => {
+            if !r.hostname.is_empty() {
+                upstream.insert_header("host", r.hostname.as_str())?;
+            }
+            let regex = matches!(
+                r.path.as_ref().and_then(|p| p.kind.as_ref()),
+                Some(snap::path_modifier::Kind::ReplaceRegexMatch(_))
+            );
+            let new = if regex {
+                // Cloned, not taken: a retry starts again from the client's request.
+                ctx.regex_rewrite.clone()
+            } else {
+                r.path.as_ref().map(|m| {
+                    let current = upstream.uri.path_and_query().map_or("/", |p| p.as_str());
+                    filters::rewrite_path(current, ctx.matched_prefix.as_deref(), m)
+                })
+            };
+            if let Some(new) = new {
+                match new.parse() {
+                    Ok(uri) => upstream.set_uri(uri),
+                    Err(e) => {
+                        tracing::warn!(path = %new, error = %e, "rewritten path is not a valid URI")
+                    }
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Hands a request body chunk to every mirror without waiting: a mirror whose backlog is full
+/// is dropped (its request aborts). Bytes a retry replays are not fed twice.
+fn feed_mirrors(ctx: &mut Ctx, start: u64, body: Option<&bytes::Bytes>, end_of_stream: bool) {
+    // `body_pos` already counts this chunk; only what no attempt fed before goes out.
+    if let Some(b) = body
+        && ctx.body_pos > ctx.mirror_fed
+    {
+        let skip = usize::try_from(ctx.mirror_fed.saturating_sub(start)).unwrap_or(0);
+        let fresh = b.slice(skip.min(b.len())..);
+        ctx.mirror_fed = ctx.body_pos;
+        ctx.mirror_taps
+            .retain(|tap| tap.try_send(Some(fresh.clone())).is_ok());
+    }
+    if end_of_stream {
+        for tap in ctx.mirror_taps.drain(..) {
+            let _ = tap.try_send(None);
+        }
+    }
+}
+
+/// Whether a deadline has passed; no deadline never passes.
+fn past(deadline: Option<std::time::Instant>) -> bool {
+    deadline.is_some_and(|d| std::time::Instant::now() >= d)
+}
+
+/// A request or backend request timeout: 504, as the Gateway API asks.
+fn timed_out() -> Box<pingora::Error> {
+    pingora::Error::explain(
+        pingora::ErrorType::HTTPStatus(504),
+        "route timeout exceeded",
+    )
+}
+
+/// Per-request state: what `request_filter` decided, for the later phases.
+#[derive(Default)]
+pub struct Ctx {
+    route: Option<Arc<snap::Route>>,
+    policy: Option<Arc<RoutePolicy>>,
+    matched_prefix: Option<Box<str>>,
+    /// The path and query a regex rewrite produced, computed while the route was at hand.
+    regex_rewrite: Option<String>,
+    backend_filters: Vec<snap::Filter>,
+    upstream: Option<SocketAddr>,
+    h2c: bool,
+    /// Some: TLS to the backend, with this SNI name.
+    tls: Option<Box<str>>,
+    /// A BackendTLSPolicy's verified TLS (overrides `tls`).
+    backend_tls: Option<Arc<crate::upstream::BackendTls>>,
+    counters: Option<Arc<crate::metrics::RouteCounters>>,
+    upstream_sent: Option<std::time::Instant>,
+    started: Option<std::time::Instant>,
+    /// Request body bytes seen so far (the furthest any attempt got), against the route's limit.
+    body_bytes: u64,
+    /// The route's request timeout, from the proxy receiving the request: covers every
+    /// attempt to the backend and the whole response.
+    deadline: Option<std::time::Instant>,
+    /// The current attempt's end: the backend request timeout, within `deadline`.
+    attempt_deadline: Option<std::time::Instant>,
+    /// Mirror endpoints this request was sampled for, started with the first attempt.
+    mirror_targets: Vec<(SocketAddr, Option<mirror::TlsTo>)>,
+    /// Body feeds of the mirrors in flight.
+    mirror_taps: Vec<mirror::Tap>,
+    /// Request body bytes already fed to the mirrors; a retry replays the body from 0.
+    mirror_fed: u64,
+    /// Position in the request body during the current attempt.
+    body_pos: u64,
+    access_log_off: bool,
+}
+
+impl EditHeaders for RequestHeader {
+    fn set(&mut self, name: &str, value: &str) {
+        let _ = self.insert_header(name.to_owned(), value);
+    }
+    fn add(&mut self, name: &str, value: &str) {
+        let _ = self.append_header(name.to_owned(), value);
+    }
+    fn remove(&mut self, name: &str) {
+        let _ = self.remove_header(name);
+    }
+}
+
+impl EditHeaders for ResponseHeader {
+    fn set(&mut self, name: &str, value: &str) {
+        let _ = self.insert_header(name.to_owned(), value);
+    }
+    fn add(&mut self, name: &str, value: &str) {
+        let _ = self.append_header(name.to_owned(), value);
+    }
+    fn remove(&mut self, name: &str) {
+        let _ = self.remove_header(name);
+    }
+}
+
+/// The answer to a preflight: 204, with the Access-Control-* headers when the origin is
+/// allowed and without them otherwise (the browser then refuses the real request).
+async fn respond_preflight(
+    session: &mut Session,
+    cors: &CorsPolicy,
+    origin: Option<&str>,
+) -> pingora::Result<bool> {
+    let mut resp = ResponseHeader::build(204, Some(8))?;
+    if let Some(allowed) = origin.and_then(|o| cors.allow_origin(o)) {
+        let req = session.req_header();
+        let asked = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
+        resp.insert_header("access-control-allow-origin", allowed)?;
+        if allowed != "*" {
+            resp.append_header("vary", "Origin")?;
+        }
+        if cors.allow_credentials {
+            resp.insert_header("access-control-allow-credentials", "true")?;
+        }
+        let methods = cors.preflight_methods(asked("access-control-request-method"));
+        if !methods.is_empty() {
+            resp.insert_header("access-control-allow-methods", methods)?;
+        }
+        let headers = cors.preflight_headers(asked("access-control-request-headers"));
+        if !headers.is_empty() {
+            resp.insert_header("access-control-allow-headers", headers)?;
+        }
+        if !cors.expose_headers.is_empty() {
+            resp.insert_header("access-control-expose-headers", &*cors.expose_headers)?;
+        }
+        if !cors.max_age.is_empty() {
+            resp.insert_header("access-control-max-age", &*cors.max_age)?;
+        }
+    }
+    resp.insert_header("content-length", "0")?;
+    session.write_response_header(Box::new(resp), true).await?;
+    Ok(true)
+}
+
+/// Content-Length, when present and a number.
+fn content_length(req: &RequestHeader) -> Option<u64> {
+    req.headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+async fn respond(
+    session: &mut Session,
+    status: u16,
+    location: Option<&str>,
+) -> pingora::Result<bool> {
+    let mut resp = ResponseHeader::build(status, Some(2))?;
+    if let Some(l) = location {
+        resp.insert_header("location", l)?;
+    }
+    resp.insert_header("content-length", "0")?;
+    session.write_response_header(Box::new(resp), true).await?;
+    Ok(true)
+}
+
+#[async_trait]
+impl ProxyHttp for Gateway {
+    type CTX = Ctx;
+
+    fn new_ctx(&self) -> Ctx {
+        Ctx::default()
+    }
+
+    async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<bool> {
+        ctx.started = Some(std::time::Instant::now());
+        let arrival = request::Arrival {
+            port: self.port,
+            https: self.https,
+            client: session
+                .client_addr()
+                .and_then(|a| a.as_inet())
+                .map(|a| a.ip()),
+        };
+        // Decide everything from one load of the table; nothing after this reads it again.
+        let (answer, normalized) = {
+            let head = PingoraHead(session.req_header());
+            let checked = match request::check(&head, &self.limits) {
+                Ok(c) => c,
+                Err(reject) => {
+                    tracing::debug!(reason = reject.reason(), "request refused");
+                    session.set_keepalive(None);
+                    return respond(session, reject.status(), None).await;
+                }
+            };
+            let table = self.table.load();
+            let route = request::route(&table, self.port, &head, &checked);
+            if let Some(route) = route {
+                ctx.counters = Some(route.counters.clone());
+                ctx.route = Some(route.route.clone());
+                ctx.access_log_off = !route.policy.access_log;
+            }
+            let answer = match request::decide(route, &head, &checked, &arrival) {
+                Decision::NotFound => Answer::Status(404),
+                Decision::Status(code) => Answer::Status(code),
+                Decision::Redirect { status, location } => Answer::Redirect(status, location),
+                Decision::Preflight(policy) => {
+                    Answer::Preflight(policy.clone(), head.get("origin").map(str::to_owned))
+                }
+                Decision::Forward(f) => {
+                    self.prepare(ctx, &f, &checked);
+                    Answer::Forward
+                }
+            };
+            let normalized = checked
+                .rewritten()
+                .then(|| checked.path_and_query.clone().into_owned());
+            (answer, normalized)
+        };
+        // The backend, the filters, mirrors and the access log all see the normalised target.
+        if let Some(target) = normalized {
+            match target.parse() {
+                Ok(uri) => session.req_header_mut().set_uri(uri),
+                Err(e) => {
+                    tracing::debug!(error = %e, "normalised target is not a URI");
+                    session.set_keepalive(None);
+                    return respond(session, 400, None).await;
+                }
+            }
+        }
+        // TLS and HTTP/2 connections are read by Pingora alone: bound their idle time here.
+        session.set_keepalive(Some(self.limits.keepalive_idle.as_secs().max(1)));
+        match answer {
+            Answer::Forward => Ok(false),
+            Answer::Status(code) => respond(session, code, None).await,
+            Answer::Redirect(code, location) => respond(session, code, Some(&location)).await,
+            Answer::Preflight(policy, origin) => match &policy.cors {
+                Some(cors) => respond_preflight(session, cors, origin.as_deref()).await,
+                None => respond(session, 204, None).await,
+            },
+        }
+    }
+
+    /// Counts a streamed body against the route's limit; past it, the request fails with 413
+    /// (Pingora answers it when no response has started).
+    async fn request_body_filter(
+        &self,
+        _session: &mut Session,
+        body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> pingora::Result<()> {
+        if past(ctx.deadline) {
+            return Err(timed_out());
+        }
+        let start = ctx.body_pos;
+        ctx.body_pos += body.as_ref().map_or(0, |b| b.len() as u64);
+        // A retry replays the body from 0: those bytes were counted already.
+        ctx.body_bytes = ctx.body_bytes.max(ctx.body_pos);
+        let limit = ctx.policy.as_ref().map_or(0, |p| p.max_body_bytes);
+        if limit > 0 && ctx.body_bytes > limit {
+            return Err(pingora::Error::explain(
+                pingora::ErrorType::HTTPStatus(413),
+                "request body larger than the route's limit",
+            ));
+        }
+        if !ctx.mirror_taps.is_empty() {
+            feed_mirrors(ctx, start, body.as_ref(), end_of_stream);
+        }
+        Ok(())
+    }
+
+    /// Pingora's default answer to a failed proxy attempt, except that a backend that timed out
+    /// gets 504 (as NGINX and the Gateway API answer it) rather than 502.
+    async fn fail_to_proxy(
+        &self,
+        session: &mut Session,
+        e: &pingora::Error,
+        _ctx: &mut Ctx,
+    ) -> pingora::proxy::FailToProxy {
+        use pingora::ErrorType::{
+            ConnectTimedout, ConnectionClosed, HTTPStatus, ReadError, ReadTimedout, WriteError,
+            WriteTimedout,
+        };
+        let code = match (e.etype(), e.esource()) {
+            (HTTPStatus(code), _) => *code,
+            (ConnectTimedout | ReadTimedout | WriteTimedout, pingora::ErrorSource::Upstream) => 504,
+            (_, pingora::ErrorSource::Upstream) => 502,
+            // The client is gone: nobody to answer.
+            (WriteError | ReadError | ConnectionClosed, pingora::ErrorSource::Downstream) => 0,
+            (_, pingora::ErrorSource::Downstream) => 400,
+            _ => 500,
+        };
+        if code > 0
+            && let Err(err) = session.respond_error(code).await
+        {
+            tracing::debug!(error = %err, "could not send the error response");
+        }
+        pingora::proxy::FailToProxy {
+            error_code: code,
+            can_reuse_downstream: false,
+        }
+    }
+
+    /// A client that goes away mid-request is routine, not an error to log at ERROR.
+    fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, error: &pingora::Error) -> bool {
+        matches!(error.esource(), pingora::ErrorSource::Downstream)
+    }
+
+    async fn logging(&self, session: &mut Session, _e: Option<&pingora::Error>, ctx: &mut Ctx) {
+        self.record(session, ctx);
+        if !ctx.access_log_off {
+            access_log(session, ctx);
+        }
+    }
+
+    async fn upstream_peer(
+        &self,
+        _session: &mut Session,
+        ctx: &mut Ctx,
+    ) -> pingora::Result<Box<HttpPeer>> {
+        let Some(addr) = ctx.upstream else {
+            return Err(pingora::Error::new_str("no upstream chosen"));
+        };
+        let mut peer = match &ctx.backend_tls {
+            // BackendTLSPolicy: the certificate must chain to the policy's CA (or the built-in
+            // roots) and be valid for its hostname, which is also the SNI.
+            Some(t) => {
+                let mut peer = HttpPeer::new(addr, true, t.hostname.to_string());
+                peer.options.ca = t.ca.clone();
+                peer
+            }
+            None => {
+                // TLS backends without a policy are not verified, as ingress-nginx does by
+                // default: they are addressed by Pod IP and usually present a certificate of
+                // their own making.
+                let mut peer = HttpPeer::new(
+                    addr,
+                    ctx.tls.is_some(),
+                    ctx.tls.as_deref().unwrap_or_default().to_owned(),
+                );
+                if ctx.tls.is_some() {
+                    peer.options.verify_cert = false;
+                    peer.options.verify_hostname = false;
+                }
+                peer
+            }
+        };
+        if ctx.h2c {
+            peer.options.alpn = ALPN::H2;
+        }
+        // Pooled upstream connections stay with the worker that opened them, and ones verified
+        // against a policy's CAs serve only peers asking for the same CAs.
+        peer.group_key = match &ctx.backend_tls {
+            None => workers::index() as u64,
+            Some(t) => {
+                use std::hash::{Hash, Hasher};
+                let mut h = std::collections::hash_map::DefaultHasher::new();
+                (workers::index(), t.pool_key).hash(&mut h);
+                h.finish()
+            }
+        };
+        // Gateway API timeouts: the request timeout bounds every attempt by what is left of
+        // it; the backend request timeout bounds each attempt. Pingora has no whole-exchange
+        // timer, so the budget caps connecting and each read and write, and the body filters
+        // end a response still streaming at the deadline.
+        let now = std::time::Instant::now();
+        let mut budget = match ctx.deadline {
+            Some(d) if d <= now => return Err(timed_out()),
+            Some(d) => Some(d - now),
+            None => None,
+        };
+        let timeouts = ctx.route.as_ref().and_then(|r| r.timeouts);
+        if let Some(ms) = timeouts.map(|t| t.backend_request_ms).filter(|ms| *ms > 0) {
+            let d = Duration::from_millis(ms);
+            budget = Some(budget.map_or(d, |b| b.min(d)));
+        }
+        ctx.attempt_deadline = budget.and_then(|b| now.checked_add(b));
+        if let Some(b) = budget {
+            peer.options.read_timeout = Some(b);
+            peer.options.write_timeout = Some(b);
+            peer.options.total_connection_timeout = Some(b);
+        }
+        if let Some(t) = timeouts {
+            // The Ingress timeouts: connect, and each read and write.
+            let at_most = |a: Option<Duration>, ms: u64| match (a, ms) {
+                (a, 0) => a,
+                (None, ms) => Some(Duration::from_millis(ms)),
+                (Some(a), ms) => Some(a.min(Duration::from_millis(ms))),
+            };
+            if t.connect_ms > 0 {
+                peer.options.connection_timeout = Some(Duration::from_millis(t.connect_ms));
+                peer.options.total_connection_timeout =
+                    at_most(peer.options.total_connection_timeout, t.connect_ms);
+            }
+            peer.options.read_timeout = at_most(peer.options.read_timeout, t.read_ms);
+            peer.options.write_timeout = at_most(peer.options.write_timeout, t.send_ms);
+        }
+        Ok(Box::new(peer))
+    }
+
+    async fn upstream_request_filter(
+        &self,
+        session: &mut Session,
+        upstream: &mut RequestHeader,
+        ctx: &mut Ctx,
+    ) -> pingora::Result<()> {
+        ctx.upstream_sent = Some(std::time::Instant::now());
+        ctx.body_pos = 0;
+        let Some(route) = ctx.route.clone() else {
+            return Ok(());
+        };
+        for f in &route.filters {
+            apply_request_filter(f, upstream, ctx)?;
+        }
+        // Mirrors get the request as the rule's filters leave it; backend filters are the
+        // main backend's own.
+        if !ctx.mirror_targets.is_empty() {
+            let framing = if session.is_body_empty() {
+                mirror::Framing::Empty
+            } else {
+                content_length(session.req_header())
+                    .map_or(mirror::Framing::Chunked, mirror::Framing::Length)
+            };
+            for (target, tls) in std::mem::take(&mut ctx.mirror_targets) {
+                if let Some(tap) = mirror::start(target, tls, upstream, framing) {
+                    ctx.mirror_taps.push(tap);
+                }
+            }
+        }
+        let backend_filters = std::mem::take(&mut ctx.backend_filters);
+        for f in &backend_filters {
+            apply_request_filter(f, upstream, ctx)?;
+        }
+        ctx.backend_filters = backend_filters;
+        Ok(())
+    }
+
+    /// Ends a response that is still streaming when the attempt's or the request's time is up
+    /// (the status has gone out by then: the client sees the connection close).
+    fn upstream_response_body_filter(
+        &self,
+        _session: &mut Session,
+        _body: &mut Option<bytes::Bytes>,
+        end_of_stream: bool,
+        ctx: &mut Ctx,
+    ) -> pingora::Result<Option<Duration>> {
+        if !end_of_stream && (past(ctx.attempt_deadline) || past(ctx.deadline)) {
+            return Err(timed_out());
+        }
+        Ok(None)
+    }
+
+    /// Only unambiguous response framing passes (the same rules as the fast path's); a
+    /// connection that broke them is not used again, as with any error.
+    async fn upstream_response_filter(
+        &self,
+        _session: &mut Session,
+        response: &mut ResponseHeader,
+        _ctx: &mut Ctx,
+    ) -> pingora::Result<()> {
+        let fields = crate::http1::framing_fields(
+            response
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str().as_bytes(), v.as_bytes())),
+        );
+        match fields {
+            Ok(_) => Ok(()),
+            Err(e) => Err(pingora::Error::explain(
+                pingora::ErrorType::HTTPStatus(502),
+                e.to_string(),
+            )),
+        }
+    }
+
+    async fn response_filter(
+        &self,
+        session: &mut Session,
+        response: &mut ResponseHeader,
+        ctx: &mut Ctx,
+    ) -> pingora::Result<()> {
+        if let Some(sent) = ctx.upstream_sent.take() {
+            self.table.metrics().upstream_latency(sent.elapsed());
+        }
+        if let Some(cors) = ctx.policy.as_ref().and_then(|p| p.cors.as_ref())
+            && let Some(origin) = session
+                .req_header()
+                .headers
+                .get("origin")
+                .and_then(|o| o.to_str().ok())
+            && let Some(allowed) = cors.allow_origin(origin)
+        {
+            response.insert_header("access-control-allow-origin", allowed)?;
+            if allowed != "*" {
+                response.append_header("vary", "Origin")?;
+            }
+            if cors.allow_credentials {
+                response.insert_header("access-control-allow-credentials", "true")?;
+            }
+            if !cors.expose_headers.is_empty() {
+                response.insert_header("access-control-expose-headers", &*cors.expose_headers)?;
+            }
+        }
+        let Some(route) = ctx.route.clone() else {
+            return Ok(());
+        };
+        for f in route.filters.iter().chain(ctx.backend_filters.iter()) {
+            if let Some(filter::Kind::ResponseHeaderModifier(m)) = &f.kind {
+                filters::modify_headers(response, m);
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Gateway {
+    fn record(&self, session: &Session, ctx: &Ctx) {
+        let status = session.response_written().map_or(0, |r| r.status.as_u16());
+        match &ctx.counters {
+            Some(c) => c.record(status),
+            None => self.table.metrics().unrouted(status),
+        }
+    }
+}
+
+/// One access log line per request, on its own target so it can be filtered or routed
+/// separately; with `--log-format json` each is a JSON object.
+fn access_log(session: &Session, ctx: &Ctx) {
+    let req = session.req_header();
+    let status = session.response_written().map_or(0, |r| r.status.as_u16());
+    let client = session
+        .client_addr()
+        .and_then(|a| a.as_inet())
+        .map(|a| a.ip());
+    access_line(&AccessLine {
+        client,
+        method: req.method.as_str(),
+        host: req
+            .uri
+            .authority()
+            .map(|a| a.as_str())
+            .or_else(|| req.headers.get("host").and_then(|h| h.to_str().ok()))
+            .unwrap_or(""),
+        path: req.uri.path(),
+        status,
+        route: ctx.route.as_ref().and_then(|r| r.source.as_ref()),
+        upstream: ctx.upstream,
+        duration_ms: ctx.started.map_or(0, |s| s.elapsed().as_millis() as u64),
+    });
+}

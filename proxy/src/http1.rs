@@ -1,0 +1,338 @@
+//! HTTP/1 response framing, as both engines must read it from a backend.
+//!
+//! A backend is not trusted to frame its responses well. Only unambiguous framing passes
+//! (RFC 9112 6.3): one Content-Length of digits, or a Transfer-Encoding whose last coding
+//! is chunked, never both; chunk sizes are hex digits and nothing else. Anything else is a
+//! 502 (or, once the head went out, a cut connection), and that backend connection is never
+//! used again.
+
+/// Why a backend's response cannot be forwarded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadResponse {
+    #[error("malformed response head")]
+    Malformed,
+    #[error("invalid Content-Length")]
+    Length,
+    #[error("both Content-Length and Transfer-Encoding")]
+    LengthAndEncoding,
+    #[error("malformed chunked body")]
+    Chunk,
+}
+
+/// The HTTP version of a response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    Http10,
+    Http11,
+}
+
+/// What a response head says about the message and the connection.
+#[derive(Debug)]
+pub struct ResponseHead {
+    pub status: u16,
+    pub version: Version,
+    /// Length of the head in bytes.
+    pub len: usize,
+    pub framing: Framing,
+    /// The backend connection can carry another request after this response.
+    pub reusable: bool,
+}
+
+/// Reads a response head at the start of `buf`; Ok(None): more bytes are needed.
+/// `head_only`: the request was HEAD, so no body follows whatever the head says.
+pub fn parse_response(
+    buf: &[u8],
+    head_only: bool,
+    max_headers: usize,
+) -> Result<Option<ResponseHead>, BadResponse> {
+    let mut headers = vec![httparse::EMPTY_HEADER; max_headers];
+    let mut parsed = httparse::Response::new(&mut headers);
+    let len = match parsed.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(_) => return Err(BadResponse::Malformed),
+    };
+    let status = parsed.code.ok_or(BadResponse::Malformed)?;
+    let version = match parsed.version {
+        Some(0) => Version::Http10,
+        Some(1) => Version::Http11,
+        _ => return Err(BadResponse::Malformed),
+    };
+    let fields = framing_fields(parsed.headers.iter().map(|h| (h.name.as_bytes(), h.value)))?;
+    // HTTP/1.0 keeps a connection only when it says so; we do not rely on that.
+    let mut reusable = version == Version::Http11 && !fields.close;
+    let no_body = head_only || status == 204 || status == 304 || (100..200).contains(&status);
+    let framing = if no_body {
+        Framing::Length(0)
+    } else if fields.encoded {
+        if fields.chunked && version == Version::Http11 {
+            Framing::Chunked(Chunked::default())
+        } else {
+            // Another final coding, or any coding from HTTP/1.0: the body ends at close.
+            reusable = false;
+            Framing::UntilClose
+        }
+    } else if let Some(n) = fields.length {
+        Framing::Length(n)
+    } else {
+        reusable = false;
+        Framing::UntilClose
+    };
+    Ok(Some(ResponseHead {
+        status,
+        version,
+        len,
+        framing,
+        reusable,
+    }))
+}
+
+/// The framing-relevant header fields of a message.
+#[derive(Debug, Default)]
+pub struct FramingFields {
+    pub length: Option<u64>,
+    /// A Transfer-Encoding field is present.
+    pub encoded: bool,
+    /// Its last coding is chunked.
+    pub chunked: bool,
+    /// "Connection: close".
+    pub close: bool,
+}
+
+/// Reads Content-Length, Transfer-Encoding and Connection from header fields, refusing
+/// ambiguous framing. Used on the fast path's parse and on Pingora's parsed response alike.
+pub fn framing_fields<'a>(
+    headers: impl Iterator<Item = (&'a [u8], &'a [u8])>,
+) -> Result<FramingFields, BadResponse> {
+    let mut f = FramingFields::default();
+    for (name, value) in headers {
+        if name.eq_ignore_ascii_case(b"content-length") {
+            for v in value.split(|b| *b == b',') {
+                let n = parse_length(v.trim_ascii()).ok_or(BadResponse::Length)?;
+                if f.length.is_some_and(|l| l != n) {
+                    return Err(BadResponse::Length);
+                }
+                f.length = Some(n);
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            f.encoded = true;
+            for coding in value.split(|b| *b == b',') {
+                let coding = coding.trim_ascii();
+                if !coding.is_empty() {
+                    f.chunked = coding.eq_ignore_ascii_case(b"chunked");
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"connection") {
+            f.close |= value
+                .split(|b| *b == b',')
+                .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
+        }
+    }
+    if f.encoded && f.length.is_some() {
+        return Err(BadResponse::LengthAndEncoding);
+    }
+    Ok(f)
+}
+
+/// Digits only: no sign, no inner space, no overflow.
+fn parse_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+/// Where a response body ends.
+#[derive(Debug)]
+pub enum Framing {
+    /// This many bytes remain.
+    Length(u64),
+    Chunked(Chunked),
+    /// Until the backend closes; the client connection closes after it.
+    UntilClose,
+}
+
+impl Framing {
+    /// Of `bytes`, how many belong to this body, and whether the body ends within them.
+    pub fn advance(&mut self, bytes: &[u8]) -> Result<(usize, bool), BadResponse> {
+        match self {
+            Self::Length(left) => {
+                let take = usize::try_from(*left)
+                    .unwrap_or(usize::MAX)
+                    .min(bytes.len());
+                *left -= take as u64;
+                Ok((take, *left == 0))
+            }
+            Self::Chunked(c) => Ok(match c.feed(bytes)? {
+                Some(end) => (end, true),
+                None => (bytes.len(), false),
+            }),
+            Self::UntilClose => Ok((bytes.len(), false)),
+        }
+    }
+
+    /// Whether the body's end is known from the message itself (so the client connection
+    /// can carry on).
+    pub fn delimited(&self) -> bool {
+        !matches!(self, Self::UntilClose)
+    }
+}
+
+/// Longest chunk-size line (size and extensions) and trailer line accepted.
+const MAX_LINE: usize = 4096;
+
+/// Tracks chunked framing over bytes that are forwarded unchanged (RFC 9112 7.1).
+#[derive(Debug, Default)]
+pub struct Chunked {
+    state: ChunkState,
+    size: u64,
+    digits: u8,
+    line: usize,
+}
+
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum ChunkState {
+    /// Hex digits of a chunk size.
+    #[default]
+    Size,
+    /// After the size: whitespace, then ";" and extensions, then CR.
+    SizeRest,
+    /// Chunk extensions, up to CR.
+    Extension,
+    /// The LF ending a size line.
+    SizeLf,
+    /// Chunk data: `size` bytes left.
+    Data,
+    /// The CR after chunk data.
+    DataCr,
+    /// The LF after chunk data.
+    DataLf,
+    /// At the start of a trailer line (or the final empty line).
+    TrailerStart,
+    /// Inside a trailer line, up to CR.
+    Trailer,
+    /// The LF ending a trailer line.
+    TrailerLf,
+    /// The LF of the final empty line.
+    FinalLf,
+}
+
+impl Chunked {
+    /// Feeds bytes; Ok(Some(n)): the message ends after the first `n` of them.
+    pub fn feed(&mut self, bytes: &[u8]) -> Result<Option<usize>, BadResponse> {
+        use ChunkState as S;
+        let mut i = 0;
+        while i < bytes.len() {
+            let b = bytes[i];
+            if matches!(
+                self.state,
+                S::Size | S::SizeRest | S::Extension | S::Trailer
+            ) {
+                self.line += 1;
+                if self.line > MAX_LINE {
+                    return Err(BadResponse::Chunk);
+                }
+            }
+            match self.state {
+                S::Size => match hex_digit(b) {
+                    Some(d) if self.digits < 16 => {
+                        self.size = self.size << 4 | u64::from(d);
+                        self.digits += 1;
+                    }
+                    None if self.digits > 0 => {
+                        self.state = S::SizeRest;
+                        continue;
+                    }
+                    _ => return Err(BadResponse::Chunk),
+                },
+                S::SizeRest => match b {
+                    b' ' | b'\t' => {}
+                    b';' => self.state = S::Extension,
+                    b'\r' => self.state = S::SizeLf,
+                    _ => return Err(BadResponse::Chunk),
+                },
+                S::Extension => match b {
+                    b'\r' => self.state = S::SizeLf,
+                    b'\n' => return Err(BadResponse::Chunk),
+                    _ => {}
+                },
+                S::SizeLf => {
+                    if b != b'\n' {
+                        return Err(BadResponse::Chunk);
+                    }
+                    self.line = 0;
+                    self.state = if self.size == 0 {
+                        S::TrailerStart
+                    } else {
+                        S::Data
+                    };
+                }
+                S::Data => {
+                    let take = usize::try_from(self.size)
+                        .unwrap_or(usize::MAX)
+                        .min(bytes.len() - i);
+                    self.size -= take as u64;
+                    i += take;
+                    if self.size == 0 {
+                        self.state = S::DataCr;
+                    }
+                    continue;
+                }
+                S::DataCr => {
+                    if b != b'\r' {
+                        return Err(BadResponse::Chunk);
+                    }
+                    self.state = S::DataLf;
+                }
+                S::DataLf => {
+                    if b != b'\n' {
+                        return Err(BadResponse::Chunk);
+                    }
+                    self.state = S::Size;
+                    self.digits = 0;
+                    self.size = 0;
+                }
+                S::TrailerStart => match b {
+                    b'\r' => self.state = S::FinalLf,
+                    b'\n' => return Err(BadResponse::Chunk),
+                    _ => {
+                        self.line = 1;
+                        self.state = S::Trailer;
+                    }
+                },
+                S::Trailer => match b {
+                    b'\r' => self.state = S::TrailerLf,
+                    b'\n' => return Err(BadResponse::Chunk),
+                    _ => {}
+                },
+                S::TrailerLf => {
+                    if b != b'\n' {
+                        return Err(BadResponse::Chunk);
+                    }
+                    self.line = 0;
+                    self.state = S::TrailerStart;
+                }
+                S::FinalLf => {
+                    if b != b'\n' {
+                        return Err(BadResponse::Chunk);
+                    }
+                    return Ok(Some(i + 1));
+                }
+            }
+            i += 1;
+        }
+        Ok(None)
+    }
+}
+
+fn hex_digit(b: u8) -> Option<u8> {
+    match b {
+        b'0'..=b'9' => Some(b - b'0'),
+        b'a'..=b'f' => Some(b - b'a' + 10),
+        b'A'..=b'F' => Some(b - b'A' + 10),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

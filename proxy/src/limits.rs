@@ -1,0 +1,41 @@
+//! Deadlines and caps that keep slow or greedy clients from holding the proxy's resources.
+//! Every wait on a client is one of these deadlines; none restarts when a byte arrives.
+
+use std::time::Duration;
+
+/// The proxy's limits on client connections, with production defaults.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// A request head must arrive whole within this, counted from its first byte (from
+    /// accept for a connection's first request): a client sending one header line now and
+    /// then does not keep a request open.
+    pub request_head: Duration,
+    /// A keep-alive connection may wait this long for its next request.
+    pub keepalive_idle: Duration,
+    /// A TLS handshake must finish within this, counted from accept.
+    pub tls_handshake: Duration,
+    /// Client connections open at once; past it, new ones wait in the listen backlog and
+    /// `coxswain_proxy_connection_limit_waits_total` counts each time it was hit.
+    pub max_connections: usize,
+    /// Header fields one request may have (431 past it).
+    pub max_request_headers: usize,
+    /// Bytes of header fields one request may have (431 past it).
+    pub max_request_head_bytes: usize,
+    /// Plain HTTP/1.1 requests on routes that only forward take the fast path; off, every
+    /// request goes through Pingora (for comparing the two, and as an escape hatch).
+    pub fast_path: bool,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            request_head: Duration::from_secs(30),
+            keepalive_idle: Duration::from_secs(60),
+            tls_handshake: Duration::from_secs(10),
+            max_connections: 16_384,
+            max_request_headers: 100,
+            max_request_head_bytes: 32 * 1024,
+            fast_path: true,
+        }
+    }
+}

@@ -1,0 +1,453 @@
+//! Listeners that follow the snapshot: one accept loop per port, and what serves each
+//! accepted connection.
+//!
+//! Pingora's `Server` binds its listeners once at start-up, but a snapshot can add or drop
+//! ports at any time. So the proxy runs its own accept loops (started and stopped as
+//! snapshots change), caps the connections open at once, and serves each connection by its
+//! port's protocol: TLS passthrough, TLS then Pingora, or cleartext, where every request
+//! head is read here under the head deadline and then served by the fast path or Pingora.
+
+use crate::conn::Buffered;
+use crate::fastpath::{self, Next};
+use crate::handler::Gateway;
+use crate::limits::Limits;
+use crate::metrics::Metrics;
+use crate::table::SharedTable;
+use crate::workers::Workers;
+use coxswain_api::snapshot as snap;
+use pingora::apps::{HttpServerOptions, ServerApp};
+use pingora::listeners::tls::Acceptor;
+use pingora::protocols::l4::stream::Stream as L4Stream;
+use pingora::protocols::{GetSocketDigest, SocketDigest};
+use pingora::proxy::HttpProxy;
+use pingora::server::configuration::ServerConf;
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::os::unix::io::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
+use tokio::task::JoinHandle;
+
+/// Counts a connection while it lives, and holds its place under the connection limit.
+struct ActiveGuard {
+    active: Arc<AtomicUsize>,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl ActiveGuard {
+    fn new(active: Arc<AtomicUsize>, permit: OwnedSemaphorePermit) -> Self {
+        active.fetch_add(1, Ordering::Relaxed);
+        Self {
+            active,
+            _permit: permit,
+        }
+    }
+}
+
+impl Drop for ActiveGuard {
+    fn drop(&mut self) {
+        self.active.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+fn table_active(table: &SharedTable) -> Arc<AtomicUsize> {
+    table.metrics().active_connections.clone()
+}
+
+struct Running {
+    protocol: snap::Protocol,
+    accept: JoinHandle<()>,
+    proxy: Arc<HttpProxy<Gateway>>,
+    /// Tells fast-path connections idling between requests to close.
+    closing: watch::Sender<bool>,
+}
+
+impl Running {
+    /// Stops accepting, and wakes connections idling between keep-alive requests so they
+    /// close; requests in flight finish.
+    async fn stop(self) {
+        self.accept.abort();
+        let _ = self.closing.send(true);
+        self.proxy.cleanup().await;
+    }
+}
+
+/// Listeners that follow the table: one accept loop per port the snapshot asks for.
+pub struct Listeners {
+    table: SharedTable,
+    bind_ip: std::net::IpAddr,
+    conf: Arc<ServerConf>,
+    running: HashMap<u16, Running>,
+    shutdown: watch::Receiver<bool>,
+    active: Arc<AtomicUsize>,
+    workers: Option<Workers>,
+    limits: Arc<Limits>,
+    /// One per connection open, shared by every port.
+    permits: Arc<Semaphore>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Listeners {
+    pub fn new(
+        table: SharedTable,
+        bind_ip: std::net::IpAddr,
+        shutdown: watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            active: table_active(&table),
+            table,
+            bind_ip,
+            conf: Arc::new(ServerConf::default()),
+            running: HashMap::new(),
+            shutdown,
+            workers: None,
+            limits: Arc::new(Limits::default()),
+            permits: Arc::new(Semaphore::new(Limits::default().max_connections)),
+        }
+    }
+
+    /// Serves connections under these limits (call before the first `sync`).
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+        self.limits = Arc::new(limits);
+        self
+    }
+
+    /// Runs connections on these workers rather than on the runtime that accepts them.
+    pub fn with_workers(mut self, workers: Workers) -> Self {
+        self.workers = Some(workers);
+        self
+    }
+
+    /// Connections open right now (for draining).
+    pub fn active_connections(&self) -> usize {
+        self.active.load(Ordering::Relaxed)
+    }
+
+    /// Binds ports the current table has and this set does not, and closes ports it dropped.
+    /// Returns the errors of ports that could not be bound; the others are served regardless.
+    pub async fn sync(&mut self) -> Vec<ListenError> {
+        let wanted: HashMap<u16, snap::Protocol> = self.table.load().router.ports().collect();
+        // Ports no longer asked for, and ports whose protocol changed (bound again below).
+        let dropped: Vec<u16> = self
+            .running
+            .iter()
+            .filter(|(p, r)| wanted.get(p) != Some(&r.protocol))
+            .map(|(p, _)| *p)
+            .collect();
+        for port in dropped {
+            if let Some(r) = self.running.remove(&port) {
+                r.stop().await;
+                tracing::info!(port, "listener closed");
+            }
+        }
+        let mut errors = Vec::new();
+        for (port, protocol) in wanted {
+            if self.running.contains_key(&port) {
+                continue;
+            }
+            let addr = SocketAddr::new(self.bind_ip, port);
+            match TcpListener::bind(addr).await {
+                Ok(listener) => {
+                    let https = protocol == snap::Protocol::Https;
+                    let tls_passthrough = protocol == snap::Protocol::TlsPassthrough;
+                    let proxy = self.proxy_for(port, https);
+                    let (closing, closed) = watch::channel(false);
+                    let accept = tokio::spawn(accept_loop(
+                        listener,
+                        Connection {
+                            proxy: proxy.clone(),
+                            tls: https.then(|| self.acceptor(port)),
+                            tls_passthrough,
+                            table: self.table.clone(),
+                            limits: self.limits.clone(),
+                            port,
+                            shutdown: self.shutdown.clone(),
+                            closing: closed,
+                            peer: SocketAddr::new(self.bind_ip, 0),
+                            _guard: None,
+                        },
+                        Admission {
+                            active: self.active.clone(),
+                            permits: self.permits.clone(),
+                            metrics: self.table.metrics().clone(),
+                        },
+                        self.workers.clone(),
+                    ));
+                    tracing::info!(port, ?protocol, "listener bound");
+                    self.running.insert(
+                        port,
+                        Running {
+                            protocol,
+                            accept,
+                            proxy,
+                            closing,
+                        },
+                    );
+                }
+                Err(source) => errors.push(ListenError::Bind { addr, source }),
+            }
+        }
+        errors
+    }
+
+    pub fn ports(&self) -> Vec<u16> {
+        let mut p: Vec<u16> = self.running.keys().copied().collect();
+        p.sort_unstable();
+        p
+    }
+
+    /// Stops accepting, tells connections to finish, and waits up to `grace` for them.
+    pub async fn drain(&mut self, shutdown: &watch::Sender<bool>, grace: Duration) {
+        tracing::info!(?grace, "stopping: no new connections, draining");
+        self.close_all().await;
+        let _ = shutdown.send(true);
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.active_connections() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let left = self.active_connections();
+        if left > 0 {
+            tracing::warn!(
+                connections = left,
+                "drain period over; closing what is left"
+            );
+        }
+    }
+
+    /// Stops accepting on every port and closes idle keep-alive connections.
+    pub async fn close_all(&mut self) {
+        for (_, r) in self.running.drain() {
+            r.stop().await;
+        }
+    }
+
+    fn proxy_for(&self, port: u16, https: bool) -> Arc<HttpProxy<Gateway>> {
+        let mut proxy = pingora::proxy::http_proxy(
+            &self.conf,
+            Gateway {
+                port,
+                https,
+                table: self.table.clone(),
+                limits: self.limits.clone(),
+            },
+        );
+        let mut options = HttpServerOptions::default();
+        // Plaintext HTTP/2 with prior knowledge, detected from the connection preface.
+        options.h2c = true;
+        proxy.server_options = Some(options);
+        Arc::new(proxy)
+    }
+
+    fn acceptor(&self, port: u16) -> Arc<Acceptor> {
+        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map(|b| {
+            b.with_no_client_auth()
+                .with_cert_resolver(Arc::new(SniResolver {
+                    port,
+                    table: self.table.clone(),
+                }))
+        })
+        .unwrap_or_else(|e| panic!("ring supports the default TLS versions: {e}"));
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Arc::new(Acceptor::from_server_config(Arc::new(config)))
+    }
+}
+
+/// A connection for the TLS acceptor, which takes Pingora's own stream type (rustls then
+/// batches writes into records, so it needs no buffer under it).
+fn l4_stream(tcp: tokio::net::TcpStream, peer: SocketAddr) -> L4Stream {
+    let mut stream = L4Stream::from(tcp);
+    // The client address, for allowlists and access logs.
+    let digest = SocketDigest::from_raw_fd(stream.as_raw_fd());
+    let _ = digest.peer_addr.set(Some(peer.into()));
+    stream.set_socket_digest(digest);
+    stream
+}
+
+/// What a connection needs to be let in: a permit under the connection limit, and a place
+/// in the active count.
+struct Admission {
+    active: Arc<AtomicUsize>,
+    permits: Arc<Semaphore>,
+    metrics: Arc<Metrics>,
+}
+
+impl Admission {
+    /// A permit, waiting (and counting the wait) when the limit is reached: new connections
+    /// then stay in the kernel's listen backlog until one closes.
+    async fn permit(&self) -> Option<OwnedSemaphorePermit> {
+        match self.permits.clone().try_acquire_owned() {
+            Ok(p) => Some(p),
+            Err(_) => {
+                Metrics::count(&self.metrics.connection_limit_waits);
+                tracing::warn!("connection limit reached; new connections wait");
+                self.permits.clone().acquire_owned().await.ok()
+            }
+        }
+    }
+}
+
+/// Accepts connections; `template` is what each one is served with.
+async fn accept_loop(
+    listener: TcpListener,
+    template: Connection,
+    admission: Admission,
+    workers: Option<Workers>,
+) {
+    loop {
+        let Some(permit) = admission.permit().await else {
+            return;
+        };
+        let (tcp, peer) = match listener.accept().await {
+            Ok(c) => c,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let conn = Connection {
+            peer,
+            _guard: Some(Arc::new(ActiveGuard::new(admission.active.clone(), permit))),
+            ..template.clone()
+        };
+        match &workers {
+            None => {
+                tokio::spawn(conn.serve(tcp));
+            }
+            // The socket moves to the worker's reactor: registered there, driven there.
+            Some(workers) => match tcp.into_std() {
+                Ok(std) => workers.spawn(async move {
+                    match tokio::net::TcpStream::from_std(std) {
+                        Ok(tcp) => conn.serve(tcp).await,
+                        Err(e) => tracing::warn!(error = %e, "connection not registered"),
+                    }
+                }),
+                Err(e) => tracing::warn!(error = %e, "connection not handed to a worker"),
+            },
+        }
+    }
+}
+
+/// One accepted connection and what serves it.
+#[derive(Clone)]
+struct Connection {
+    proxy: Arc<HttpProxy<Gateway>>,
+    tls: Option<Arc<Acceptor>>,
+    /// TLS is relayed to the backend chosen by SNI, not terminated (see `tls_passthrough`).
+    tls_passthrough: bool,
+    table: SharedTable,
+    limits: Arc<Limits>,
+    port: u16,
+    shutdown: watch::Receiver<bool>,
+    closing: watch::Receiver<bool>,
+    peer: SocketAddr,
+    /// Counts the connection while it lives (None in the accept loop's template).
+    _guard: Option<Arc<ActiveGuard>>,
+}
+
+impl Connection {
+    async fn serve(mut self, tcp: tokio::net::TcpStream) {
+        if self.tls_passthrough {
+            crate::tls_passthrough::serve(tcp, &self.table, self.port, self.peer).await;
+            return;
+        }
+        match self.tls.clone() {
+            None => self.serve_cleartext(tcp).await,
+            Some(acceptor) => {
+                let handshake = acceptor.tls_handshake(l4_stream(tcp, self.peer));
+                let stream = match tokio::time::timeout(self.limits.tls_handshake, handshake).await
+                {
+                    Ok(Ok(s)) => s,
+                    Ok(Err(e)) => {
+                        tracing::debug!(error = %e, "TLS handshake failed");
+                        return;
+                    }
+                    Err(_) => {
+                        Metrics::count(&self.table.metrics().tls_handshake_timeouts);
+                        tracing::debug!(peer = %self.peer, "TLS handshake deadline passed");
+                        return;
+                    }
+                };
+                // Pingora runs the keep-alive loop itself; `cleanup()` ends idle connections.
+                let mut next: Option<pingora::protocols::Stream> = Some(Box::new(stream));
+                while let Some(s) = next.take() {
+                    next = self.proxy.process_new(s, &self.shutdown).await;
+                }
+            }
+        }
+    }
+
+    /// Cleartext HTTP/1: each request head is read by `fastpath`, which serves it or hands
+    /// that one request to Pingora; the connection then comes back for the next head.
+    async fn serve_cleartext(&mut self, tcp: tokio::net::TcpStream) {
+        let mut conn = Buffered::new(tcp, self.peer);
+        let mut first = true;
+        loop {
+            let next = {
+                let mut env = fastpath::Env {
+                    table: &self.table,
+                    limits: &self.limits,
+                    port: self.port,
+                    peer: self.peer,
+                    closing: &mut self.closing,
+                    shutdown: &self.shutdown,
+                };
+                fastpath::serve(&mut conn, &mut env, first).await
+            };
+            first = false;
+            match next {
+                Next::Closed => return,
+                Next::H2c => {
+                    // HTTP/2 with prior knowledge: Pingora serves the whole connection.
+                    let _ = self.proxy.process_new(Box::new(conn), &self.shutdown).await;
+                    return;
+                }
+                Next::Pingora => {
+                    let Some(back) = self.proxy.process_new(Box::new(conn), &self.shutdown).await
+                    else {
+                        return;
+                    };
+                    match back.into_any().downcast::<Buffered>() {
+                        Ok(b) => conn = *b,
+                        Err(_) => return,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// rustls' certificate callback for one listener port, reading the current table.
+#[derive(Debug)]
+struct SniResolver {
+    port: u16,
+    table: SharedTable,
+}
+
+impl ResolvesServerCert for SniResolver {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        let table = self.table.load();
+        table.tls.port(self.port)?.resolve(hello.server_name())
+    }
+}

@@ -1,0 +1,577 @@
+//! Request semantics: what a request means, decided once, for both HTTP engines.
+//!
+//! The proxy moves bytes with two engines, the fast path (`fastpath`) and Pingora
+//! (`handler`). Neither decides anything about a request on its own: each hands the head it
+//! parsed to [`check`] (reject what must be rejected, normalise the target), then to
+//! [`route`] and [`decide`] (which route, which policy answer, which backend). So one
+//! request cannot be routed two ways, and a filter or policy added here works on both.
+//!
+//! The target is normalised before routing, and the backend receives the normalised form
+//! (docs/request-normalization.md lists the rules):
+//! 1. the fragment (`#...`) is dropped;
+//! 2. percent-encoded unreserved characters (`A-Z a-z 0-9 - . _ ~`) are decoded, other
+//!    percent-encodings keep their meaning and get upper-case hex digits (`%2f` -> `%2F`);
+//! 3. runs of slashes become one (`//admin` -> `/admin`);
+//! 4. dot segments are resolved (`/a/./b/../c` -> `/a/c`, never above the root);
+//!
+//! and the query string is left as it came.
+
+use crate::limits::Limits;
+use crate::policy::RoutePolicy;
+use crate::router::{CompiledRoute, Headers, Pick, Request as RouteQuery, ResolvedBackend};
+use crate::table::Table;
+use crate::upstream::ClusterState;
+use coxswain_api::snapshot::filter;
+use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+/// The protocol version a request arrived with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    Http10,
+    Http11,
+    Http2,
+}
+
+/// A request head, however an engine parsed it.
+pub trait Head: Headers {
+    fn method(&self) -> &str;
+    /// The request target as received (origin-form "/a?b", absolute-form, ...).
+    fn target(&self) -> &[u8];
+    fn version(&self) -> Version;
+    /// HTTP/2's :authority (HTTP/1 carries the host in the target or the Host header).
+    fn authority(&self) -> Option<&[u8]> {
+        None
+    }
+    /// Calls `f` with every header field, in order; names in any case.
+    fn each_header<'s>(&'s self, f: &mut dyn FnMut(&'s [u8], &'s [u8]));
+}
+
+/// Why a request head is refused before routing. The connection closes after the answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reject {
+    /// 400: malformed, ambiguous framing, missing or repeated Host, bad target.
+    BadRequest(&'static str),
+    /// 431: more header fields, or more header bytes, than the proxy's limits.
+    HeadTooLarge,
+    /// 405: CONNECT; a gateway does not open tunnels.
+    MethodNotAllowed,
+}
+
+impl Reject {
+    pub fn status(&self) -> u16 {
+        match self {
+            Self::BadRequest(_) => 400,
+            Self::HeadTooLarge => 431,
+            Self::MethodNotAllowed => 405,
+        }
+    }
+
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Self::BadRequest(why) => why,
+            Self::HeadTooLarge => "request head over the proxy's limits",
+            Self::MethodNotAllowed => "CONNECT is not served",
+        }
+    }
+}
+
+/// How the request's body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Body {
+    None,
+    Length(u64),
+    Chunked,
+}
+
+/// A head that passed [`check`]: the host to route on and the normalised target.
+#[derive(Debug)]
+pub struct Checked<'a> {
+    /// From an absolute-form target, else the Host header ("" for none, HTTP/1.0 only).
+    pub host: &'a str,
+    /// Normalised path, then "?" and the query as received.
+    pub path_and_query: Cow<'a, str>,
+    pub body: Body,
+}
+
+impl Checked<'_> {
+    /// The path without the query.
+    pub fn path(&self) -> &str {
+        let p: &str = &self.path_and_query;
+        p.split_once('?').map_or(p, |(p, _)| p)
+    }
+
+    /// Whether the backend gets a target other than the one received.
+    pub fn rewritten(&self) -> bool {
+        matches!(self.path_and_query, Cow::Owned(_))
+    }
+}
+
+/// Validates a request head and normalises its target.
+pub fn check<'a, H: Head + ?Sized>(head: &'a H, limits: &Limits) -> Result<Checked<'a>, Reject> {
+    let method = head.method();
+    if method.eq_ignore_ascii_case("CONNECT") {
+        return Err(Reject::MethodNotAllowed);
+    }
+    let mut count = 0usize;
+    let mut bytes = 0usize;
+    let mut hosts = 0usize;
+    let mut host: &[u8] = b"";
+    let mut length: Option<u64> = None;
+    let mut length_bad = false;
+    let mut te_seen = false;
+    let mut te_last_chunked = false;
+    head.each_header(&mut |name, value| {
+        count += 1;
+        bytes += name.len() + value.len() + 4;
+        if name.eq_ignore_ascii_case(b"host") {
+            hosts += 1;
+            host = value;
+        } else if name.eq_ignore_ascii_case(b"content-length") {
+            // "42" or a list of one repeated value ("42, 42"); anything else is ambiguous.
+            for v in value.split(|b| *b == b',') {
+                match parse_length(v.trim_ascii()) {
+                    Some(n) if length.is_none_or(|l| l == n) => length = Some(n),
+                    _ => length_bad = true,
+                }
+            }
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
+            te_seen = true;
+            for coding in value.split(|b| *b == b',') {
+                let coding = coding.trim_ascii();
+                if !coding.is_empty() {
+                    te_last_chunked = coding.eq_ignore_ascii_case(b"chunked");
+                }
+            }
+        }
+    });
+    if count > limits.max_request_headers || bytes > limits.max_request_head_bytes {
+        return Err(Reject::HeadTooLarge);
+    }
+    if length_bad {
+        return Err(Reject::BadRequest("invalid Content-Length"));
+    }
+    let body = match (te_seen, length) {
+        (true, Some(_)) => {
+            return Err(Reject::BadRequest(
+                "both Content-Length and Transfer-Encoding",
+            ));
+        }
+        (true, None) if head.version() == Version::Http10 => {
+            return Err(Reject::BadRequest(
+                "Transfer-Encoding in an HTTP/1.0 request",
+            ));
+        }
+        (true, None) if !te_last_chunked => {
+            return Err(Reject::BadRequest(
+                "Transfer-Encoding does not end in chunked",
+            ));
+        }
+        (true, None) => Body::Chunked,
+        (false, Some(0) | None) => Body::None,
+        (false, Some(n)) => Body::Length(n),
+    };
+    if hosts > 1 {
+        return Err(Reject::BadRequest("more than one Host header"));
+    }
+    let (authority, path) = split_target(head.target())?;
+    let host = match authority.or_else(|| head.authority()) {
+        Some(a) => a,
+        None if hosts == 1 => host,
+        None if head.version() == Version::Http11 => {
+            return Err(Reject::BadRequest("HTTP/1.1 request without Host"));
+        }
+        None => b"",
+    };
+    let host = valid_host(host).ok_or(Reject::BadRequest("invalid host"))?;
+    Ok(Checked {
+        host,
+        path_and_query: normalize(path)?,
+        body,
+    })
+}
+
+/// A Content-Length value: digits only (no sign, no space inside), no overflow.
+fn parse_length(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    std::str::from_utf8(v).ok()?.parse().ok()
+}
+
+/// (authority of an absolute-form target, the origin-form part).
+fn split_target(target: &[u8]) -> Result<(Option<&[u8]>, &[u8]), Reject> {
+    if target.first() == Some(&b'/') {
+        return Ok((None, target));
+    }
+    let rest = strip_prefix_ignore_case(target, b"http://")
+        .or_else(|| strip_prefix_ignore_case(target, b"https://"))
+        .ok_or(Reject::BadRequest(
+            "request target is not a path or an absolute URI",
+        ))?;
+    let end = rest
+        .iter()
+        .position(|b| matches!(b, b'/' | b'?' | b'#'))
+        .unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    if authority.contains(&b'@') {
+        return Err(Reject::BadRequest("user information in the request target"));
+    }
+    let path: &[u8] = match path.first() {
+        Some(b'/') => path,
+        // "http://host?x" and "http://host": the root.
+        _ => b"/",
+    };
+    Ok((Some(authority), path))
+}
+
+fn strip_prefix_ignore_case<'a>(s: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
+    (s.len() >= prefix.len() && s[..prefix.len()].eq_ignore_ascii_case(prefix))
+        .then(|| &s[prefix.len()..])
+}
+
+/// A host with an optional port: a name, an IPv4 address or a bracketed IPv6 address.
+fn valid_host(host: &[u8]) -> Option<&str> {
+    let ok = if let Some(rest) = host.strip_prefix(b"[") {
+        let close = rest.iter().position(|b| *b == b']')?;
+        let (inside, after) = rest.split_at(close);
+        inside
+            .iter()
+            .all(|b| b.is_ascii_hexdigit() || *b == b':' || *b == b'.')
+            && valid_port(&after[1..])
+    } else {
+        let colon = host.iter().rposition(|b| *b == b':');
+        let (name, port) = match colon {
+            Some(i) => (&host[..i], &host[i..]),
+            None => (host, &b""[..]),
+        };
+        name.iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~'))
+            && valid_port(port)
+    };
+    if ok {
+        std::str::from_utf8(host).ok()
+    } else {
+        None
+    }
+}
+
+/// "" or ":digits" (":" alone is allowed by RFC 3986).
+fn valid_port(p: &[u8]) -> bool {
+    p.is_empty() || (p[0] == b':' && p.len() <= 6 && p[1..].iter().all(u8::is_ascii_digit))
+}
+
+/// Characters a path may carry as they are (RFC 3986 pchar and "/", without "%").
+fn path_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric()
+        || matches!(
+            b,
+            b'-' | b'.'
+                | b'_'
+                | b'~'
+                | b'!'
+                | b'$'
+                | b'&'
+                | b'\''
+                | b'('
+                | b')'
+                | b'*'
+                | b'+'
+                | b','
+                | b';'
+                | b'='
+                | b':'
+                | b'@'
+                | b'/'
+        )
+}
+
+fn unreserved(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~')
+}
+
+/// The normalised origin-form target (see the module's rules). Borrowed when nothing
+/// changes, which is the usual case.
+pub fn normalize(target: &[u8]) -> Result<Cow<'_, str>, Reject> {
+    let target = match target.iter().position(|b| *b == b'#') {
+        Some(i) => &target[..i],
+        None => target,
+    };
+    let split = target.iter().position(|b| *b == b'?');
+    let (path, query) = match split {
+        Some(i) => (&target[..i], &target[i..]),
+        None => (target, &b""[..]),
+    };
+    if path.first() != Some(&b'/') {
+        return Err(Reject::BadRequest("request path does not start with /"));
+    }
+    // The query is forwarded as it came; it must still be visible ASCII.
+    if !query.iter().all(|b| (0x21..0x7f).contains(b)) {
+        return Err(Reject::BadRequest("invalid character in the query"));
+    }
+    let mut plain = true;
+    for &b in path {
+        if b == b'%' {
+            plain = false;
+        } else if !path_char(b) {
+            return Err(Reject::BadRequest("invalid character in the path"));
+        }
+    }
+    let full = std::str::from_utf8(target).map_err(|_| Reject::BadRequest("invalid target"))?;
+    if plain && !needs_segment_work(path) {
+        return Ok(Cow::Borrowed(full));
+    }
+    // Decode unreserved characters first, so "%2e%2e" is a dot segment like "..".
+    let mut decoded = Vec::with_capacity(path.len());
+    let mut i = 0;
+    while i < path.len() {
+        let b = path[i];
+        if b == b'%' {
+            let (Some(h), Some(l)) = (
+                path.get(i + 1).and_then(|c| hex(*c)),
+                path.get(i + 2).and_then(|c| hex(*c)),
+            ) else {
+                return Err(Reject::BadRequest("invalid percent-encoding in the path"));
+            };
+            let c = h << 4 | l;
+            if unreserved(c) {
+                decoded.push(c);
+            } else {
+                decoded.push(b'%');
+                decoded.push(HEX_UPPER[usize::from(h)]);
+                decoded.push(HEX_UPPER[usize::from(l)]);
+            }
+            i += 3;
+        } else {
+            decoded.push(b);
+            i += 1;
+        }
+    }
+    let mut out = String::with_capacity(decoded.len() + query.len());
+    resolve_segments(&decoded, &mut out);
+    // Only ASCII went in.
+    out.push_str(std::str::from_utf8(query).unwrap_or_default());
+    if out == full {
+        Ok(Cow::Borrowed(full))
+    } else {
+        Ok(Cow::Owned(out))
+    }
+}
+
+const HEX_UPPER: &[u8; 16] = b"0123456789ABCDEF";
+
+fn hex(c: u8) -> Option<u8> {
+    match c {
+        b'0'..=b'9' => Some(c - b'0'),
+        b'a'..=b'f' => Some(c - b'a' + 10),
+        b'A'..=b'F' => Some(c - b'A' + 10),
+        _ => None,
+    }
+}
+
+/// Whether a path has an empty, "." or ".." segment (besides the root and a trailing slash).
+fn needs_segment_work(path: &[u8]) -> bool {
+    let mut segments = path[1..].split(|b| *b == b'/').peekable();
+    while let Some(s) = segments.next() {
+        let last = segments.peek().is_none();
+        if (s.is_empty() && !last) || s == b"." || s == b".." {
+            return true;
+        }
+    }
+    false
+}
+
+/// RFC 3986 5.2.4 on a path that starts with "/", with empty segments dropped too. A path
+/// ending in "/", "/." or "/.." keeps a trailing slash.
+fn resolve_segments(path: &[u8], out: &mut String) {
+    let mut kept: Vec<&[u8]> = Vec::new();
+    let mut trailing_slash = false;
+    let mut segments = path[1..].split(|b| *b == b'/').peekable();
+    while let Some(s) = segments.next() {
+        let last = segments.peek().is_none();
+        match s {
+            b"" | b"." => trailing_slash = last,
+            b".." => {
+                kept.pop();
+                trailing_slash = last;
+            }
+            _ => {
+                kept.push(s);
+                trailing_slash = false;
+            }
+        }
+    }
+    for s in &kept {
+        out.push('/');
+        // Only ASCII path characters reach here.
+        out.push_str(std::str::from_utf8(s).unwrap_or_default());
+    }
+    if kept.is_empty() || trailing_slash {
+        out.push('/');
+    }
+}
+
+/// The route serving a checked request on `port`.
+pub fn route<'t, H: Head + ?Sized>(
+    table: &'t Table,
+    port: u16,
+    head: &H,
+    checked: &Checked<'_>,
+) -> Option<&'t CompiledRoute> {
+    table.router.route(
+        port,
+        &RouteQuery {
+            host: checked.host,
+            path_and_query: &checked.path_and_query,
+            method: head.method(),
+            headers: head,
+        },
+    )
+}
+
+/// RFC 9110 9.2.2: a proxy may send these again on its own after a connection failed.
+pub fn idempotent(method: &str) -> bool {
+    matches!(
+        method,
+        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
+    )
+}
+
+/// The connection the request came on.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival {
+    pub port: u16,
+    pub https: bool,
+    pub client: Option<IpAddr>,
+}
+
+/// What to do with a routed request.
+#[derive(Debug)]
+pub enum Decision<'t> {
+    /// No route: 404.
+    NotFound,
+    /// Answer with this status and no body (403, 413, 500, 503, a direct response).
+    Status(u16),
+    Redirect {
+        status: u16,
+        location: String,
+    },
+    /// A CORS preflight the route's policy answers.
+    Preflight(&'t Arc<RoutePolicy>),
+    Forward(Forward<'t>),
+}
+
+/// A request going upstream.
+#[derive(Debug)]
+pub struct Forward<'t> {
+    pub route: &'t CompiledRoute,
+    pub addr: SocketAddr,
+    pub backend: &'t ResolvedBackend,
+    pub cluster: &'t ClusterState,
+    /// Mirror targets this request was sampled for, with their verified TLS if any.
+    pub mirrors: Vec<(SocketAddr, Option<crate::mirror::TlsTo>)>,
+}
+
+/// Applies the route's policies and picks the backend. Counts toward the route's
+/// round robin and mirror shares: call it once per request, from the engine that serves it.
+pub fn decide<'t, H: Head + ?Sized>(
+    route: Option<&'t CompiledRoute>,
+    head: &H,
+    checked: &Checked<'_>,
+    arrival: &Arrival,
+) -> Decision<'t> {
+    let Some(route) = route else {
+        return Decision::NotFound;
+    };
+    let policy = &route.policy;
+    if let Some(list) = &policy.allowlist
+        && !arrival.client.is_some_and(|ip| list.allows(ip))
+    {
+        return Decision::Status(403);
+    }
+    let redirect = route.route.filters.iter().find_map(|f| match &f.kind {
+        Some(filter::Kind::RequestRedirect(r)) => Some(r),
+        _ => None,
+    });
+    if let Some(r) = redirect {
+        let location = crate::filters::redirect_location(
+            &crate::filters::RedirectRequest {
+                scheme: if arrival.https { "https" } else { "http" },
+                host: crate::router::strip_port(checked.host),
+                listener_port: arrival.port,
+                path_and_query: &checked.path_and_query,
+                matched_prefix: route.matched_prefix(),
+            },
+            r,
+        );
+        return Decision::Redirect {
+            status: u16::try_from(r.status_code).unwrap_or(302),
+            location,
+        };
+    }
+    if route.route.direct_status != 0 {
+        return Decision::Status(u16::try_from(route.route.direct_status).unwrap_or(500));
+    }
+    if policy.cors.is_some() && is_preflight(head) {
+        return Decision::Preflight(policy);
+    }
+    if policy.max_body_bytes > 0
+        && matches!(checked.body, Body::Length(n) if n > policy.max_body_bytes)
+    {
+        return Decision::Status(413);
+    }
+    let mut mirrors = Vec::new();
+    for m in &route.mirrors {
+        let Some(cluster) = m.cluster.as_ref() else {
+            continue;
+        };
+        // Verified TLS or nothing: a Service under a BackendTLSPolicy gets no mirror in clear.
+        let tls = match &cluster.backend_tls {
+            None => None,
+            Some(t) => match &t.mirror {
+                Some(tls) => Some(tls.clone()),
+                None => {
+                    tracing::debug!(cluster = %cluster.name, "mirror skipped: its TLS cannot be verified here");
+                    continue;
+                }
+            },
+        };
+        if m.sampled()
+            && let Some(target) = cluster.pick()
+        {
+            mirrors.push((target, tls));
+        }
+    }
+    match route.pick() {
+        Pick::Endpoint {
+            addr,
+            backend,
+            cluster,
+        } => {
+            // A BackendTLSPolicy without a usable CA: never send unverified.
+            if cluster.backend_tls.as_ref().is_some_and(|t| t.refuse) {
+                return Decision::Status(502);
+            }
+            Decision::Forward(Forward {
+                route,
+                addr,
+                backend,
+                cluster,
+                mirrors,
+            })
+        }
+        Pick::InvalidBackend => Decision::Status(500),
+        Pick::NoEndpoints => Decision::Status(503),
+    }
+}
+
+/// A CORS preflight: OPTIONS naming the method it asks about, from a page with an Origin.
+pub fn is_preflight<H: Head + ?Sized>(head: &H) -> bool {
+    head.method() == "OPTIONS"
+        && head.get("origin").is_some()
+        && head.get("access-control-request-method").is_some()
+}
+
+#[cfg(test)]
+mod tests;

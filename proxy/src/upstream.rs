@@ -1,0 +1,277 @@
+//! Upstreams: clusters with their endpoints, TLS to backends, and the fast path's pool of
+//! idle upstream connections.
+
+use coxswain_api::snapshot as snap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+/// A cluster with its endpoints parsed and split by whether they take new requests.
+#[derive(Debug)]
+pub struct ClusterState {
+    pub name: Box<str>,
+    pub app_protocol: snap::AppProtocol,
+    /// SNI for TLS to this cluster: the Service's DNS name ("svc.ns.svc") for a
+    /// "ns/svc:port" cluster.
+    pub tls_name: Box<str>,
+    /// Ready endpoints.
+    ready: Vec<SocketAddr>,
+    /// Serving but terminating: used only when nothing is ready (EndpointSlice semantics).
+    fallback: Vec<SocketAddr>,
+    next: AtomicUsize,
+    /// BackendTLSPolicy: verified TLS to this cluster.
+    pub backend_tls: Option<Arc<BackendTls>>,
+}
+
+/// TLS to a backend as a BackendTLSPolicy asks: certificates verified for `hostname`.
+#[derive(Debug)]
+pub struct BackendTls {
+    pub hostname: Box<str>,
+    /// None: the proxy's built-in roots.
+    pub ca: Option<Arc<pingora::protocols::tls::CaType>>,
+    /// Requests are refused (the policy has no usable CA, or its CA did not parse here).
+    pub refuse: bool,
+    /// Tells pooled connections verified against one set of CAs from another's: Pingora's
+    /// pool key covers the address, SNI and whether to verify, but not what against.
+    pub pool_key: u64,
+    /// For request mirrors, which do not go through Pingora: the same verification. None
+    /// (built-in roots, or refused): mirrors to this cluster are not sent.
+    pub mirror: Option<crate::mirror::TlsTo>,
+}
+
+impl BackendTls {
+    fn new(t: &snap::BackendTls) -> Self {
+        let pool_key = {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            (&t.ca_pem, t.system_roots).hash(&mut h);
+            h.finish()
+        };
+        let refuse = |why: &str| {
+            tracing::warn!(hostname = %t.hostname, why, "backend TLS settings unusable; requests are refused");
+            Self {
+                hostname: t.hostname.as_str().into(),
+                ca: None,
+                refuse: true,
+                pool_key,
+                mirror: None,
+            }
+        };
+        if t.refuse {
+            return Self {
+                hostname: t.hostname.as_str().into(),
+                ca: None,
+                refuse: true,
+                pool_key,
+                mirror: None,
+            };
+        }
+        if t.hostname.is_empty() {
+            return refuse("no hostname to verify");
+        }
+        if t.system_roots {
+            return Self {
+                hostname: t.hostname.as_str().into(),
+                ca: None,
+                refuse: false,
+                pool_key,
+                mirror: None,
+            };
+        }
+        use rustls_pki_types::pem::PemObject;
+        let mut certs = Vec::new();
+        let mut roots = rustls::RootCertStore::empty();
+        for der in rustls_pki_types::CertificateDer::pem_slice_iter(t.ca_pem.as_bytes()) {
+            let Ok(der) = der else {
+                return refuse("a CA certificate is not valid PEM");
+            };
+            // Pingora parses these again and panics on bad DER: only well-formed ones pass.
+            if x509_parser::parse_x509_certificate(&der).is_err() {
+                return refuse("a CA certificate is not valid X.509");
+            }
+            certs.push(pingora::utils::tls::WrappedX509::new(
+                der.to_vec(),
+                pingora::utils::tls::parse_x509,
+            ));
+            if roots.add(der).is_err() {
+                return refuse("a CA certificate is not usable as a trust anchor");
+            }
+        }
+        if certs.is_empty() {
+            return refuse("no CA certificate");
+        }
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map(|b| Arc::new(b.with_root_certificates(roots).with_no_client_auth()));
+        let name = rustls_pki_types::ServerName::try_from(t.hostname.clone());
+        let mirror = match (config, name) {
+            (Ok(config), Ok(name)) => Some((config, name)),
+            _ => None,
+        };
+        Self {
+            hostname: t.hostname.as_str().into(),
+            ca: Some(Arc::from(certs.into_boxed_slice())),
+            refuse: false,
+            pool_key,
+            mirror,
+        }
+    }
+}
+
+impl ClusterState {
+    pub(crate) fn new(c: &snap::Cluster) -> Self {
+        let mut ready = Vec::new();
+        let mut fallback = Vec::new();
+        for e in &c.endpoints {
+            let Ok(ip) = e.address.parse::<IpAddr>() else {
+                continue;
+            };
+            let Ok(port) = u16::try_from(e.port) else {
+                continue;
+            };
+            let addr = SocketAddr::new(ip, port);
+            if e.ready {
+                ready.push(addr);
+            } else if e.serving {
+                fallback.push(addr);
+            }
+        }
+        Self {
+            name: c.name.as_str().into(),
+            app_protocol: snap::AppProtocol::try_from(c.app_protocol).unwrap_or_default(),
+            tls_name: c
+                .name
+                .split_once('/')
+                .and_then(|(ns, rest)| {
+                    let svc = rest.split_once(':').map_or(rest, |(s, _)| s);
+                    (!ns.is_empty() && !svc.is_empty()).then(|| format!("{svc}.{ns}.svc"))
+                })
+                .unwrap_or_else(|| "backend".to_owned())
+                .into(),
+            ready,
+            fallback,
+            next: AtomicUsize::new(0),
+            backend_tls: c.tls.as_ref().map(|t| Arc::new(BackendTls::new(t))),
+        }
+    }
+
+    /// Round robin over ready endpoints, else over serving ones.
+    pub fn pick(&self) -> Option<SocketAddr> {
+        let pool = if self.ready.is_empty() {
+            &self.fallback
+        } else {
+            &self.ready
+        };
+        if pool.is_empty() {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        Some(pool[i % pool.len()])
+    }
+
+    pub fn has_endpoints(&self) -> bool {
+        !self.ready.is_empty() || !self.fallback.is_empty()
+    }
+}
+
+/// The fast path's idle upstream connections: per worker thread, so a pooled socket is
+/// always driven by the reactor of the thread that uses it, and without locks.
+pub mod pool {
+    use std::cell::{Cell, RefCell};
+    use std::collections::HashMap;
+    use std::net::SocketAddr;
+    use std::time::{Duration, Instant};
+    use tokio::net::TcpStream;
+
+    /// Idle upstream connections kept per backend address and worker.
+    const PER_ADDR: usize = 128;
+    /// An idle upstream connection older than this is closed rather than reused.
+    pub const IDLE: Duration = Duration::from_secs(60);
+    /// How often a worker's pool is swept of expired and closed connections.
+    const SWEEP: Duration = Duration::from_secs(5);
+
+    thread_local! {
+        /// Idle upstream connections of this worker, by backend address, most recent last.
+        static POOL: RefCell<HashMap<SocketAddr, Vec<(TcpStream, Instant)>>> =
+            RefCell::new(HashMap::new());
+        /// A sweeper task runs on this worker.
+        static SWEEPING: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// Whether an idle connection is still usable: not expired, and not readable (readable
+    /// while idle means closed, or a backend talking out of turn). Without a readiness
+    /// event the probe costs no syscall.
+    fn usable(up: &TcpStream, since: Instant, now: Instant) -> bool {
+        if now.duration_since(since) > IDLE {
+            return false;
+        }
+        let mut probe = [0u8; 1];
+        matches!(up.try_read(&mut probe), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+    }
+
+    /// The most recently used idle connection to `addr` that still looks open.
+    pub fn take(addr: SocketAddr) -> Option<TcpStream> {
+        POOL.with(|pool| {
+            let mut pool = pool.borrow_mut();
+            let idle = pool.get_mut(&addr)?;
+            let now = Instant::now();
+            while let Some((up, since)) = idle.pop() {
+                if usable(&up, since, now) {
+                    return Some(up);
+                }
+            }
+            None
+        })
+    }
+
+    /// Keeps a connection whose last response ended cleanly for the next request.
+    pub fn put(addr: SocketAddr, up: TcpStream) {
+        POOL.with(|pool| {
+            let mut pool = pool.borrow_mut();
+            let idle = pool.entry(addr).or_default();
+            if idle.len() >= PER_ADDR {
+                idle.remove(0);
+            }
+            idle.push((up, Instant::now()));
+        });
+        start_sweeper();
+    }
+
+    /// Idle connections this worker holds.
+    pub fn idle() -> usize {
+        POOL.with(|pool| pool.borrow().values().map(Vec::len).sum())
+    }
+
+    /// Drops expired and closed connections, and addresses with none left.
+    pub fn sweep() {
+        POOL.with(|pool| {
+            let now = Instant::now();
+            pool.borrow_mut().retain(|_, idle| {
+                idle.retain(|(up, since)| usable(up, *since, now));
+                !idle.is_empty()
+            });
+        });
+    }
+
+    /// Sweeps this worker's pool every few seconds while it holds connections, so sockets
+    /// to backends that went away (a Pod deleted) do not stay open.
+    fn start_sweeper() {
+        if SWEEPING.with(Cell::get) || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        SWEEPING.with(|s| s.set(true));
+        // Workers run current-thread runtimes, so this task stays on this thread's pool.
+        tokio::spawn(async {
+            loop {
+                tokio::time::sleep(SWEEP).await;
+                sweep();
+                if idle() == 0 {
+                    SWEEPING.with(|s| s.set(false));
+                    return;
+                }
+            }
+        });
+    }
+}
