@@ -166,6 +166,7 @@ spec:
             },
             node_id: "bench-proxy".into(),
             workers: 1,
+            limits: Default::default(),
         },
         "127.0.0.1".parse().unwrap(),
         ([127, 0, 0, 1], free_port()).into(),

@@ -258,6 +258,9 @@ pub struct ProxyArgs {
     #[arg(long, env = "COXSWAIN_THREADS")]
     pub threads: Option<usize>,
 
+    #[command(flatten)]
+    pub limits: ProxyLimitArgs,
+
     /// Controller discovery stream endpoint(s), comma-separated, `https://` (mTLS).
     #[arg(
         long,
@@ -398,5 +401,61 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(p.discovery_endpoint, ["https://a:1", "https://b:2"]);
+    }
+}
+
+/// Deadlines and caps on client connections (`coxswain_proxy::limits::Limits`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ProxyLimitArgs {
+    /// A request head must arrive whole within this many seconds (from its first byte).
+    #[arg(
+        long,
+        env = "COXSWAIN_REQUEST_HEAD_TIMEOUT_SECONDS",
+        default_value_t = 30
+    )]
+    pub request_head_timeout_seconds: u64,
+
+    /// An idle keep-alive connection is closed after this many seconds.
+    #[arg(long, env = "COXSWAIN_KEEPALIVE_TIMEOUT_SECONDS", default_value_t = 60)]
+    pub keepalive_timeout_seconds: u64,
+
+    /// A TLS handshake must finish within this many seconds of accept.
+    #[arg(
+        long,
+        env = "COXSWAIN_TLS_HANDSHAKE_TIMEOUT_SECONDS",
+        default_value_t = 10
+    )]
+    pub tls_handshake_timeout_seconds: u64,
+
+    /// Client connections open at once; more wait in the listen backlog.
+    #[arg(long, env = "COXSWAIN_MAX_CONNECTIONS", default_value_t = 16_384)]
+    pub max_connections: usize,
+
+    /// Header fields one request may carry (431 past it).
+    #[arg(long, env = "COXSWAIN_MAX_REQUEST_HEADERS", default_value_t = 100)]
+    pub max_request_headers: usize,
+
+    /// Bytes of header fields one request may carry (431 past it).
+    #[arg(long, env = "COXSWAIN_MAX_REQUEST_HEADER_BYTES", default_value_t = 32 * 1024)]
+    pub max_request_header_bytes: usize,
+
+    /// Serve every request through Pingora, never the fast path.
+    #[arg(long, env = "COXSWAIN_NO_FAST_PATH")]
+    pub no_fast_path: bool,
+}
+
+impl ProxyLimitArgs {
+    pub fn limits(&self) -> coxswain_proxy::limits::Limits {
+        use std::time::Duration;
+        coxswain_proxy::limits::Limits {
+            request_head: Duration::from_secs(self.request_head_timeout_seconds.max(1)),
+            keepalive_idle: Duration::from_secs(self.keepalive_timeout_seconds.max(1)),
+            tls_handshake: Duration::from_secs(self.tls_handshake_timeout_seconds.max(1)),
+            max_connections: self.max_connections.max(1),
+            max_request_headers: self.max_request_headers.max(1),
+            max_request_head_bytes: self.max_request_header_bytes.max(1024),
+            upstream_idle: Duration::from_secs(60),
+            fast_path: !self.no_fast_path,
+        }
     }
 }

@@ -69,6 +69,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                             threads: proxy.threads.unwrap_or_else(|| {
                                 std::thread::available_parallelism().map_or(1, |n| n.get())
                             }),
+                            limits: proxy.limits.limits(),
                         },
                     )?;
                     Ok(ExitCode::SUCCESS)
@@ -91,6 +92,7 @@ fn serve_discovery(proxy: &ProxyArgs, scope: snap::scope::Kind) -> anyhow::Resul
         workers: proxy
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        limits: proxy.limits.limits(),
     };
     // Connections run on the workers; this runtime holds the discovery stream, the accept
     // loops and the admin endpoints.

@@ -113,6 +113,7 @@ async fn a_proxy_bootstraps_subscribes_serves_and_survives_the_controller() {
         },
         node_id: "proxy-0".into(),
         workers: 2,
+        limits: Default::default(),
     };
     let admin = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
     let (stop_proxy, proxy_stopped) = tokio::sync::oneshot::channel::<()>();

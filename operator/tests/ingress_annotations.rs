@@ -205,6 +205,7 @@ async fn serve(yaml: &str, compat: bool) -> (u16, compile::Compiled, Running) {
             poll: Duration::from_millis(20),
             drain: Duration::from_secs(2),
             threads: 2,
+            limits: Default::default(),
         },
         async {
             let _ = stopped.await;

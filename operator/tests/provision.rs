@@ -474,6 +474,7 @@ spec:
         scope,
         node_id: "dedicated-0".into(),
         workers: 2,
+        limits: Default::default(),
     };
     let edge_scope = snap::Scope {
         kind: Some(snap::scope::Kind::Gateway(snap::ObjectRef {

@@ -32,8 +32,12 @@ const WRITE_BUFFER: usize = 1460;
 #[derive(Debug)]
 pub struct Buffered {
     io: BufStream<TcpStream>,
-    /// Bytes a peek took from the stream, read again before it.
+    /// Bytes a peek took from the stream, or that the fast path read and put back, read
+    /// again before it.
     rewound: Vec<u8>,
+    /// Bytes of the requests after the one Pingora is serving: hidden from Pingora (reads
+    /// wait as if the client were quiet) so it does not take them as overread.
+    held: Vec<u8>,
     fd: UniqueIDType,
     socket: Option<Arc<SocketDigest>>,
     accepted: SystemTime,
@@ -49,6 +53,7 @@ impl Buffered {
         Self {
             io: BufStream::with_capacity(READ_BUFFER, WRITE_BUFFER, tcp),
             rewound: Vec::new(),
+            held: Vec::new(),
             fd,
             socket: Some(Arc::new(digest)),
             accepted: SystemTime::now(),
@@ -57,12 +62,18 @@ impl Buffered {
 }
 
 impl Buffered {
-    /// Puts bytes back in front of what is still unread (a request handed to Pingora after
-    /// the fast path read it).
-    pub fn unread(&mut self, bytes: &[u8]) {
-        let mut again = bytes.to_vec();
-        again.append(&mut self.rewound);
-        self.rewound = again;
+    /// Hands one request to Pingora: `now` is read first, `later` (the requests that follow)
+    /// only after [`Buffered::take_unread`].
+    pub fn hand_over(&mut self, now: &[u8], later: &[u8]) {
+        self.rewound.extend_from_slice(now);
+        self.held.extend_from_slice(later);
+    }
+
+    /// What was put back and not read, for the fast path's reader.
+    pub fn take_unread(&mut self) -> Vec<u8> {
+        let mut bytes = std::mem::take(&mut self.rewound);
+        bytes.append(&mut self.held);
+        bytes
     }
 }
 
@@ -77,6 +88,11 @@ impl AsyncRead for Buffered {
             buf.put_slice(&self.rewound[..n]);
             self.rewound.drain(..n);
             return Poll::Ready(Ok(()));
+        }
+        if !self.held.is_empty() {
+            // The next request is already here; Pingora must not read it. Its reads in this
+            // state are idle checks, which end with the response.
+            return Poll::Pending;
         }
         Pin::new(&mut self.io).poll_read(cx, buf)
     }

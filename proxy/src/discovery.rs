@@ -32,6 +32,8 @@ pub struct DiscoveryConfig {
     pub node_id: String,
     /// Connection worker threads (see `workers`); 0 serves connections on the caller's runtime.
     pub workers: usize,
+    /// Deadlines and caps on client connections.
+    pub limits: crate::limits::Limits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -313,7 +315,8 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let table = SharedTable::default();
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    let mut listeners = Listeners::new(table.clone(), bind_ip, shutdown_rx);
+    let mut listeners =
+        Listeners::new(table.clone(), bind_ip, shutdown_rx).with_limits(config.limits.clone());
     if config.workers > 0 {
         let workers =
             crate::workers::Workers::start(config.workers).map_err(ServeError::Workers)?;

@@ -66,14 +66,15 @@ pub struct Env<'a> {
 /// Serves requests from `conn` until one is for Pingora or the connection ends. `first`:
 /// no request was read on this connection yet (the head deadline runs from accept).
 pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next {
-    let mut req: Vec<u8> = Vec::with_capacity(4096);
+    let mut req: Vec<u8> = conn.take_unread();
+    req.reserve(4096);
     let mut resp: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut first = first;
     loop {
         let len = match read_head(conn, &mut req, env, first).await {
             HeadRead::Complete(len) => len,
             HeadRead::H2c => {
-                conn.unread(&req);
+                conn.hand_over(&req, &[]);
                 return Next::H2c;
             }
             HeadRead::Closed => return Next::Closed,
@@ -84,21 +85,24 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
             }
         };
         first = false;
-        if !env.limits.fast_path {
-            conn.unread(&req);
-            return Next::Pingora;
-        }
         let started = Instant::now();
+        // Where the request ends in `req`: Pingora gets that much, the rest waits.
+        let mut end = req.len();
         let step = {
             let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
             let mut parsed = httparse::Request::new(&mut headers);
             match parsed.parse(&req[..len]) {
                 Ok(httparse::Status::Complete(_)) => {
                     let head = FastHead(&parsed);
-                    plan(&head, env)
+                    end = request_end(&head, len, req.len());
+                    if env.limits.fast_path {
+                        plan(&head, env)
+                    } else {
+                        Step::Pingora
+                    }
                 }
                 Err(httparse::Error::TooManyHeaders)
-                    if env.limits.max_request_headers < MAX_HEADERS =>
+                    if env.limits.fast_path && env.limits.max_request_headers < MAX_HEADERS =>
                 {
                     Step::Reject(431)
                 }
@@ -108,7 +112,7 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
         };
         let plan = match step {
             Step::Pingora => {
-                conn.unread(&req);
+                conn.hand_over(&req[..end], &req[end..]);
                 return Next::Pingora;
             }
             Step::Reject(status) => {
@@ -118,7 +122,7 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
             }
             Step::Forward(plan) => plan,
         };
-        let outcome = exchange(conn, &req[..len], &plan, &mut resp, env.table).await;
+        let outcome = exchange(conn, &req[..len], &plan, &mut resp, env).await;
         let status = match outcome {
             Ok(Exchange { status, .. }) | Err(status) => status,
         };
@@ -232,6 +236,31 @@ async fn read_head(
             Ok(_) => {}
         }
     }
+}
+
+/// Where a request whose head is `len` bytes ends among `available` bytes read: after its
+/// Content-Length body, or, for a chunked body (whose end is not known here), at the end of
+/// what was read.
+fn request_end(head: &FastHead<'_, '_>, len: usize, available: usize) -> usize {
+    let mut body = 0u64;
+    for h in head.0.headers.iter() {
+        if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            return available;
+        }
+        if h.name.eq_ignore_ascii_case("content-length") {
+            match std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+            {
+                Some(n) => body = n,
+                None => return available,
+            }
+        }
+    }
+    usize::try_from(body)
+        .ok()
+        .and_then(|b| b.checked_add(len))
+        .map_or(available, |e| e.min(available))
 }
 
 /// The length of the head at the start of `buf` (through its empty line), if whole.
@@ -434,7 +463,7 @@ async fn exchange(
     request: &[u8],
     plan: &Plan,
     resp: &mut Vec<u8>,
-    table: &SharedTable,
+    env: &Env<'_>,
 ) -> Result<Exchange, u16> {
     // A pooled connection the backend closed meanwhile fails on first use. An idempotent
     // request is sent again, once, on a fresh connection; any other may have been acted on.
@@ -496,15 +525,18 @@ async fn exchange(
             }
         }
     };
-    table.metrics().upstream_latency(sent.elapsed());
+    env.table.metrics().upstream_latency(sent.elapsed());
     let status = head.status;
 
     // The head, then the body as it arrives: each read is flushed to the client at once,
     // so streamed responses (server-sent events, long polls) are not held back.
-    if write_head(conn, &resp[..head.len], head.version)
-        .await
-        .is_err()
-    {
+    let written = if head.drop_length {
+        let kept = without_content_length(&resp[..head.len]);
+        write_head(conn, &kept, head.version).await
+    } else {
+        write_head(conn, &resp[..head.len], head.version).await
+    };
+    if written.is_err() {
         return Ok(Exchange::client_done(status));
     }
     let mut framing = head.framing;
@@ -547,7 +579,7 @@ async fn exchange(
         return Ok(Exchange::client_done(status));
     }
     if complete && head.reusable {
-        pool::put(plan.upstream, upstream);
+        pool::put(plan.upstream, upstream, env.limits.upstream_idle);
     }
     Ok(Exchange {
         status,
@@ -568,6 +600,20 @@ async fn write_head(
     } else {
         conn.write_all(head).await
     }
+}
+
+/// A response head without its Content-Length lines (a Transfer-Encoding frames the body).
+fn without_content_length(head: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(head.len());
+    for line in head.split_inclusive(|b| *b == b'\n') {
+        let is_length = line
+            .get(..15)
+            .is_some_and(|n| n.eq_ignore_ascii_case(b"content-length:"));
+        if !is_length {
+            out.extend_from_slice(line);
+        }
+    }
+    out
 }
 
 /// Reads what is available into the spare capacity of `buf`.

@@ -598,6 +598,10 @@ impl ProxyHttp for Gateway {
         response: &mut ResponseHeader,
         _ctx: &mut Ctx,
     ) -> pingora::Result<()> {
+        // The client hears this proxy's version, as on the fast path (RFC 9110 6.2).
+        if response.version == pingora::http::Version::HTTP_10 {
+            response.set_version(pingora::http::Version::HTTP_11);
+        }
         let fields = crate::http1::framing_fields(
             response
                 .headers

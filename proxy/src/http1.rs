@@ -1,10 +1,11 @@
 //! HTTP/1 response framing, as both engines must read it from a backend.
 //!
-//! A backend is not trusted to frame its responses well. Only unambiguous framing passes
-//! (RFC 9112 6.3): one Content-Length of digits, or a Transfer-Encoding whose last coding
-//! is chunked, never both; chunk sizes are hex digits and nothing else. Anything else is a
-//! 502 (or, once the head went out, a cut connection), and that backend connection is never
-//! used again.
+//! A backend is not trusted to frame its responses well (RFC 9112 6.3). A Content-Length
+//! is digits only, and several must agree; a Transfer-Encoding frames the body (chunked
+//! when its last coding is, else until close) and any Content-Length beside it is removed
+//! before the head goes on, as Pingora does too; chunk sizes are hex digits and nothing
+//! else. Anything else is a 502 (or, once the head went out, a cut connection). A backend
+//! connection that sent anything but clean framing is not used again.
 
 /// Why a backend's response cannot be forwarded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -13,8 +14,6 @@ pub enum BadResponse {
     Malformed,
     #[error("invalid Content-Length")]
     Length,
-    #[error("both Content-Length and Transfer-Encoding")]
-    LengthAndEncoding,
     #[error("malformed chunked body")]
     Chunk,
 }
@@ -36,6 +35,8 @@ pub struct ResponseHead {
     pub framing: Framing,
     /// The backend connection can carry another request after this response.
     pub reusable: bool,
+    /// The head has a Content-Length beside a Transfer-Encoding: it must go on without it.
+    pub drop_length: bool,
 }
 
 /// Reads a response head at the start of `buf`; Ok(None): more bytes are needed.
@@ -59,8 +60,10 @@ pub fn parse_response(
         _ => return Err(BadResponse::Malformed),
     };
     let fields = framing_fields(parsed.headers.iter().map(|h| (h.name.as_bytes(), h.value)))?;
-    // HTTP/1.0 keeps a connection only when it says so; we do not rely on that.
-    let mut reusable = version == Version::Http11 && !fields.close;
+    // HTTP/1.0 keeps a connection only when it says so; we do not rely on that. Nor on a
+    // backend that sent conflicting framing.
+    let drop_length = fields.encoded && fields.length_present;
+    let mut reusable = version == Version::Http11 && !fields.close && !drop_length;
     let no_body = head_only || status == 204 || status == 304 || (100..200).contains(&status);
     let framing = if no_body {
         Framing::Length(0)
@@ -84,13 +87,17 @@ pub fn parse_response(
         len,
         framing,
         reusable,
+        drop_length,
     }))
 }
 
 /// The framing-relevant header fields of a message.
 #[derive(Debug, Default)]
 pub struct FramingFields {
+    /// The Content-Length, when no Transfer-Encoding overrides it.
     pub length: Option<u64>,
+    /// A Content-Length field is present (valid or not).
+    pub length_present: bool,
     /// A Transfer-Encoding field is present.
     pub encoded: bool,
     /// Its last coding is chunked.
@@ -100,19 +107,21 @@ pub struct FramingFields {
 }
 
 /// Reads Content-Length, Transfer-Encoding and Connection from header fields, refusing
-/// ambiguous framing. Used on the fast path's parse and on Pingora's parsed response alike.
+/// an invalid or contradictory Content-Length that frames the body. Used on the fast path's
+/// parse and on Pingora's parsed response alike.
 pub fn framing_fields<'a>(
     headers: impl Iterator<Item = (&'a [u8], &'a [u8])>,
 ) -> Result<FramingFields, BadResponse> {
     let mut f = FramingFields::default();
+    let mut length_error = false;
     for (name, value) in headers {
         if name.eq_ignore_ascii_case(b"content-length") {
+            f.length_present = true;
             for v in value.split(|b| *b == b',') {
-                let n = parse_length(v.trim_ascii()).ok_or(BadResponse::Length)?;
-                if f.length.is_some_and(|l| l != n) {
-                    return Err(BadResponse::Length);
+                match parse_length(v.trim_ascii()) {
+                    Some(n) if f.length.is_none_or(|l| l == n) => f.length = Some(n),
+                    _ => length_error = true,
                 }
-                f.length = Some(n);
             }
         } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
             f.encoded = true;
@@ -128,8 +137,11 @@ pub fn framing_fields<'a>(
                 .any(|t| t.trim_ascii().eq_ignore_ascii_case(b"close"));
         }
     }
-    if f.encoded && f.length.is_some() {
-        return Err(BadResponse::LengthAndEncoding);
+    if f.encoded {
+        // Transfer-Encoding overrides it (RFC 9112 6.3); the field is dropped on the way.
+        f.length = None;
+    } else if length_error {
+        return Err(BadResponse::Length);
     }
     Ok(f)
 }

@@ -21,6 +21,9 @@ pub struct Limits {
     pub max_request_headers: usize,
     /// Bytes of header fields one request may have (431 past it).
     pub max_request_head_bytes: usize,
+    /// An idle pooled connection to a backend is closed after this long (the fast path's
+    /// pool is swept, so sockets to Pods that went away do not stay open).
+    pub upstream_idle: Duration,
     /// Plain HTTP/1.1 requests on routes that only forward take the fast path; off, every
     /// request goes through Pingora (for comparing the two, and as an escape hatch).
     pub fast_path: bool,
@@ -35,6 +38,7 @@ impl Default for Limits {
             max_connections: 16_384,
             max_request_headers: 100,
             max_request_head_bytes: 32 * 1024,
+            upstream_idle: Duration::from_secs(60),
             fast_path: true,
         }
     }

@@ -15,8 +15,9 @@ use crate::metrics::Metrics;
 use crate::table::SharedTable;
 use crate::workers::Workers;
 use coxswain_api::snapshot as snap;
-use pingora::apps::{HttpServerOptions, ServerApp};
+use pingora::apps::{HttpServerApp, HttpServerOptions, ServerApp};
 use pingora::listeners::tls::Acceptor;
+use pingora::protocols::http::ServerSession;
 use pingora::protocols::l4::stream::Stream as L4Stream;
 use pingora::protocols::{GetSocketDigest, SocketDigest};
 use pingora::proxy::HttpProxy;
@@ -291,8 +292,7 @@ struct Admission {
 }
 
 impl Admission {
-    /// A permit, waiting (and counting the wait) when the limit is reached: new connections
-    /// then stay in the kernel's listen backlog until one closes.
+    /// A permit, waiting (and counting the wait) when the limit is reached.
     async fn permit(&self) -> Option<OwnedSemaphorePermit> {
         match self.permits.clone().try_acquire_owned() {
             Ok(p) => Some(p),
@@ -313,9 +313,6 @@ async fn accept_loop(
     workers: Option<Workers>,
 ) {
     loop {
-        let Some(permit) = admission.permit().await else {
-            return;
-        };
         let (tcp, peer) = match listener.accept().await {
             Ok(c) => c,
             Err(e) => {
@@ -324,6 +321,12 @@ async fn accept_loop(
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
+        };
+        // At the limit, this connection waits unserved and no other is accepted on this
+        // port: the rest stay in the kernel's backlog. (A permit is not held across the
+        // accept, so idle ports do not use up the limit.)
+        let Some(permit) = admission.permit().await else {
+            return;
         };
         let _ = tcp.set_nodelay(true);
         let conn = Connection {
@@ -424,11 +427,17 @@ impl Connection {
                     return;
                 }
                 Next::Pingora => {
-                    let Some(back) = self.proxy.process_new(Box::new(conn), &self.shutdown).await
+                    // One request through Pingora; the connection comes back for the next.
+                    let mut session = ServerSession::new_http1(Box::new(conn));
+                    if !*self.shutdown.borrow() {
+                        session.set_keepalive(Some(self.limits.keepalive_idle.as_secs().max(1)));
+                    }
+                    let Some(reused) = self.proxy.process_new_http(session, &self.shutdown).await
                     else {
                         return;
                     };
-                    match back.into_any().downcast::<Buffered>() {
+                    let (stream, _) = reused.consume();
+                    match stream.into_any().downcast::<Buffered>() {
                         Ok(b) => conn = *b,
                         Err(_) => return,
                     }

@@ -25,6 +25,8 @@ pub struct StandaloneConfig {
     pub drain: Duration,
     /// Connection worker threads (see `workers`); 0 serves connections on the caller's runtime.
     pub threads: usize,
+    /// Deadlines and caps on client connections.
+    pub limits: crate::limits::Limits,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -65,7 +67,8 @@ pub async fn serve(
 ) -> Result<(), StandaloneError> {
     let table = SharedTable::default();
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
-    let mut listeners = Listeners::new(table.clone(), config.bind_ip, shutdown_rx);
+    let mut listeners = Listeners::new(table.clone(), config.bind_ip, shutdown_rx)
+        .with_limits(config.limits.clone());
     if config.threads > 0 {
         let workers = Workers::start(config.threads).map_err(StandaloneError::Workers)?;
         listeners = listeners.with_workers(workers);

@@ -187,13 +187,12 @@ pub mod pool {
 
     /// Idle upstream connections kept per backend address and worker.
     const PER_ADDR: usize = 128;
-    /// An idle upstream connection older than this is closed rather than reused.
-    pub const IDLE: Duration = Duration::from_secs(60);
-    /// How often a worker's pool is swept of expired and closed connections.
+    /// How often a worker's pool is swept of expired and closed connections, at most.
     const SWEEP: Duration = Duration::from_secs(5);
 
     thread_local! {
-        /// Idle upstream connections of this worker, by backend address, most recent last.
+        /// Idle upstream connections of this worker, by backend address, most recent last,
+        /// each with the time it expires.
         static POOL: RefCell<HashMap<SocketAddr, Vec<(TcpStream, Instant)>>> =
             RefCell::new(HashMap::new());
         /// A sweeper task runs on this worker.
@@ -203,8 +202,8 @@ pub mod pool {
     /// Whether an idle connection is still usable: not expired, and not readable (readable
     /// while idle means closed, or a backend talking out of turn). Without a readiness
     /// event the probe costs no syscall.
-    fn usable(up: &TcpStream, since: Instant, now: Instant) -> bool {
-        if now.duration_since(since) > IDLE {
+    fn usable(up: &TcpStream, expires: Instant, now: Instant) -> bool {
+        if now >= expires {
             return false;
         }
         let mut probe = [0u8; 1];
@@ -217,8 +216,8 @@ pub mod pool {
             let mut pool = pool.borrow_mut();
             let idle = pool.get_mut(&addr)?;
             let now = Instant::now();
-            while let Some((up, since)) = idle.pop() {
-                if usable(&up, since, now) {
+            while let Some((up, expires)) = idle.pop() {
+                if usable(&up, expires, now) {
                     return Some(up);
                 }
             }
@@ -226,17 +225,18 @@ pub mod pool {
         })
     }
 
-    /// Keeps a connection whose last response ended cleanly for the next request.
-    pub fn put(addr: SocketAddr, up: TcpStream) {
+    /// Keeps a connection whose last response ended cleanly for the next request, for at
+    /// most `idle`.
+    pub fn put(addr: SocketAddr, up: TcpStream, idle_for: Duration) {
         POOL.with(|pool| {
             let mut pool = pool.borrow_mut();
-            let idle = pool.entry(addr).or_default();
-            if idle.len() >= PER_ADDR {
-                idle.remove(0);
+            let kept = pool.entry(addr).or_default();
+            if kept.len() >= PER_ADDR {
+                kept.remove(0);
             }
-            idle.push((up, Instant::now()));
+            kept.push((up, Instant::now() + idle_for));
         });
-        start_sweeper();
+        start_sweeper(idle_for.min(SWEEP));
     }
 
     /// Idle connections this worker holds.
@@ -249,7 +249,7 @@ pub mod pool {
         POOL.with(|pool| {
             let now = Instant::now();
             pool.borrow_mut().retain(|_, idle| {
-                idle.retain(|(up, since)| usable(up, *since, now));
+                idle.retain(|(up, expires)| usable(up, *expires, now));
                 !idle.is_empty()
             });
         });
@@ -257,15 +257,15 @@ pub mod pool {
 
     /// Sweeps this worker's pool every few seconds while it holds connections, so sockets
     /// to backends that went away (a Pod deleted) do not stay open.
-    fn start_sweeper() {
+    fn start_sweeper(every: Duration) {
         if SWEEPING.with(Cell::get) || tokio::runtime::Handle::try_current().is_err() {
             return;
         }
         SWEEPING.with(|s| s.set(true));
         // Workers run current-thread runtimes, so this task stays on this thread's pool.
-        tokio::spawn(async {
+        tokio::spawn(async move {
             loop {
-                tokio::time::sleep(SWEEP).await;
+                tokio::time::sleep(every).await;
                 sweep();
                 if idle() == 0 {
                     SWEEPING.with(|s| s.set(false));

@@ -285,6 +285,7 @@ impl SharedProxy {
                 },
                 node_id: node_id.into(),
                 workers: 2,
+                limits: Default::default(),
             },
             "127.0.0.1".parse().unwrap(),
             ([127, 0, 0, 1], free_port()).into(),

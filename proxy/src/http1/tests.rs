@@ -129,11 +129,17 @@ fn ambiguous_lengths_are_refused() {
         bad(b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999\r\n\r\n"),
         Some(BadResponse::Length)
     );
-    assert_eq!(
-        bad(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n"),
-        Some(BadResponse::LengthAndEncoding)
+    // Transfer-Encoding wins; the Content-Length is dropped and the connection not reused.
+    let h = head(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
+        false,
     );
-    assert_eq!(bad(b"HTTP/2.0 200 OK\r\n\r\n"), Some(BadResponse::Malformed));
+    assert!(matches!(h.framing, Framing::Chunked(_)));
+    assert!(h.drop_length && !h.reusable);
+    assert_eq!(
+        bad(b"HTTP/2.0 200 OK\r\n\r\n"),
+        Some(BadResponse::Malformed)
+    );
     // The same value repeated is one length.
     let h = head(b"HTTP/1.1 200 OK\r\nContent-Length: 2, 2\r\n\r\nok", false);
     assert!(matches!(h.framing, Framing::Length(2)));

@@ -129,7 +129,10 @@ fn bad_targets_are_refused() {
 fn heads_that_must_be_refused() {
     let limits = Limits::default();
     let check = |h: &TestHead| super::check(h, &limits).map(|c| c.host.to_owned());
-    assert_eq!(check(&get("/", &[("host", "a.example")])).as_deref(), Ok("a.example"));
+    assert_eq!(
+        check(&get("/", &[("host", "a.example")])).as_deref(),
+        Ok("a.example")
+    );
     // Missing or repeated Host.
     assert!(matches!(check(&get("/", &[])), Err(Reject::BadRequest(_))));
     assert!(matches!(
@@ -150,9 +153,17 @@ fn heads_that_must_be_refused() {
     ));
     // Framing.
     for headers in [
-        vec![("host", "a"), ("content-length", "1"), ("transfer-encoding", "chunked")],
+        vec![
+            ("host", "a"),
+            ("content-length", "1"),
+            ("transfer-encoding", "chunked"),
+        ],
         vec![("host", "a"), ("content-length", "+1")],
-        vec![("host", "a"), ("content-length", "1"), ("content-length", "2")],
+        vec![
+            ("host", "a"),
+            ("content-length", "1"),
+            ("content-length", "2"),
+        ],
         vec![("host", "a"), ("transfer-encoding", "chunked, gzip")],
         vec![("host", "bad host")],
         vec![("host", "a/b")],
@@ -184,7 +195,10 @@ fn heads_that_must_be_refused() {
         headers: vec![("host", "a.example:443")],
     };
     assert_eq!(check(&connect), Err(Reject::MethodNotAllowed));
-    assert!(matches!(check(&get("*", &[("host", "a")])), Err(Reject::BadRequest(_))));
+    assert!(matches!(
+        check(&get("*", &[("host", "a")])),
+        Err(Reject::BadRequest(_))
+    ));
     assert_eq!(
         check(&get("/", &[("host", "[::1]:80")])).as_deref(),
         Ok("[::1]:80")

@@ -120,6 +120,7 @@ impl Proxy {
             poll: Duration::from_millis(20),
             drain: Duration::from_secs(5),
             threads: 2,
+            limits: Default::default(),
         };
         let task = tokio::spawn(async move {
             standalone::serve(config, async {
@@ -284,4 +285,208 @@ pub async fn recording_backend() -> (SocketAddr, tokio::sync::mpsc::UnboundedRec
         }
     });
     (addr, rx)
+}
+
+impl Proxy {
+    /// A proxy serving `snapshot` under these limits.
+    pub async fn start_with(snapshot: &Snapshot, limits: coxswain_proxy::limits::Limits) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("snapshot.json");
+        write_snapshot(&file, snapshot);
+        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
+        let (tx, rx) = oneshot::channel();
+        let config = StandaloneConfig {
+            snapshot_file: file.clone(),
+            bind_ip: "127.0.0.1".parse().unwrap(),
+            admin_addr: admin,
+            poll: Duration::from_millis(20),
+            drain: Duration::from_secs(5),
+            threads: 2,
+            limits,
+        };
+        let task = tokio::spawn(async move {
+            standalone::serve(config, async {
+                let _ = rx.await;
+            })
+            .await
+            .unwrap();
+        });
+        let proxy = Self {
+            dir,
+            file,
+            admin,
+            stop: Some(tx),
+            task,
+        };
+        proxy.wait_ready(&snapshot.version).await;
+        proxy
+    }
+
+    /// The value of an unlabelled metric.
+    pub async fn metric(&self, name: &str) -> u64 {
+        let r = get(&format!("http://{}/metrics", self.admin), &[])
+            .await
+            .unwrap();
+        r.body
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no metric {name}"))
+    }
+}
+
+/// A request as a raw backend received it: the connection it came on (numbered from 0),
+/// the head's bytes exactly, and its path.
+#[derive(Debug, Clone)]
+pub struct RawSeen {
+    pub conn: usize,
+    pub head: Vec<u8>,
+    pub method: String,
+    pub path: String,
+}
+
+/// What a raw backend does with a request.
+pub enum RawAnswer {
+    /// Write these bytes; the connection stays open.
+    Send(Vec<u8>),
+    /// Write these bytes, then close.
+    SendClose(Vec<u8>),
+    /// Close without answering.
+    Close,
+    /// Write the first part, wait to be notified, write the second, then close.
+    Stream(Vec<u8>, std::sync::Arc<tokio::sync::Notify>, Vec<u8>),
+}
+
+/// A backend that speaks HTTP/1 by hand, so it can misbehave on purpose. It reads each request
+/// head (and a Content-Length body), reports it, and answers as `answer` says. Like some real
+/// servers, it answers an empty line before a request with a keep-alive 400 of its own.
+/// Returns its address, what it saw, and how many of its connections the proxy has closed.
+pub async fn raw_backend<F>(
+    answer: F,
+) -> (
+    SocketAddr,
+    tokio::sync::mpsc::UnboundedReceiver<RawSeen>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+)
+where
+    F: Fn(&RawSeen) -> RawAnswer + Send + Sync + 'static,
+{
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let closed = Arc::new(AtomicUsize::new(0));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let answer = Arc::new(answer);
+    let counter = closed.clone();
+    tokio::spawn(async move {
+        let mut next_conn = 0;
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            let conn = next_conn;
+            next_conn += 1;
+            let (tx, answer, closed) = (tx.clone(), answer.clone(), counter.clone());
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    // An empty line first: answered on its own, connection kept.
+                    if buf.starts_with(b"\r\n") {
+                        buf.drain(..2);
+                        let bad = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 3\r\n\r\nbad";
+                        if s.write_all(bad).await.is_err() {
+                            return;
+                        }
+                        continue;
+                    }
+                    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => {
+                                closed.fetch_add(1, Ordering::SeqCst);
+                                return;
+                            }
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                        continue;
+                    };
+                    let head: Vec<u8> = buf.drain(..end + 4).collect();
+                    let text = String::from_utf8_lossy(&head).into_owned();
+                    let mut words = text.split(' ');
+                    let method = words.next().unwrap_or("").to_owned();
+                    let path = words.next().unwrap_or("").to_owned();
+                    let length: usize = text
+                        .lines()
+                        .find_map(|l| {
+                            let (n, v) = l.split_once(':')?;
+                            n.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse().ok())?
+                        })
+                        .unwrap_or(0);
+                    while buf.len() < length {
+                        let mut chunk = [0u8; 4096];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    buf.drain(..length);
+                    let seen = RawSeen {
+                        conn,
+                        head,
+                        method,
+                        path,
+                    };
+                    let reply = answer(&seen);
+                    let _ = tx.send(seen);
+                    match reply {
+                        RawAnswer::Send(b) => {
+                            if s.write_all(&b).await.is_err() {
+                                return;
+                            }
+                        }
+                        RawAnswer::SendClose(b) => {
+                            let _ = s.write_all(&b).await;
+                            return;
+                        }
+                        RawAnswer::Close => return,
+                        RawAnswer::Stream(first, go, rest) => {
+                            let _ = s.write_all(&first).await;
+                            go.notified().await;
+                            let _ = s.write_all(&rest).await;
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, rx, closed)
+}
+
+/// Sends raw bytes on a new connection and reads until the proxy closes it (at most `wait`).
+/// Returns what was read and whether the connection was closed by the proxy.
+pub async fn raw_exchange(port: u16, request: &[u8], wait: Duration) -> (Vec<u8>, bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(request).await.unwrap();
+    let mut got = Vec::new();
+    let deadline = tokio::time::Instant::now() + wait;
+    loop {
+        let mut buf = [0u8; 4096];
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return (got, true),
+            Ok(Ok(n)) => got.extend_from_slice(&buf[..n]),
+            Err(_) => return (got, false),
+        }
+    }
+}
+
+/// The status code of the first response in `bytes`.
+pub fn status_of(bytes: &[u8]) -> Option<u16> {
+    let text = std::str::from_utf8(bytes.get(..12)?).ok()?;
+    text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
 }
