@@ -102,7 +102,8 @@ impl Checked<'_> {
         p.split_once('?').map_or(p, |(p, _)| p)
     }
 
-    /// Whether the backend gets a target other than the one received.
+    /// Whether the backend gets a target other than the one received (normalised, or a
+    /// fragment dropped).
     pub fn rewritten(&self) -> bool {
         matches!(self.path_and_query, Cow::Owned(_))
     }
@@ -149,28 +150,27 @@ pub fn check<'a, H: Head + ?Sized>(head: &'a H, limits: &Limits) -> Result<Check
     if count > limits.max_request_headers || bytes > limits.max_request_head_bytes {
         return Err(Reject::HeadTooLarge);
     }
-    if length_bad {
-        return Err(Reject::BadRequest("invalid Content-Length"));
-    }
-    let body = match (te_seen, length) {
-        (true, Some(_)) => {
-            return Err(Reject::BadRequest(
-                "both Content-Length and Transfer-Encoding",
-            ));
-        }
-        (true, None) if head.version() == Version::Http10 => {
+    // Transfer-Encoding overrides Content-Length (RFC 9112 6.3): the length is then ignored
+    // and removed on the way, and the connection closes after the answer (Pingora does so).
+    let body = if te_seen {
+        if head.version() == Version::Http10 {
             return Err(Reject::BadRequest(
                 "Transfer-Encoding in an HTTP/1.0 request",
             ));
         }
-        (true, None) if !te_last_chunked => {
+        if !te_last_chunked {
             return Err(Reject::BadRequest(
                 "Transfer-Encoding does not end in chunked",
             ));
         }
-        (true, None) => Body::Chunked,
-        (false, Some(0) | None) => Body::None,
-        (false, Some(n)) => Body::Length(n),
+        Body::Chunked
+    } else if length_bad {
+        return Err(Reject::BadRequest("invalid Content-Length"));
+    } else {
+        match length {
+            Some(0) | None => Body::None,
+            Some(n) => Body::Length(n),
+        }
     };
     if hosts > 1 {
         return Err(Reject::BadRequest("more than one Host header"));
@@ -294,7 +294,9 @@ fn unreserved(b: u8) -> bool {
 /// The normalised origin-form target (see the module's rules). Borrowed when nothing
 /// changes, which is the usual case.
 pub fn normalize(target: &[u8]) -> Result<Cow<'_, str>, Reject> {
-    let target = match target.iter().position(|b| *b == b'#') {
+    // A fragment is never sent on; dropping it changes the target, so it is owned then.
+    let fragment = target.iter().position(|b| *b == b'#');
+    let target = match fragment {
         Some(i) => &target[..i],
         None => target,
     };
@@ -320,7 +322,10 @@ pub fn normalize(target: &[u8]) -> Result<Cow<'_, str>, Reject> {
     }
     let full = std::str::from_utf8(target).map_err(|_| Reject::BadRequest("invalid target"))?;
     if plain && !needs_segment_work(path) {
-        return Ok(Cow::Borrowed(full));
+        return Ok(match fragment {
+            None => Cow::Borrowed(full),
+            Some(_) => Cow::Owned(full.to_owned()),
+        });
     }
     // Decode unreserved characters first, so "%2e%2e" is a dot segment like "..".
     let mut decoded = Vec::with_capacity(path.len());
@@ -352,7 +357,7 @@ pub fn normalize(target: &[u8]) -> Result<Cow<'_, str>, Reject> {
     resolve_segments(&decoded, &mut out);
     // Only ASCII went in.
     out.push_str(std::str::from_utf8(query).unwrap_or_default());
-    if out == full {
+    if out == full && fragment.is_none() {
         Ok(Cow::Borrowed(full))
     } else {
         Ok(Cow::Owned(out))

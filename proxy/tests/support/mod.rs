@@ -424,14 +424,29 @@ where
                                 .then(|| v.trim().parse().ok())?
                         })
                         .unwrap_or(0);
-                    while buf.len() < length {
+                    let chunked = text.lines().any(|l| {
+                        l.split_once(':').is_some_and(|(n, v)| {
+                            n.eq_ignore_ascii_case("transfer-encoding")
+                                && v.trim().eq_ignore_ascii_case("chunked")
+                        })
+                    });
+                    // The body: Content-Length bytes, or chunks up to the last one.
+                    loop {
+                        let end = if chunked {
+                            chunked_end(&buf)
+                        } else {
+                            (buf.len() >= length).then_some(length)
+                        };
+                        if let Some(end) = end {
+                            buf.drain(..end);
+                            break;
+                        }
                         let mut chunk = [0u8; 4096];
                         match s.read(&mut chunk).await {
                             Ok(0) | Err(_) => return,
                             Ok(n) => buf.extend_from_slice(&chunk[..n]),
                         }
                     }
-                    buf.drain(..length);
                     let seen = RawSeen {
                         conn,
                         head,
@@ -489,4 +504,22 @@ pub async fn raw_exchange(port: u16, request: &[u8], wait: Duration) -> (Vec<u8>
 pub fn status_of(bytes: &[u8]) -> Option<u16> {
     let text = std::str::from_utf8(bytes.get(..12)?).ok()?;
     text.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok()
+}
+
+/// Where a chunked body at the start of `buf` ends (None: not all there yet). No trailers.
+fn chunked_end(buf: &[u8]) -> Option<usize> {
+    let mut at = 0;
+    loop {
+        let line = buf[at..].windows(2).position(|w| w == b"\r\n")?;
+        let size_text = String::from_utf8_lossy(&buf[at..at + line]).into_owned();
+        let size = usize::from_str_radix(size_text.split(';').next()?.trim(), 16).ok()?;
+        let next = at + line + 2 + size + 2;
+        if buf.len() < next {
+            return None;
+        }
+        at = next;
+        if size == 0 {
+            return Some(at);
+        }
+    }
 }

@@ -1,0 +1,440 @@
+//! The two HTTP engines must agree: the same generated requests go through a proxy whose
+//! cleartext requests may take the fast path and through one that sends every request
+//! through Pingora, on the same snapshot and the same backend. Each pair must get the same
+//! status, the same body, the same Location, and the backend must have received the same
+//! request (it answers with a canonical form of what it got, so that is part of the body).
+//!
+//! `COXSWAIN_DIFF_SEED` replays a run; `COXSWAIN_DIFF_REQUESTS` changes its size.
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+
+mod support;
+
+use coxswain_proxy::limits::Limits;
+use std::time::Duration;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const ROUTES: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: a.example
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: exact, rule: 0}
+      match: {path: {kind: KIND_EXACT, value: /exact}}
+      backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: Ingress, namespace: t, name: admin, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /admin}}
+      clientAllowlist: {cidrs: [{address: 10.0.0.0, prefixLen: 8}]}
+      backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: old, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /old}}
+      filters:
+      - kind: {requestRedirect: {scheme: https, statusCode: 301}}
+    - source: {kind: HTTPRoute, namespace: t, name: gone, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /gone}}
+      directStatus: 410
+    - source: {kind: HTTPRoute, namespace: t, name: header, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /p}, headers: [{name: x-match, value: "yes"}]}
+      filters:
+      - kind: {requestHeaderModifier: {set: [{name: x-added, value: "1"}]}}
+      backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: method, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /p}, method: DELETE}
+      backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: query, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /p}, queryParams: [{name: q, value: "1"}]}
+      backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: prefix, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /p}}
+      backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: small, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /small}}
+      maxRequestBodyBytes: 3
+      backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: empty, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /empty}}
+      backends: [{cluster: "t/none:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: rest, rule: 0}
+      backends: [{cluster: "t/a:80", weight: 1}]
+  - hostname: "*.wild.example"
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: wild, rule: 0}
+      backends: [{cluster: "t/a:80", weight: 1}]
+clusters:
+- name: t/a:80
+  endpoints: [{address: 127.0.0.1, port: {A}, ready: true}]
+- name: t/none:80
+  endpoints: []
+"#;
+
+/// Headers the engines may legitimately treat differently on the way (hop by hop, or
+/// framing the proxy sets itself).
+const HOP: [&str; 7] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+];
+
+/// The backend's answer: the request line and the end-to-end headers it received, sorted.
+fn canonical(head: &[u8]) -> Vec<u8> {
+    let text = String::from_utf8_lossy(head);
+    let mut lines = text.split("\r\n");
+    let request_line = lines.next().unwrap_or("").to_owned();
+    let mut headers: Vec<String> = lines
+        .filter(|l| !l.is_empty())
+        .filter_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            let n = n.trim().to_ascii_lowercase();
+            (!HOP.contains(&n.as_str())).then(|| format!("{n}: {}", v.trim()))
+        })
+        .collect();
+    headers.sort();
+    let mut out = request_line.into_bytes();
+    for h in headers {
+        out.extend_from_slice(b"\n");
+        out.extend_from_slice(h.as_bytes());
+    }
+    out
+}
+
+/// xorshift64*: a seeded sequence, so a failing run can be replayed.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn word(&mut self, items: &[&'static str]) -> &'static str {
+        items[self.below(items.len())]
+    }
+    fn chance(&mut self, percent: usize) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// One generated request, as raw bytes.
+fn generate(rng: &mut Rng) -> Vec<u8> {
+    const METHODS: [&str; 7] = ["GET", "GET", "GET", "HEAD", "DELETE", "OPTIONS", "POST"];
+    const SEGMENTS: [&str; 19] = [
+        "admin", "p", "x", "..", ".", "", "%61dmin", "%2e%2e", "a%2fb", "exact", "old", "gone",
+        "small", "empty", "%7E", "a.b", "P", "%41", "q=1",
+    ];
+    const HOSTS: [&str; 8] = [
+        "a.example",
+        "A.Example",
+        "a.example:80",
+        "a.example.",
+        "x.wild.example",
+        "y.x.wild.example",
+        "other.example",
+        "bad host",
+    ];
+    let method = rng.word(&METHODS);
+    let mut target = String::new();
+    for _ in 0..=rng.below(4) {
+        target.push('/');
+        target.push_str(rng.word(&SEGMENTS));
+    }
+    if rng.chance(25) {
+        target.push('?');
+        target.push_str(rng.word(&["q=1", "q=2", "a=b&q=1", "x=%2e", ""]));
+    }
+    if rng.chance(10) {
+        target.push_str(rng.word(&["#frag", "#", "#/../admin"]));
+    }
+    let mut req = Vec::new();
+    if rng.chance(5) {
+        req.extend_from_slice(b"\r\n");
+    }
+    let version = if rng.chance(5) {
+        "HTTP/1.0"
+    } else {
+        "HTTP/1.1"
+    };
+    req.extend_from_slice(format!("{method} {target} {version}\r\n").as_bytes());
+    if !rng.chance(3) {
+        req.extend_from_slice(format!("Host: {}\r\n", rng.word(&HOSTS)).as_bytes());
+    }
+    if rng.chance(2) {
+        req.extend_from_slice(b"Host: second.example\r\n");
+    }
+    if rng.chance(30) {
+        req.extend_from_slice(format!("x-match: {}\r\n", rng.word(&["yes", "no"])).as_bytes());
+    }
+    if rng.chance(10) {
+        req.extend_from_slice(b"X-Custom: Value\r\nx-custom: second\r\n");
+    }
+    if method == "OPTIONS" && rng.chance(50) {
+        req.extend_from_slice(
+            b"Origin: https://app.example\r\nAccess-Control-Request-Method: GET\r\n",
+        );
+    }
+    let body: &[u8] = match rng.below(10) {
+        0 => b"Content-Length: 5\r\n\r\nhello",
+        1 => b"Content-Length: 0\r\n\r\n",
+        2 if method == "POST" => b"Transfer-Encoding: chunked\r\n\r\n2\r\nhi\r\n0\r\n\r\n",
+        3 if rng.chance(20) => b"Content-Length: +1\r\n\r\nx",
+        4 if rng.chance(20) => b"Content-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        _ => b"\r\n",
+    };
+    if version == "HTTP/1.1" && rng.chance(30) {
+        req.extend_from_slice(b"Connection: keep-alive\r\n");
+    }
+    req.extend_from_slice(body);
+    req
+}
+
+/// What a client saw of one response.
+#[derive(Debug, PartialEq, Eq)]
+struct Seen {
+    status: u16,
+    location: Option<String>,
+    body: Vec<u8>,
+}
+
+/// A keep-alive client connection to one proxy, reopened when the proxy closes it.
+struct Client {
+    port: u16,
+    conn: Option<TcpStream>,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    fn new(port: u16) -> Self {
+        Self {
+            port,
+            conn: None,
+            buf: Vec::new(),
+        }
+    }
+
+    async fn send(&mut self, req: &[u8], head_only: bool) -> Result<Seen, String> {
+        // A new connection per request would leave tens of thousands of sockets in
+        // TIME_WAIT; a connection the proxy closed after its last answer is reopened.
+        for attempt in 0..2 {
+            if self.conn.is_none() {
+                self.conn = Some(TcpStream::connect(("127.0.0.1", self.port)).await.unwrap());
+                self.buf.clear();
+            }
+            let conn = self.conn.as_mut().unwrap();
+            if conn.write_all(req).await.is_err() {
+                self.conn = None;
+                continue;
+            }
+            match read_response(conn, &mut self.buf, head_only).await {
+                Ok((seen, keep)) => {
+                    if !keep {
+                        self.conn = None;
+                    }
+                    return Ok(seen);
+                }
+                Err(e) if attempt == 0 && e == "closed before a response" => {
+                    self.conn = None;
+                }
+                Err(e) => {
+                    self.conn = None;
+                    return Err(e);
+                }
+            }
+        }
+        Err("no connection".into())
+    }
+}
+
+/// Reads one response (Content-Length or chunked framed, or until close).
+async fn read_response(
+    conn: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    head_only: bool,
+) -> Result<(Seen, bool), String> {
+    let fill = async |conn: &mut TcpStream, buf: &mut Vec<u8>| -> Result<bool, String> {
+        let mut chunk = [0u8; 8192];
+        match tokio::time::timeout(Duration::from_secs(10), conn.read(&mut chunk)).await {
+            Err(_) => Err("timed out".into()),
+            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Ok(0)) => Ok(false),
+            Ok(Ok(n)) => {
+                buf.extend_from_slice(&chunk[..n]);
+                Ok(true)
+            }
+        }
+    };
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i + 4;
+        }
+        if !fill(conn, buf).await? {
+            return Err(if buf.is_empty() {
+                "closed before a response".into()
+            } else {
+                "closed inside a response head".into()
+            });
+        }
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    buf.drain(..head_end);
+    let status: u16 = head
+        .get(9..12)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line: {head:?}"))?;
+    let header = |name: &str| {
+        head.split("\r\n").skip(1).find_map(|l| {
+            let (n, v) = l.split_once(':')?;
+            n.eq_ignore_ascii_case(name).then(|| v.trim().to_owned())
+        })
+    };
+    let close = header("connection").is_some_and(|v| v.eq_ignore_ascii_case("close"));
+    let mut body = Vec::new();
+    let mut keep = !close;
+    if head_only || status == 204 || status == 304 {
+        // No body.
+    } else if let Some(len) = header("content-length") {
+        let len: usize = len.parse().map_err(|_| format!("bad length in {head:?}"))?;
+        while buf.len() < len {
+            if !fill(conn, buf).await? {
+                return Err("closed inside a body".into());
+            }
+        }
+        body = buf.drain(..len).collect();
+    } else if header("transfer-encoding").is_some_and(|v| v.eq_ignore_ascii_case("chunked")) {
+        loop {
+            let Some(line) = buf.windows(2).position(|w| w == b"\r\n") else {
+                if !fill(conn, buf).await? {
+                    return Err("closed inside a chunk".into());
+                }
+                continue;
+            };
+            let size = usize::from_str_radix(
+                String::from_utf8_lossy(&buf[..line])
+                    .split(';')
+                    .next()
+                    .unwrap_or(""),
+                16,
+            )
+            .map_err(|_| "bad chunk size".to_string())?;
+            while buf.len() < line + 2 + size + 2 {
+                if !fill(conn, buf).await? {
+                    return Err("closed inside a chunk".into());
+                }
+            }
+            body.extend_from_slice(&buf[line + 2..line + 2 + size]);
+            buf.drain(..line + 2 + size + 2);
+            if size == 0 {
+                break;
+            }
+        }
+    } else {
+        while fill(conn, buf).await? {}
+        body = std::mem::take(buf);
+        keep = false;
+    }
+    Ok((
+        Seen {
+            status,
+            location: header("location"),
+            body,
+        },
+        keep,
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_engines_answer_generated_requests_alike() {
+    let seed: u64 = std::env::var("COXSWAIN_DIFF_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(1, |d| d.as_nanos() as u64)
+                | 1
+        });
+    let count: usize = std::env::var("COXSWAIN_DIFF_REQUESTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000);
+    eprintln!("differential: seed {seed} (COXSWAIN_DIFF_SEED={seed} replays it), {count} requests");
+
+    let (backend, _seen, _) = raw_backend(|r| {
+        let body = canonical(&r.head);
+        let mut resp = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        if r.method != "HEAD" {
+            resp.extend_from_slice(&body);
+        }
+        RawAnswer::Send(resp)
+    })
+    .await;
+    let mut ports = Vec::new();
+    let mut proxies = Vec::new();
+    for fast_path in [true, false] {
+        let port = free_port();
+        let snap = snapshot(
+            ROUTES,
+            &[
+                ("PORT", port.to_string()),
+                ("A", backend.port().to_string()),
+            ],
+        );
+        let limits = Limits {
+            fast_path,
+            ..Limits::default()
+        };
+        proxies.push(Proxy::start_with(&snap, limits).await);
+        ports.push(port);
+    }
+    let mut fast = Client::new(ports[0]);
+    let mut pingora = Client::new(ports[1]);
+    let mut rng = Rng(seed);
+    let mut divergences = Vec::new();
+    let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+    for i in 0..count {
+        let req = generate(&mut rng);
+        let head_only = req.windows(5).take(3).any(|w| w == b"HEAD ");
+        let a = fast.send(&req, head_only).await;
+        let b = pingora.send(&req, head_only).await;
+        if let Ok(s) = &a {
+            *statuses.entry(s.status).or_default() += 1;
+        }
+        if a != b {
+            divergences.push(format!(
+                "#{i} {:?}\n  fast path: {a:?}\n  pingora:   {b:?}",
+                String::from_utf8_lossy(&req)
+            ));
+        }
+    }
+    eprintln!("differential: statuses {statuses:?}");
+    for d in divergences.iter().take(20) {
+        eprintln!("{d}");
+    }
+    assert!(
+        divergences.is_empty(),
+        "{} of {count} requests diverged (seed {seed})",
+        divergences.len()
+    );
+    // The run exercised both answers and forwarding.
+    assert!(
+        statuses.get(&200).is_some_and(|n| *n > count / 10),
+        "{statuses:?}"
+    );
+    assert!(statuses.len() >= 6, "{statuses:?}");
+    for p in proxies {
+        p.stop().await;
+    }
+}
