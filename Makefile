@@ -44,6 +44,11 @@ bundle-validate: ## Run operator-framework's bundle validators on bundle/ (zero 
 test: fmt-check clippy check-proxy-deps bundle-check bundle-validate k8s-bin ## fmt, clippy, the proxy's dependency guard, bundle drift and OLM validation, then every test (unit and against a real local control plane)
 	$(CARGO) test --workspace
 
+.PHONY: fuzz
+fuzz: ## Property tests of the untrusted-input parsers with many cases (request targets, chunks, response heads, SNI, annotations); bounded, part of CI
+	PROPTEST_CASES=$${PROPTEST_CASES:-20000} $(CARGO) test -p coxswain-proxy --test properties
+	PROPTEST_CASES=$${PROPTEST_CASES:-20000} $(CARGO) test -p coxswain-operator --test annotation_properties
+
 .PHONY: fmt
 fmt: ## Format the code
 	$(CARGO) fmt --all

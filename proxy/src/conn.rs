@@ -179,7 +179,7 @@ impl Peek for Buffered {
     /// Whatever was read is put back to be read again.
     async fn try_peek(&mut self, buf: &mut [u8]) -> io::Result<bool> {
         let mut have = std::mem::take(&mut self.rewound);
-        while have.len() < buf.len() && crate::fastpath::H2_PREFACE.starts_with(&have) {
+        while have.len() < buf.len() && crate::http1::H2_PREFACE.starts_with(&have) {
             let mut more = [0u8; 64];
             let want = (buf.len() - have.len()).min(more.len());
             let n = self.io.read(&mut more[..want]).await?;
@@ -235,7 +235,7 @@ mod tests {
         .await
         .expect("a short HTTP/1 request is told from the preface without waiting");
         assert!(early.unwrap());
-        assert_ne!(&peeked[..], crate::fastpath::H2_PREFACE);
+        assert_ne!(&peeked[..], crate::http1::H2_PREFACE);
         let mut again = [0u8; 18];
         conn.read_exact(&mut again).await.unwrap();
         assert_eq!(&again, b"GET / HTTP/1.0\r\n\r\n");

@@ -16,7 +16,7 @@
 
 use crate::access_log::{AccessLine, access_line};
 use crate::conn::Buffered;
-use crate::http1;
+use crate::http1::{self, H2_PREFACE};
 use crate::limits::Limits;
 use crate::request::{self, Arrival, Body, Decision, Head, Version};
 use crate::table::SharedTable;
@@ -37,8 +37,6 @@ const MAX_RESPONSE_HEADERS: usize = 128;
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// Room for the request line on top of the header bytes the limits allow.
 const REQUEST_LINE: usize = 8 * 1024;
-/// What an HTTP/2 connection with prior knowledge starts with.
-pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// What the connection does after `serve` returns.
 #[derive(Debug, PartialEq, Eq)]

@@ -7,6 +7,9 @@
 //! else. Anything else is a 502 (or, once the head went out, a cut connection). A backend
 //! connection that sent anything but clean framing is not used again.
 
+/// What an HTTP/2 connection with prior knowledge starts with (RFC 9113 3.4).
+pub const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
 /// Why a backend's response cannot be forwarded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum BadResponse {

@@ -1,0 +1,208 @@
+//! Property tests of the parsers that read untrusted bytes: the request target's
+//! normalisation, the chunk scanner, response heads and the TLS ClientHello's SNI. Random
+//! and hostile inputs must never panic, and each parser must keep its promises.
+//! `make fuzz` runs these with many more cases (PROPTEST_CASES).
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+
+use coxswain_proxy::http1::{Chunked, Framing, parse_response};
+use coxswain_proxy::request::normalize;
+use coxswain_proxy::tls_passthrough::{Hello, client_hello_sni};
+use proptest::prelude::*;
+
+fn cases(default: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(default),
+        ..ProptestConfig::default()
+    }
+}
+
+/// A path of plain segments ("/a/b-c/d.e").
+fn plain_path() -> impl Strategy<Value = String> {
+    prop::collection::vec("[a-zA-Z0-9_~-][a-zA-Z0-9._~-]{0,6}", 1..5).prop_map(|segments| {
+        let segments: Vec<String> = segments
+            .into_iter()
+            .map(|s| if s == "." || s == ".." { "x".into() } else { s })
+            .collect();
+        format!("/{}", segments.join("/"))
+    })
+}
+
+/// The same path written the ways an attacker would: extra slashes, "." and "x/.."
+/// segments, unreserved characters percent-encoded in either case, a fragment.
+fn obfuscate(path: &str, choices: &[u8]) -> String {
+    let mut out = String::new();
+    let mut c = choices.iter().cycle();
+    let mut next = || *c.next().unwrap_or(&0);
+    for segment in path.split('/').skip(1) {
+        match next() % 5 {
+            0 => out.push_str("//"),
+            1 => out.push_str("/./"),
+            2 => out.push_str("/zz/../"),
+            _ => out.push('/'),
+        }
+        for ch in segment.chars() {
+            match next() % 4 {
+                0 => out.push_str(&format!("%{:02x}", ch as u32)),
+                1 => out.push_str(&format!("%{:02X}", ch as u32)),
+                _ => out.push(ch),
+            }
+        }
+    }
+    if next() % 3 == 0 {
+        out.push_str("#/../frag");
+    }
+    out
+}
+
+proptest! {
+    #![proptest_config(cases(512))]
+
+    #[test]
+    fn normalisation_never_panics_and_its_output_is_canonical(target in prop::collection::vec(any::<u8>(), 0..64)) {
+        if let Ok(n) = normalize(&target) {
+            let path = n.split('?').next().unwrap();
+            prop_assert!(path.starts_with('/'));
+            prop_assert!(!path.contains("//"), "{n}");
+            prop_assert!(!n.contains('#'), "{n}");
+            for segment in path.split('/') {
+                prop_assert!(segment != "." && segment != "..", "{n}");
+            }
+            let again = normalize(n.as_bytes()).unwrap().into_owned();
+            prop_assert_eq!(again.as_str(), n.as_ref());
+        }
+    }
+
+    #[test]
+    fn every_spelling_of_a_path_routes_as_the_path(path in plain_path(), choices in prop::collection::vec(any::<u8>(), 1..32)) {
+        let spelled = obfuscate(&path, &choices);
+        let n = normalize(spelled.as_bytes()).unwrap();
+        prop_assert_eq!(n.as_ref(), path.as_str(), "{}", spelled);
+    }
+
+    #[test]
+    fn the_chunk_scanner_finds_the_end_at_any_split(
+        chunks in prop::collection::vec(prop::collection::vec(any::<u8>(), 1..40), 0..6),
+        ext in prop::bool::ANY,
+        trailer in prop::bool::ANY,
+        upper in prop::bool::ANY,
+        split in any::<prop::sample::Index>(),
+        tail in prop::collection::vec(any::<u8>(), 0..8),
+    ) {
+        let mut body = Vec::new();
+        for c in &chunks {
+            let size = if upper { format!("{:X}", c.len()) } else { format!("{:x}", c.len()) };
+            body.extend_from_slice(size.as_bytes());
+            if ext {
+                body.extend_from_slice(b";name=value");
+            }
+            body.extend_from_slice(b"\r\n");
+            body.extend_from_slice(c);
+            body.extend_from_slice(b"\r\n");
+        }
+        body.extend_from_slice(b"0\r\n");
+        if trailer {
+            body.extend_from_slice(b"x-trailer: 1\r\n");
+        }
+        body.extend_from_slice(b"\r\n");
+        let end = body.len();
+        body.extend_from_slice(&tail);
+        let at = split.index(body.len() + 1);
+        let mut scanner = Chunked::default();
+        let found = match scanner.feed(&body[..at]).unwrap() {
+            Some(n) => n,
+            None => at + scanner.feed(&body[at..]).unwrap().unwrap(),
+        };
+        prop_assert_eq!(found, end);
+    }
+
+    #[test]
+    fn the_chunk_scanner_never_panics_and_splits_do_not_change_its_answer(
+        bytes in prop::collection::vec(any::<u8>(), 0..128),
+        split in any::<prop::sample::Index>(),
+    ) {
+        let whole = Chunked::default().feed(&bytes);
+        let at = split.index(bytes.len() + 1);
+        let mut scanner = Chunked::default();
+        let pieces = match scanner.feed(&bytes[..at]) {
+            Ok(None) => scanner.feed(&bytes[at..]).map(|r| r.map(|n| n + at)),
+            other => other,
+        };
+        prop_assert_eq!(whole, pieces);
+    }
+
+    #[test]
+    fn response_heads_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..256), head_only in prop::bool::ANY) {
+        if let Ok(Some(head)) = parse_response(&bytes, head_only, 64) {
+            prop_assert!(head.len <= bytes.len());
+            prop_assert!((100..1000).contains(&head.status));
+            if let Framing::Length(n) = head.framing {
+                prop_assert!(!head_only || n == 0);
+            }
+        }
+    }
+
+    #[test]
+    fn generated_response_heads_parse_as_written(
+        status in 200u16..600,
+        length in prop::option::of(0u64..100_000),
+        chunked in prop::bool::ANY,
+        close in prop::bool::ANY,
+    ) {
+        let mut head = format!("HTTP/1.1 {status} X\r\n");
+        if let Some(n) = length {
+            head.push_str(&format!("Content-Length: {n}\r\n"));
+        }
+        if chunked {
+            head.push_str("Transfer-Encoding: chunked\r\n");
+        }
+        if close {
+            head.push_str("Connection: close\r\n");
+        }
+        head.push_str("\r\n");
+        let parsed = parse_response(head.as_bytes(), false, 64).unwrap().unwrap();
+        prop_assert_eq!(parsed.status, status);
+        prop_assert_eq!(parsed.len, head.len());
+        prop_assert_eq!(parsed.drop_length, chunked && length.is_some());
+        let bodyless = status == 204 || status == 304;
+        match parsed.framing {
+            Framing::Chunked(_) => prop_assert!(chunked && !bodyless),
+            Framing::Length(n) => prop_assert!(bodyless || (!chunked && Some(n) == length)),
+            Framing::UntilClose => prop_assert!(!chunked && length.is_none() && !bodyless),
+        }
+        prop_assert_eq!(parsed.reusable, !close && !(chunked && length.is_some()) && (bodyless || chunked || length.is_some()));
+    }
+
+    #[test]
+    fn client_hellos_never_panic(bytes in prop::collection::vec(any::<u8>(), 0..512)) {
+        let _ = client_hello_sni(&bytes);
+    }
+
+    #[test]
+    fn a_real_client_hello_names_its_server_at_any_length(name in "[a-z]{1,12}(\\.[a-z]{1,8}){1,3}", cut in any::<prop::sample::Index>()) {
+        let hello = client_hello_for(&name);
+        prop_assert!(matches!(client_hello_sni(&hello), Hello::Complete(Some(ref n)) if *n == name));
+        // Every strict prefix is incomplete, never a wrong answer.
+        let at = cut.index(hello.len());
+        prop_assert!(matches!(client_hello_sni(&hello[..at]), Hello::NeedMore));
+    }
+}
+
+/// The first flight of a rustls client for `name`: its ClientHello record.
+fn client_hello_for(name: &str) -> Vec<u8> {
+    use std::sync::Arc;
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(rustls::RootCertStore::empty())
+    .with_no_client_auth();
+    let server = rustls_pki_types::ServerName::try_from(name.to_owned()).unwrap();
+    let mut conn = rustls::ClientConnection::new(Arc::new(config), server).unwrap();
+    let mut out = Vec::new();
+    conn.write_tls(&mut out).unwrap();
+    out
+}
