@@ -36,6 +36,8 @@ pub struct ControllerConfig {
     pub ingress_ports: (u16, u16),
     /// Read ingress-nginx's annotations too (`--ingress-nginx-compat`).
     pub ingress_nginx_compat: bool,
+    /// Bootstrap calls per source address.
+    pub bootstrap_rate_limit: crate::identity::ratelimit::RateLimit,
     /// `/healthz` and `/readyz` (and `/metrics`); None: not served.
     pub health_addr: Option<SocketAddr>,
     /// `/metrics` (and the health endpoints); None or the same as `health_addr`: one listener.
@@ -167,6 +169,8 @@ pub async fn run(
         },
         allowlist: allowlist.clone(),
         trust_domain: config.trust_domain.clone(),
+        limiter: crate::identity::ratelimit::RateLimiter::new(config.bootstrap_rate_limit),
+        admin: admin.clone(),
     };
     let (c, k) = (cert.clone(), key.clone());
     let health = admin.clone();
@@ -279,13 +283,12 @@ pub async fn run(
                     .get(&key)
                     .is_some_and(|s| s.dedicated)
                 {
-                    let class = &gw.spec.gateway_class_name;
-                    fresh.allow_dedicated(ns, name, class);
-                    hub.allow(
-                        ScopeKey::Gateway(key),
-                        ns,
-                        &coxswain_api::names::dedicated_proxy_name(name, class),
+                    let account = coxswain_api::names::dedicated_proxy_name(
+                        name,
+                        &gw.spec.gateway_class_name,
                     );
+                    fresh.allow(ns, &account);
+                    hub.allow(ScopeKey::Gateway(key), ns, &account);
                 }
             }
             *allow = fresh;

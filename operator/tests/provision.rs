@@ -21,7 +21,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use std::time::Duration;
-use support::{apply_yaml, free_port, http_get, local_controller_config, service_account_token};
+use support::{apply_yaml, free_port, http_get, local_controller_config, pod_token};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -464,7 +464,7 @@ spec:
     .await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ca.crt"), &trust.data.unwrap()["ca.crt"]).unwrap();
-    let token = service_account_token(&env, &name, names::TOKEN_AUDIENCE).await;
+    let token = pod_token(&env, &name, "dedicated-0", names::TOKEN_AUDIENCE).await;
     std::fs::write(dir.path().join("token"), token).unwrap();
     let config = |token: &str, scope: snap::Scope| DiscoveryConfig {
         endpoints: vec![format!("https://localhost:{}", controller.discovery_port)],
@@ -523,9 +523,10 @@ spec:
     );
 
     // The shared pool's identity may not subscribe to this Gateway's scope.
-    let shared_token = service_account_token(
+    let shared_token = pod_token(
         &env,
         names::SHARED_PROXY_SERVICE_ACCOUNT,
+        "shared-0",
         names::TOKEN_AUDIENCE,
     )
     .await;
