@@ -40,7 +40,10 @@ pub async fn pod_token_in(
     audience: &str,
 ) -> String {
     use k8s_openapi::api::authentication::v1::BoundObjectReference;
-    use k8s_openapi::api::core::v1::{Container, Pod, PodSchedulingGate, PodSpec};
+    use k8s_openapi::api::core::v1::{
+        Capabilities, Container, Pod, PodSchedulingGate, PodSecurityContext, PodSpec,
+        SeccompProfile, SecurityContext,
+    };
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
     let account = ServiceAccount {
         metadata: ObjectMeta {
@@ -63,9 +66,26 @@ pub async fn pod_token_in(
             scheduling_gates: Some(vec![PodSchedulingGate {
                 name: "coxswain-labs.dev/test-never-scheduled".into(),
             }]),
+            // Admitted by the restricted Pod Security level (Coxswain's namespace enforces it).
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
             containers: vec![Container {
                 name: "proxy".into(),
                 image: Some("example.invalid/never-pulled:1".into()),
+                security_context: Some(SecurityContext {
+                    allow_privilege_escalation: Some(false),
+                    capabilities: Some(Capabilities {
+                        drop: Some(vec!["ALL".into()]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
                 ..Default::default()
             }],
             ..Default::default()
