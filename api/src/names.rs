@@ -82,11 +82,33 @@ pub fn dedicated_proxy_name(gateway: &str, gateway_class: &str) -> String {
     if full.len() <= DNS_LABEL_MAX {
         return full;
     }
-    let hash = format!("{:016x}", fnv1a64(full.as_bytes()));
+    with_hash_suffix(&full, fnv1a64(full.as_bytes()))
+}
+
+/// The name a dedicated proxy gets instead of [`dedicated_proxy_name`] when another Gateway in
+/// its namespace already holds that name (Gateway `a-b` of class `c` and Gateway `a` of class
+/// `b-c` both give `a-b-c`): the plain name, cut to fit, then a hash of the Gateway and class
+/// names kept apart. `attempt` (0 first) picks another hash in the unlikely case that one is
+/// taken too. Stable: the same inputs always give the same name.
+pub fn disambiguated_proxy_name(gateway: &str, gateway_class: &str, attempt: u32) -> String {
+    // '/' cannot occur in either name, so the hashed string is unambiguous.
+    let mut key = format!("{gateway}/{gateway_class}");
+    if attempt > 0 {
+        key.push_str(&format!("/{attempt}"));
+    }
+    with_hash_suffix(
+        &format!("{gateway}-{gateway_class}"),
+        fnv1a64(key.as_bytes()),
+    )
+}
+
+/// `name` cut so that `{head}-{8 hex digits of hash}` fits a DNS label.
+fn with_hash_suffix(name: &str, hash: u64) -> String {
+    let hash = format!("{hash:016x}");
     let suffix = &hash[..8];
     // Names are ASCII (DNS labels), so byte slicing is on character boundaries.
-    let keep = DNS_LABEL_MAX - suffix.len() - 1;
-    let head = full[..keep].trim_end_matches('-');
+    let keep = (DNS_LABEL_MAX - suffix.len() - 1).min(name.len());
+    let head = name[..keep].trim_end_matches('-');
     format!("{head}-{suffix}")
 }
 
@@ -237,6 +259,26 @@ mod tests {
         assert!(is_dns_label(&a) && is_dns_label(&b), "{a} {b}");
         assert_ne!(a, b);
         assert_eq!(a, dedicated_proxy_name(&"a".repeat(60), "coxswain"));
+    }
+
+    #[test]
+    fn disambiguated_names_differ_for_gateways_whose_plain_names_collide() {
+        assert_eq!(
+            dedicated_proxy_name("a-b", "c"),
+            dedicated_proxy_name("a", "b-c")
+        );
+        let one = disambiguated_proxy_name("a-b", "c", 0);
+        let other = disambiguated_proxy_name("a", "b-c", 0);
+        assert_ne!(one, other);
+        assert!(
+            one.starts_with("a-b-c-") && other.starts_with("a-b-c-"),
+            "{one} {other}"
+        );
+        assert_ne!(one, disambiguated_proxy_name("a-b", "c", 1));
+        assert_eq!(one, disambiguated_proxy_name("a-b", "c", 0), "stable");
+        let long = disambiguated_proxy_name(&"g".repeat(63), &"c".repeat(63), 0);
+        assert!(is_dns_label(&long), "{long}");
+        assert_eq!(long.len(), 63);
     }
 
     #[test]

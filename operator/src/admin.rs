@@ -33,6 +33,9 @@ pub struct State {
     /// Kind -> objects in the last compile's input.
     objects: Mutex<BTreeMap<&'static str, usize>>,
     connected_proxies: AtomicU64,
+    /// Bootstrap refusals by reason (`identity::server::refused`).
+    bootstrap_refused: Mutex<BTreeMap<&'static str, u64>>,
+    svids_issued: AtomicU64,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -88,6 +91,14 @@ impl State {
 
     pub fn event(&self, type_: &'static str) {
         *lock(&self.events).entry(type_).or_default() += 1;
+    }
+
+    pub fn bootstrap_refused(&self, reason: &'static str) {
+        *lock(&self.bootstrap_refused).entry(reason).or_default() += 1;
+    }
+
+    pub fn svid_issued(&self) {
+        self.svids_issued.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn set_connected_proxies(&self, n: usize) {
@@ -193,6 +204,20 @@ impl State {
         for (kind, n) in lock(&self.objects).iter() {
             let _ = writeln!(out, "{name}{{kind=\"{kind}\"}} {n}");
         }
+        let name = "coxswain_controller_svids_issued_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} SVIDs issued by the bootstrap service.\n# TYPE {name} counter\n{name} {}",
+            self.svids_issued.load(Ordering::Relaxed)
+        );
+        let name = "coxswain_controller_bootstrap_refused_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Bootstrap calls refused, by reason (rate_limited: over the per-address limit).\n# TYPE {name} counter"
+        );
+        for (reason, n) in lock(&self.bootstrap_refused).iter() {
+            let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {n}");
+        }
         out
     }
 
@@ -264,6 +289,9 @@ mod tests {
         state.status_write("Gateway", true);
         state.status_conflict("HTTPRoute");
         state.event("Warning");
+        state.bootstrap_refused("rate_limited");
+        state.bootstrap_refused("rate_limited");
+        state.svid_issued();
         let text = state.render();
         for line in [
             "coxswain_controller_leader 1",
@@ -276,6 +304,8 @@ mod tests {
             "coxswain_controller_status_writes_total{kind=\"HTTPRoute\",outcome=\"conflict\"} 1",
             "coxswain_controller_events_total{type=\"Warning\"} 1",
             "coxswain_controller_objects{kind=\"HTTPRoute\"} 8",
+            "coxswain_controller_bootstrap_refused_total{reason=\"rate_limited\"} 2",
+            "coxswain_controller_svids_issued_total 1",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -217,6 +217,15 @@ pub struct ControllerArgs {
     #[arg(long, env = "COXSWAIN_INGRESS_NGINX_COMPAT")]
     pub ingress_nginx_compat: bool,
 
+    /// Bootstrap calls one source address (an IPv6 /64) may make at once; each costs a
+    /// TokenReview. Calls over the limit are refused with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "COXSWAIN_BOOTSTRAP_BURST", default_value_t = crate::identity::ratelimit::RateLimit::default().burst, value_parser = clap::value_parser!(u32).range(1..))]
+    pub bootstrap_burst: u32,
+
+    /// Bootstrap calls a source address regains per minute, up to --bootstrap-burst.
+    #[arg(long, env = "COXSWAIN_BOOTSTRAP_PER_MINUTE", default_value_t = crate::identity::ratelimit::RateLimit::default().per_minute, value_parser = clap::value_parser!(u32).range(1..))]
+    pub bootstrap_per_minute: u32,
+
     #[command(flatten)]
     pub admin: AdminArgs,
 }

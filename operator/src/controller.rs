@@ -36,6 +36,8 @@ pub struct ControllerConfig {
     pub ingress_ports: (u16, u16),
     /// Read ingress-nginx's annotations too (`--ingress-nginx-compat`).
     pub ingress_nginx_compat: bool,
+    /// Bootstrap calls per source address.
+    pub bootstrap_rate_limit: crate::identity::ratelimit::RateLimit,
     /// `/healthz` and `/readyz` (and `/metrics`); None: not served.
     pub health_addr: Option<SocketAddr>,
     /// `/metrics` (and the health endpoints); None or the same as `health_addr`: one listener.
@@ -167,6 +169,8 @@ pub async fn run(
         },
         allowlist: allowlist.clone(),
         trust_domain: config.trust_domain.clone(),
+        limiter: crate::identity::ratelimit::RateLimiter::new(config.bootstrap_rate_limit),
+        admin: admin.clone(),
     };
     let (c, k) = (cert.clone(), key.clone());
     let health = admin.clone();
@@ -202,16 +206,21 @@ pub async fn run(
     tracing::info!(discovery = %config.discovery_addr, bootstrap = %config.bootstrap_addr, "controller listening");
 
     let (stop_provisioning, provisioning_stopped) = tokio::sync::oneshot::channel::<()>();
+    let (proxy_names, proxy_names_rx) =
+        tokio::sync::watch::channel(Arc::new(crate::provision::ProxyNames::default()));
     let provisioning = tokio::spawn(crate::provision::run(
-        Arc::new(crate::provision::Context::new(
-            client.clone(),
-            config.controller_name.clone(),
-            config.namespace.clone(),
-            config.proxy_image.clone().unwrap_or_else(release_image),
-            ca.cert_pem().to_owned(),
-            leader.clone(),
-            config.lease.as_ref().map(|l| l.identity.clone()),
-        )),
+        Arc::new(
+            crate::provision::Context::new(
+                client.clone(),
+                config.controller_name.clone(),
+                config.namespace.clone(),
+                config.proxy_image.clone().unwrap_or_else(release_image),
+                ca.cert_pem().to_owned(),
+                leader.clone(),
+                config.lease.as_ref().map(|l| l.identity.clone()),
+            )
+            .with_proxy_names(proxy_names_rx),
+        ),
         async {
             let _ = provisioning_stopped.await;
         },
@@ -260,41 +269,50 @@ pub async fn run(
         let started = std::time::Instant::now();
         let compiled = compile::compile(&store, &compile_config);
         admin.compiled(started.elapsed(), store.counts());
-        // Dedicated Gateways: their proxies' ServiceAccounts may bootstrap and subscribe.
+        // Dedicated Gateways: their proxies' names (one assignment over all of them, since
+        // two can want the same), and those ServiceAccounts may bootstrap and subscribe.
+        let names = Arc::new(crate::provision::naming::assign(&store, |key| {
+            compiled
+                .status
+                .gateways
+                .get(key)
+                .is_some_and(|s| s.dedicated)
+        }));
         {
             let mut allow = allowlist.write().unwrap_or_else(|p| p.into_inner());
             let mut fresh =
                 Allowlist::new((&config.namespace, &config.shared_proxy_service_account));
-            for gw in &store.gateways {
-                let (Some(ns), Some(name)) = (
-                    gw.metadata.namespace.as_deref(),
-                    gw.metadata.name.as_deref(),
-                ) else {
-                    continue;
-                };
-                let key = compile::status::ObjectKey::new(ns, name);
-                if compiled
-                    .status
-                    .gateways
-                    .get(&key)
-                    .is_some_and(|s| s.dedicated)
-                {
-                    let class = &gw.spec.gateway_class_name;
-                    fresh.allow_dedicated(ns, name, class);
-                    hub.allow(
-                        ScopeKey::Gateway(key),
-                        ns,
-                        &coxswain_api::names::dedicated_proxy_name(name, class),
-                    );
-                }
+            let mut scopes = vec![(
+                ScopeKey::SharedPool,
+                (
+                    config.namespace.clone(),
+                    config.shared_proxy_service_account.clone(),
+                ),
+            )];
+            for (key, proxy) in names.iter() {
+                fresh.allow(&key.namespace, &proxy.name);
+                scopes.push((
+                    ScopeKey::Gateway(key.clone()),
+                    (key.namespace.clone(), proxy.name.clone()),
+                ));
             }
             *allow = fresh;
+            // Replaced, not added to: a name freed by a deleted Gateway may go to another
+            // Gateway's proxy, which must not read the deleted one's last snapshot.
+            hub.allow_only(scopes);
         }
+        proxy_names.send_if_modified(|current| {
+            if **current == *names {
+                return false;
+            }
+            *current = names.clone();
+            true
+        });
         for (scope, snapshot) in &compiled.snapshots {
             tracing::debug!(?scope, version = %snapshot.version, "publishing snapshot");
             hub.publish(scope.clone(), snapshot.clone());
         }
-        status.write(&store, &compiled, &hub).await;
+        status.write(&store, &compiled, &hub, &names).await;
     }
     let _ = stop_provisioning.send(());
     // kube-runtime waits for reconciles in flight, and one blocked on an API request would

@@ -88,7 +88,8 @@ fn serve_discovery(proxy: &ProxyArgs, scope: snap::scope::Kind) -> anyhow::Resul
         token_path: proxy.token_path.clone(),
         trust_bundle_path: proxy.discovery_trust_bundle.clone(),
         scope: snap::Scope { kind: Some(scope) },
-        node_id: proxy.node_id.clone().unwrap_or_else(|| "proxy".into()),
+        // Empty: the controller takes the Pod name from the SVID (and refuses any other).
+        node_id: proxy.node_id.clone().unwrap_or_default(),
         workers: proxy
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
@@ -158,6 +159,11 @@ fn serve_controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
             proxy_image: args.proxy_image.clone(),
             ingress_ports: (args.ingress_http_port, args.ingress_https_port),
             ingress_nginx_compat: args.ingress_nginx_compat,
+            bootstrap_rate_limit: coxswain_operator::identity::ratelimit::RateLimit {
+                burst: args.bootstrap_burst,
+                per_minute: args.bootstrap_per_minute,
+                ..Default::default()
+            },
             health_addr: Some(args.admin.health_addr),
             metrics_addr: Some(args.admin.metrics_addr),
             lease: Some(coxswain_operator::leader::LeaseConfig {

@@ -13,6 +13,7 @@ use crate::compile::status::{
 };
 use crate::compile::{Compiled, Store};
 use crate::discovery::Hub;
+use crate::provision::naming::{self, ProxyNames};
 use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
@@ -177,13 +178,14 @@ pub struct StatusWriter {
 /// A condition change worth an Event: a problem appearing (Warning), or a good state being
 /// reached (Normal).
 fn event_for(c: &Condition, first_report: bool, announce_true: bool) -> Option<EventType> {
-    // Conflicted is the one condition where True is bad.
-    let bad = if c.type_ == reason::CONFLICTED {
+    // Conflicted (and our proxy-name variant of it) are where True is bad.
+    let true_is_bad = c.type_ == reason::CONFLICTED || c.type_ == naming::NAME_CONFLICTED;
+    let bad = if true_is_bad {
         c.status == ConditionStatus::True
     } else {
         c.status == ConditionStatus::False && c.reason != reason::PENDING
     };
-    let good = if c.type_ == reason::CONFLICTED {
+    let good = if true_is_bad {
         c.status == ConditionStatus::False
     } else {
         c.status == ConditionStatus::True
@@ -437,7 +439,15 @@ impl StatusWriter {
     }
 
     /// Writes every status that differs from what the objects carry.
-    pub async fn write(&mut self, store: &Store, compiled: &Compiled, hub: &Hub) {
+    /// `names`: the dedicated proxies' names, for their Services' addresses and the
+    /// name-conflict condition.
+    pub async fn write(
+        &mut self,
+        store: &Store,
+        compiled: &Compiled,
+        hub: &Hub,
+        names: &ProxyNames,
+    ) {
         if !self.leading() {
             // A standby reports nothing; when it takes over it compares with the objects.
             self.reported.clear();
@@ -568,6 +578,16 @@ impl StatusWriter {
                 &mut conditions,
                 all_serving && !decision.listeners.is_empty(),
             );
+            let proxy = decision.dedicated.then(|| names.get(ns, name)).flatten();
+            if let Some(message) = proxy.and_then(|p| p.conflict_message()) {
+                conditions.push(Condition::new(
+                    naming::NAME_CONFLICTED,
+                    true,
+                    naming::NAME_TAKEN,
+                    message,
+                    gw.metadata.generation.unwrap_or(0),
+                ));
+            }
             let existing = existing_conditions(current.clone());
             self.transitions(
                 &mut next,
@@ -583,7 +603,9 @@ impl StatusWriter {
             let (svc_ns, svc_name) = if decision.dedicated {
                 (
                     ns,
-                    coxswain_api::names::dedicated_proxy_name(name, &gw.spec.gateway_class_name),
+                    proxy.map(|p| p.name.clone()).unwrap_or_else(|| {
+                        coxswain_api::names::dedicated_proxy_name(name, &gw.spec.gateway_class_name)
+                    }),
                 )
             } else {
                 (

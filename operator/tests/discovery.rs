@@ -84,11 +84,23 @@ async fn controller() -> Controller {
     }
 }
 
-/// An SVID for ns/sa from `ca`, valid from `now - 5 min` for `lifetime` after `issued`.
+/// An SVID for ns/sa issued to Pod `proxy-0` from `ca`, valid from `now - 5 min` for
+/// `lifetime` after `issued`.
 fn svid(
     ca: &Ca,
     ns: &str,
     sa: &str,
+    issued: OffsetDateTime,
+    lifetime: Duration,
+) -> (String, String) {
+    svid_for_pod(ca, ns, sa, "proxy-0", issued, lifetime)
+}
+
+fn svid_for_pod(
+    ca: &Ca,
+    ns: &str,
+    sa: &str,
+    pod: &str,
     issued: OffsetDateTime,
     lifetime: Duration,
 ) -> (String, String) {
@@ -102,6 +114,7 @@ fn svid(
         .sign_svid(
             &csr,
             &SpiffeId::new("cluster.local", ns, sa),
+            pod,
             issued,
             lifetime,
         )
@@ -128,6 +141,10 @@ async fn client(
 }
 
 fn subscribe(scope: ScopeKey, wire_version: u32) -> ProxyMessage {
+    subscribe_as(scope, wire_version, "proxy-0")
+}
+
+fn subscribe_as(scope: ScopeKey, wire_version: u32, node_id: &str) -> ProxyMessage {
     let kind = match scope {
         ScopeKey::SharedPool => snap::scope::Kind::SharedPool(snap::SharedPool {}),
         ScopeKey::Gateway(k) => snap::scope::Kind::Gateway(snap::ObjectRef {
@@ -137,7 +154,7 @@ fn subscribe(scope: ScopeKey, wire_version: u32) -> ProxyMessage {
     };
     ProxyMessage {
         kind: Some(proxy_message::Kind::Subscribe(Subscribe {
-            node_id: "proxy-0".into(),
+            node_id: node_id.into(),
             wire_version,
             scope: Some(snap::Scope { kind: Some(kind) }),
         })),
@@ -379,4 +396,181 @@ async fn scopes_wire_versions_and_leadership_are_enforced() {
     .unwrap();
     assert_eq!(status.code(), tonic::Code::FailedPrecondition);
     assert!(status.message().contains("not the leader"), "{status}");
+}
+
+fn ack(version: &str, nonce: &str) -> ProxyMessage {
+    ProxyMessage {
+        kind: Some(proxy_message::Kind::Ack(Ack {
+            version: version.into(),
+            nonce: nonce.into(),
+        })),
+    }
+}
+
+fn bound(version: &str, ports: &[u32]) -> ProxyMessage {
+    ProxyMessage {
+        kind: Some(proxy_message::Kind::NodeStatus(NodeStatus {
+            snapshot_version: version.into(),
+            listeners: ports
+                .iter()
+                .map(|&port| BoundListener {
+                    port,
+                    bound: true,
+                    error: String::new(),
+                })
+                .collect(),
+        })),
+    }
+}
+
+/// The first push of a stream: (version, nonce).
+async fn first_push(
+    pushes: &mut tonic::Streaming<coxswain_api::discovery::ControllerMessage>,
+) -> (String, String) {
+    let msg = pushes.message().await.unwrap().unwrap();
+    let Some(controller_message::Kind::Snapshot(push)) = msg.kind else {
+        panic!("{msg:?}")
+    };
+    (push.snapshot.unwrap().version, push.nonce)
+}
+
+/// Waits (2 s at most) until the shared pool's proxies are exactly `want`.
+async fn proxies_become(c: &Controller, want: &[(&str, Option<&str>, &[u32])]) {
+    let want: Vec<(String, Option<String>, Vec<u32>)> = want
+        .iter()
+        .map(|(n, v, p)| (n.to_string(), v.map(str::to_owned), p.to_vec()))
+        .collect();
+    let now = || -> Vec<(String, Option<String>, Vec<u32>)> {
+        let mut list: Vec<_> = c
+            .hub
+            .proxies(&ScopeKey::SharedPool)
+            .into_iter()
+            .map(|(n, st)| (n, st.acked_version, st.bound_ports))
+            .collect();
+        list.sort();
+        list
+    };
+    for _ in 0..100 {
+        if now() == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(now(), want);
+}
+
+#[tokio::test]
+async fn replicas_sharing_a_service_account_cannot_touch_each_others_reports() {
+    let c = controller().await;
+    let now = OffsetDateTime::now_utc();
+    let hour = Duration::from_secs(3600);
+    let replica =
+        |pod: &str| svid_for_pod(&c.ca, "coxswain-system", "coxswain-proxy", pod, now, hour);
+
+    // Replica a: acks the snapshot and binds port 80. The node id it sends is its Pod's.
+    let mut client_a = client(&c, Some(replica("proxy-a"))).await.unwrap();
+    let (tx_a, resp) = open(
+        &mut client_a,
+        subscribe_as(ScopeKey::SharedPool, WIRE_VERSION, "proxy-a"),
+    )
+    .await;
+    let mut pushes_a = resp.unwrap();
+    let (version, nonce) = first_push(&mut pushes_a).await;
+    tx_a.send(ack(&version, &nonce)).await.unwrap();
+    tx_a.send(bound(&version, &[80])).await.unwrap();
+    proxies_become(&c, &[("proxy-a", Some(&version), &[80])]).await;
+    assert!(c.hub.serving(&ScopeKey::SharedPool, &version, 80));
+
+    // Replica b, a valid SVID of the same scope, claims to be a: refused before any snapshot.
+    let status = refused(
+        &c,
+        Some(replica("proxy-b")),
+        subscribe_as(ScopeKey::SharedPool, WIRE_VERSION, "proxy-a"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status}");
+    assert!(
+        status.message().contains("proxy-a") && status.message().contains("proxy-b"),
+        "the refusal names both: {status}"
+    );
+
+    // Sending no node id, b is itself: what it acks and binds is its own record, not a's.
+    let mut client_b = client(&c, Some(replica("proxy-b"))).await.unwrap();
+    let (tx_b, resp) = open(
+        &mut client_b,
+        subscribe_as(ScopeKey::SharedPool, WIRE_VERSION, ""),
+    )
+    .await;
+    let mut pushes_b = resp.unwrap();
+    let (_, nonce_b) = first_push(&mut pushes_b).await;
+    tx_b.send(ack("forged-version", &nonce_b)).await.unwrap();
+    tx_b.send(bound("forged-version", &[])).await.unwrap();
+    proxies_become(
+        &c,
+        &[
+            ("proxy-a", Some(&version), &[80]),
+            ("proxy-b", Some("forged-version"), &[]),
+        ],
+    )
+    .await;
+    assert!(
+        !c.hub.serving(&ScopeKey::SharedPool, &version, 80),
+        "Programmed waits for every replica"
+    );
+
+    // b leaving forgets b only.
+    drop(tx_b);
+    drop(pushes_b);
+    proxies_become(&c, &[("proxy-a", Some(&version), &[80])]).await;
+
+    // a reconnecting replaces its own record; the old stream can no longer write it, and its
+    // end does not forget the new one.
+    let mut client_a2 = client(&c, Some(replica("proxy-a"))).await.unwrap();
+    let (tx_a2, resp) = open(
+        &mut client_a2,
+        subscribe_as(ScopeKey::SharedPool, WIRE_VERSION, "proxy-a"),
+    )
+    .await;
+    let mut pushes_a2 = resp.unwrap();
+    let (_, nonce2) = first_push(&mut pushes_a2).await;
+    proxies_become(&c, &[("proxy-a", None, &[])]).await;
+    // The old stream's last words, then its end (once its pushes end, the server has handled
+    // both): neither touches the new record.
+    tx_a.send(ack("from-the-old-stream", &nonce)).await.unwrap();
+    drop(tx_a);
+    while let Ok(Some(_)) = pushes_a.message().await {}
+    proxies_become(&c, &[("proxy-a", None, &[])]).await;
+    tx_a2.send(ack(&version, &nonce2)).await.unwrap();
+    tx_a2.send(bound(&version, &[80])).await.unwrap();
+    proxies_become(&c, &[("proxy-a", Some(&version), &[80])]).await;
+    drop(tx_a2);
+}
+
+#[tokio::test]
+async fn an_svid_that_names_no_pod_is_refused() {
+    let c = controller().await;
+    // An SVID as an earlier controller issued them: the SPIFFE ID only, no subject.
+    let key = rcgen::KeyPair::generate().unwrap();
+    let issuer_key = rcgen::KeyPair::from_pem(c.ca.key_pem()).unwrap();
+    let issuer = rcgen::Issuer::from_ca_cert_pem(c.ca.cert_pem(), issuer_key).unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.distinguished_name = rcgen::DistinguishedName::new();
+    params.subject_alt_names = vec![rcgen::SanType::URI(
+        "spiffe://cluster.local/ns/coxswain-system/sa/coxswain-proxy"
+            .try_into()
+            .unwrap(),
+    )];
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &issuer).unwrap();
+    let status = refused(
+        &c,
+        Some((cert.pem(), key.serialize_pem())),
+        subscribe_as(ScopeKey::SharedPool, WIRE_VERSION, "proxy-0"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status}");
+    assert!(status.message().contains("names no Pod"), "{status}");
+    assert!(c.hub.proxies(&ScopeKey::SharedPool).is_empty());
 }

@@ -17,7 +17,7 @@ use std::path::Path;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use support::{backend, free_port, get, service_account_token};
+use support::{backend, free_port, get, pod_token};
 
 fn compiled_snapshot(listen: u16, backend: u16) -> Snapshot {
     let yaml = support::app_manifests(listen, backend);
@@ -73,6 +73,8 @@ async fn a_proxy_bootstraps_subscribes_serves_and_survives_the_controller() {
             "coxswain-proxy",
         )))),
         trust_domain: "cluster.local".into(),
+        limiter: coxswain_operator::identity::ratelimit::RateLimiter::new(Default::default()),
+        admin: Arc::new(coxswain_operator::admin::State::default()),
     };
     let id_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let id_port = id_listener.local_addr().unwrap().port();
@@ -98,7 +100,7 @@ async fn a_proxy_bootstraps_subscribes_serves_and_survives_the_controller() {
     let stop_discovery = discovery(disc_port, &ca, hub.clone()).await;
 
     // The proxy's mounted files: the projected token and the trust bundle.
-    let token = service_account_token(&env, "coxswain-proxy", "coxswain-discovery").await;
+    let token = pod_token(&env, "coxswain-proxy", "proxy-0", "coxswain-discovery").await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("token"), token).unwrap();
     std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();

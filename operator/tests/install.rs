@@ -244,11 +244,13 @@ async fn config_default_installs_and_its_rbac_is_all_the_controller_needs() {
     std::fs::write(dir.path().join("ca.crt"), ca).unwrap();
     std::fs::write(
         dir.path().join("token"),
-        token(
+        // Bound to a Pod, as the kubelet's projected token is: the SVID names that Pod.
+        support::pod_token_in(
             &client,
             system,
             names::SHARED_PROXY_SERVICE_ACCOUNT,
-            Some(names::TOKEN_AUDIENCE),
+            "coxswain-proxy-0",
+            names::TOKEN_AUDIENCE,
         )
         .await,
     )

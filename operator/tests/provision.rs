@@ -21,7 +21,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use std::time::Duration;
-use support::{apply_yaml, free_port, http_get, local_controller_config, service_account_token};
+use support::{apply_yaml, free_port, http_get, local_controller_config, pod_token};
 
 const WAIT: Duration = Duration::from_secs(60);
 
@@ -244,6 +244,7 @@ spec:
         controller_name: &controller_name(&env),
         default_image: &controller::release_image(),
         trust_bundle_pem: "",
+        proxy_name: &name,
     })
     .unwrap()
     .deployment;
@@ -464,7 +465,7 @@ spec:
     .await;
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("ca.crt"), &trust.data.unwrap()["ca.crt"]).unwrap();
-    let token = service_account_token(&env, &name, names::TOKEN_AUDIENCE).await;
+    let token = pod_token(&env, &name, "dedicated-0", names::TOKEN_AUDIENCE).await;
     std::fs::write(dir.path().join("token"), token).unwrap();
     let config = |token: &str, scope: snap::Scope| DiscoveryConfig {
         endpoints: vec![format!("https://localhost:{}", controller.discovery_port)],
@@ -524,9 +525,10 @@ spec:
     );
 
     // The shared pool's identity may not subscribe to this Gateway's scope.
-    let shared_token = service_account_token(
+    let shared_token = pod_token(
         &env,
         names::SHARED_PROXY_SERVICE_ACCOUNT,
+        "shared-0",
         names::TOKEN_AUDIENCE,
     )
     .await;
@@ -577,4 +579,199 @@ spec:
 
     let _ = stop_proxy.send(());
     let _ = proxy.await;
+}
+
+/// The condition of `type_` in a Gateway's status, if any: (status, reason, message).
+async fn gateway_condition(
+    env: &TestEnv,
+    gateway: &str,
+    type_: &str,
+) -> Option<(String, String, String)> {
+    let gw = env.api::<Gateway>().get_opt(gateway).await.ok()??;
+    gw.status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| (c.status, c.reason, c.message))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateways_whose_gep_1762_names_collide_get_distinct_proxies() {
+    use coxswain_operator::provision::naming::{NAME_CONFLICTED, NAME_TAKEN};
+    let env = TestEnv::new().await;
+    let ns = env.namespace.clone();
+    let _controller = start_controller(&env);
+    // Gateway a-b of class c-{ns} and Gateway a of class b-c-{ns}: both a-b-c-{ns}.
+    let (class_c, class_bc) = (format!("c-{ns}"), format!("b-c-{ns}"));
+    let plain = names::dedicated_proxy_name("a-b", &class_c);
+    assert_eq!(plain, names::dedicated_proxy_name("a", &class_bc));
+    let gateway = |name: &str, class: &str, port: u16| {
+        format!(
+            r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  gatewayClassName: {class}
+  infrastructure:
+    parametersRef: {{group: gateway.coxswain-labs.dev, kind: CoxswainGatewayParameters, name: params}}
+  listeners: [{{name: http, port: {port}, protocol: HTTP}}]
+"#
+        )
+    };
+    apply_yaml(
+        &env.client,
+        &format!(
+            "{params}---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: {class_c}}}
+spec: {{controllerName: {controller}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: {class_bc}}}
+spec: {{controllerName: {controller}}}
+---{first}",
+            params = params_yaml(&ns, "params", "serviceType: ClusterIP"),
+            controller = controller_name(&env),
+            first = gateway("a-b", &class_c, free_port()),
+        ),
+    )
+    .await;
+    let deployments: Api<Deployment> = env.api();
+    let owner_of = |d: &Deployment| {
+        d.metadata
+            .owner_references
+            .as_ref()
+            .and_then(|o| o.first())
+            .map(|o| o.name.clone())
+            .unwrap_or_default()
+    };
+    let first = eventually("Gateway a-b's proxy under the plain name", WAIT, || {
+        let (deployments, plain) = (deployments.clone(), plain.clone());
+        async move { deployments.get_opt(&plain).await.ok().flatten() }
+    })
+    .await;
+    assert_eq!(owner_of(&first), "a-b");
+
+    // The second Gateway wanting the same name gets its own, and is told why.
+    apply_yaml(&env.client, &gateway("a", &class_bc, free_port())).await;
+    let renamed = names::disambiguated_proxy_name("a", &class_bc, 0);
+    assert_ne!(renamed, plain);
+    let second = eventually("Gateway a's proxy under a disambiguated name", WAIT, || {
+        let (deployments, renamed) = (deployments.clone(), renamed.clone());
+        async move { deployments.get_opt(&renamed).await.ok().flatten() }
+    })
+    .await;
+    assert_eq!(owner_of(&second), "a");
+    let service_accounts: Api<ServiceAccount> = env.api();
+    let services: Api<Service> = env.api();
+    for name in [&plain, &renamed] {
+        assert!(
+            service_accounts.get_opt(name).await.unwrap().is_some(),
+            "{name}"
+        );
+        assert!(services.get_opt(name).await.unwrap().is_some(), "{name}");
+    }
+    let pod_account = |d: &Deployment| {
+        d.spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .service_account_name
+            .clone()
+    };
+    let first = deployments.get(&plain).await.unwrap();
+    assert_eq!(
+        owner_of(&first),
+        "a-b",
+        "the first Gateway's proxy is untouched"
+    );
+    assert_eq!(pod_account(&first).as_deref(), Some(plain.as_str()));
+    assert_eq!(pod_account(&second).as_deref(), Some(renamed.as_str()));
+    let selector = |name: &str| {
+        let (services, name) = (services.clone(), name.to_owned());
+        async move { services.get(&name).await.unwrap().spec.unwrap().selector }
+    };
+    assert_ne!(selector(&plain).await, selector(&renamed).await);
+
+    let (status, reason, message) = eventually("the name conflict on Gateway a", WAIT, || {
+        gateway_condition(&env, "a", NAME_CONFLICTED)
+    })
+    .await;
+    assert_eq!((status.as_str(), reason.as_str()), ("True", NAME_TAKEN));
+    assert!(
+        message.contains(&plain) && message.contains("Gateway a-b") && message.contains(&renamed),
+        "{message}"
+    );
+    eventually("Gateway a-b's status", WAIT, || {
+        gateway_condition(&env, "a-b", "Accepted")
+    })
+    .await;
+    assert_eq!(gateway_condition(&env, "a-b", NAME_CONFLICTED).await, None);
+
+    // The renamed proxy's ServiceAccount is the one that gets an SVID for Gateway a.
+    let trust: ConfigMap = eventually("Gateway a's trust bundle", WAIT, || {
+        let (maps, trust) = (env.api::<ConfigMap>(), format!("{renamed}-trust"));
+        async move { maps.get_opt(&trust).await.ok().flatten() }
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.crt"), &trust.data.unwrap()["ca.crt"]).unwrap();
+    let token = pod_token(&env, &renamed, "a-0", names::TOKEN_AUDIENCE).await;
+    std::fs::write(dir.path().join("token"), token).unwrap();
+    let svid = coxswain_proxy::discovery::bootstrap(&DiscoveryConfig {
+        endpoints: vec![],
+        bootstrap_endpoint: format!("https://localhost:{}", _controller.bootstrap_port),
+        token_path: dir.path().join("token"),
+        trust_bundle_path: dir.path().join("ca.crt"),
+        scope: snap::Scope::default(),
+        node_id: String::new(),
+        workers: 0,
+    })
+    .await
+    .unwrap();
+    assert!(
+        svid.spiffe_id.ends_with(&format!("/ns/{ns}/sa/{renamed}")),
+        "{}",
+        svid.spiffe_id
+    );
+
+    // Once the conflict is gone, Gateway a gets its GEP-1762 name back and the condition goes.
+    env.api::<Gateway>()
+        .delete("a-b", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("Gateway a's proxy under the plain name", WAIT, || {
+        let (deployments, plain) = (deployments.clone(), plain.clone());
+        async move {
+            let d = deployments.get_opt(&plain).await.ok()??;
+            (owner_of(&d) == "a" && pod_account(&d).as_deref() == Some(plain.as_str()))
+                .then_some(())
+        }
+    })
+    .await;
+    eventually("the disambiguated objects removed", WAIT, || {
+        let (deployments, renamed) = (deployments.clone(), renamed.clone());
+        async move {
+            deployments
+                .get_opt(&renamed)
+                .await
+                .ok()?
+                .is_none()
+                .then_some(())
+        }
+    })
+    .await;
+    eventually("the condition cleared", WAIT, || async {
+        gateway_condition(&env, "a", NAME_CONFLICTED)
+            .await
+            .is_none()
+            .then_some(())
+    })
+    .await;
 }

@@ -3,8 +3,14 @@
 //!
 //! Security: the TLS layer demands a client certificate chained to the discovery CA; this
 //! module then reads the SPIFFE ID from it and lets a peer subscribe only to the scope its
-//! identity is for (the shared pool's ServiceAccount, or the `{gateway}-{gatewayclass}`
-//! ServiceAccount of a dedicated Gateway), before any snapshot is sent.
+//! identity is for (the shared pool's ServiceAccount, or the ServiceAccount of a dedicated
+//! Gateway's proxy), before any snapshot is sent.
+//!
+//! Several proxies share one SPIFFE ID (the replicas of one Deployment), so the SPIFFE ID
+//! cannot tell them apart. The SVID's subject common name can: the bootstrap service puts the
+//! Pod name the API server vouched for (the token's bound Pod) there. That Pod name is the
+//! node id that keys what a proxy reports; a node id sent in Subscribe must equal it. So the
+//! holder of one replica's SVID cannot ack, nack or report listeners for another replica.
 
 use crate::compile::ScopeKey;
 use crate::compile::status::ObjectKey;
@@ -30,14 +36,24 @@ pub struct ProxyState {
     pub bound_ports: Vec<u32>,
 }
 
+/// A proxy's state and the stream it arrived on: when one Pod reconnects before its old stream
+/// is gone, the old stream must neither write nor forget the new stream's state.
+#[derive(Debug, Clone, Default)]
+struct Reported {
+    stream: u64,
+    state: ProxyState,
+}
+
 /// Snapshots per scope, the identities allowed per scope, and what proxies report.
 #[derive(Default)]
 pub struct Hub {
     scopes: RwLock<HashMap<ScopeKey, watch::Sender<Option<Arc<Snapshot>>>>>,
     /// The ServiceAccount (namespace, name) allowed to subscribe to each scope.
     identities: RwLock<HashMap<ScopeKey, (String, String)>>,
-    proxies: RwLock<BTreeMap<(ScopeKey, String), ProxyState>>,
+    /// By scope and node id (the Pod name from the peer's SVID).
+    proxies: RwLock<BTreeMap<(ScopeKey, String), Reported>>,
     nonce: AtomicU64,
+    streams: AtomicU64,
     /// Notified whenever a proxy acks, nacks, reports listeners or leaves: Programmed may change.
     pub changed: tokio::sync::Notify,
 }
@@ -75,13 +91,21 @@ impl Hub {
         ids.insert(scope, (namespace.to_owned(), service_account.to_owned()));
     }
 
+    /// Replaces every scope's allowed ServiceAccount (namespace, name): scopes not listed
+    /// accept nobody, and open streams of identities no longer allowed end at their next push.
+    pub fn allow_only(&self, scopes: impl IntoIterator<Item = (ScopeKey, (String, String))>) {
+        let fresh: HashMap<_, _> = scopes.into_iter().collect();
+        let mut ids = self.identities.write().unwrap_or_else(|p| p.into_inner());
+        *ids = fresh;
+    }
+
     /// The proxies of a scope and what they reported.
     pub fn proxies(&self, scope: &ScopeKey) -> Vec<(String, ProxyState)> {
         let proxies = self.proxies.read().unwrap_or_else(|p| p.into_inner());
         proxies
             .iter()
             .filter(|((s, _), _)| s == scope)
-            .map(|((_, node), st)| (node.clone(), st.clone()))
+            .map(|((_, node), r)| (node.clone(), r.state.clone()))
             .collect()
     }
 
@@ -100,20 +124,50 @@ impl Hub {
             })
     }
 
-    fn update(&self, key: &(ScopeKey, String), f: impl FnOnce(&mut ProxyState)) {
+    /// Records a new stream for `key`, replacing the state of an earlier stream of that node;
+    /// returns the stream's id.
+    fn join(&self, key: &(ScopeKey, String)) -> u64 {
+        let stream = self.streams.fetch_add(1, Ordering::Relaxed);
         {
             let mut proxies = self.proxies.write().unwrap_or_else(|p| p.into_inner());
-            f(proxies.entry(key.clone()).or_default());
+            proxies.insert(
+                key.clone(),
+                Reported {
+                    stream,
+                    state: ProxyState::default(),
+                },
+            );
+        }
+        self.changed.notify_one();
+        stream
+    }
+
+    /// Applies `f` to the node's state if `stream` is still the node's current stream.
+    fn update(&self, key: &(ScopeKey, String), stream: u64, f: impl FnOnce(&mut ProxyState)) {
+        {
+            let mut proxies = self.proxies.write().unwrap_or_else(|p| p.into_inner());
+            match proxies.get_mut(key) {
+                Some(r) if r.stream == stream => f(&mut r.state),
+                _ => return,
+            }
         }
         self.changed.notify_one();
     }
 
-    fn forget(&self, key: &(ScopeKey, String)) {
+    fn forget(&self, key: &(ScopeKey, String), stream: u64) {
         {
             let mut proxies = self.proxies.write().unwrap_or_else(|p| p.into_inner());
+            if proxies.get(key).is_none_or(|r| r.stream != stream) {
+                return;
+            }
             proxies.remove(key);
         }
         self.changed.notify_one();
+    }
+
+    fn allowed(&self, scope: &ScopeKey, id: &SpiffeId) -> bool {
+        self.expected_identity(scope)
+            .is_some_and(|(ns, sa)| ns == id.namespace && sa == id.service_account)
     }
 
     fn expected_identity(&self, scope: &ScopeKey) -> Option<(String, String)> {
@@ -130,8 +184,16 @@ pub struct DiscoveryService {
 
 type Pushes = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>> + Send>>;
 
-/// The SPIFFE ID in the peer's client certificate.
-fn peer_identity<T>(request: &Request<T>) -> Result<SpiffeId, Status> {
+/// Who the peer's client certificate says it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Peer {
+    id: SpiffeId,
+    /// The Pod the SVID was issued to (its subject common name).
+    pod: Option<String>,
+}
+
+/// The SPIFFE ID and Pod name in the peer's client certificate.
+fn peer_identity<T>(request: &Request<T>) -> Result<Peer, Status> {
     let certs = request
         .peer_certs()
         .ok_or_else(|| Status::unauthenticated("a client certificate is required"))?;
@@ -154,12 +216,24 @@ fn peer_identity<T>(request: &Request<T>) -> Result<SpiffeId, Status> {
             _ => None,
         })
         .collect();
-    match uris.as_slice() {
-        [one] => SpiffeId::parse(one).map_err(|e| Status::unauthenticated(e.to_string())),
-        _ => Err(Status::unauthenticated(
-            "the client certificate must carry exactly one SPIFFE ID",
-        )),
-    }
+    let id = match uris.as_slice() {
+        [one] => SpiffeId::parse(one).map_err(|e| Status::unauthenticated(e.to_string()))?,
+        _ => {
+            return Err(Status::unauthenticated(
+                "the client certificate must carry exactly one SPIFFE ID",
+            ));
+        }
+    };
+    let mut names = cert.subject().iter_common_name();
+    let pod = match (names.next(), names.next()) {
+        (Some(cn), None) => cn
+            .as_str()
+            .ok()
+            .filter(|s| coxswain_api::names::is_dns_subdomain(s))
+            .map(str::to_owned),
+        _ => None,
+    };
+    Ok(Peer { id, pod })
 }
 
 fn scope_key(s: Option<coxswain_api::snapshot::Scope>) -> Result<ScopeKey, Status> {
@@ -185,7 +259,7 @@ impl Discovery for DiscoveryService {
         if !self.leader.load(Ordering::Acquire) {
             return Err(Status::failed_precondition("not the leader; retry"));
         }
-        let id = peer_identity(&request)?;
+        let Peer { id, pod } = peer_identity(&request)?;
         let mut inbound = request.into_inner();
         let first = inbound
             .message()
@@ -203,24 +277,30 @@ impl Discovery for DiscoveryService {
             )));
         }
         let scope = scope_key(sub.scope)?;
-        match self.hub.expected_identity(&scope) {
-            Some((ns, sa)) if ns == id.namespace && sa == id.service_account => {}
-            _ => {
-                tracing::warn!(%id, ?scope, "subscription refused: identity not allowed for scope");
-                return Err(Status::permission_denied(format!(
-                    "{id} may not subscribe to {scope:?}"
-                )));
-            }
+        if !self.hub.allowed(&scope, &id) {
+            tracing::warn!(%id, ?scope, "subscription refused: identity not allowed for scope");
+            return Err(Status::permission_denied(format!(
+                "{id} may not subscribe to {scope:?}"
+            )));
         }
-        let node = if sub.node_id.is_empty() {
-            id.to_string()
-        } else {
-            sub.node_id
+        let Some(node) = pod else {
+            tracing::warn!(%id, "subscription refused: the SVID names no Pod");
+            return Err(Status::permission_denied(
+                "the client certificate names no Pod (an SVID from an older controller?); \
+                 bootstrap again for a new one",
+            ));
         };
+        if !sub.node_id.is_empty() && sub.node_id != node {
+            tracing::warn!(%id, pod = %node, node_id = %sub.node_id, "subscription refused: node id is not the SVID's Pod");
+            return Err(Status::permission_denied(format!(
+                "node id {:?} is not the Pod this SVID was issued to ({node}); send that or none",
+                sub.node_id
+            )));
+        }
         tracing::info!(%id, node = %node, ?scope, "proxy subscribed");
 
         let key = (scope.clone(), node);
-        self.hub.update(&key, |_| {});
+        let stream = self.hub.join(&key);
         let (tx, rx) = mpsc::channel::<Result<ControllerMessage, Status>>(4);
         let hub = self.hub.clone();
         let mut snapshots = hub.channel(&scope);
@@ -228,6 +308,17 @@ impl Discovery for DiscoveryService {
             let mut current = snapshots.borrow_and_update().clone();
             loop {
                 if let Some(s) = current.take() {
+                    // The scope may have been given to another identity since subscribing.
+                    if !hub.allowed(&key.0, &id) {
+                        tracing::warn!(%id, scope = ?key.0, "stream ended: identity no longer allowed for scope");
+                        let _ = tx
+                            .send(Err(Status::permission_denied(format!(
+                                "{id} may no longer subscribe to {:?}",
+                                key.0
+                            ))))
+                            .await;
+                        break;
+                    }
                     let nonce = hub.nonce.fetch_add(1, Ordering::Relaxed).to_string();
                     let push = ControllerMessage {
                         kind: Some(controller_message::Kind::Snapshot(SnapshotPush {
@@ -246,15 +337,15 @@ impl Discovery for DiscoveryService {
                     }
                     msg = inbound.message() => match msg {
                         Ok(Some(ProxyMessage { kind: Some(kind) })) => match kind {
-                            proxy_message::Kind::Ack(a) => hub.update(&key, |st| {
+                            proxy_message::Kind::Ack(a) => hub.update(&key, stream, |st| {
                                 st.acked_version = Some(a.version);
                                 st.last_nack = None;
                             }),
                             proxy_message::Kind::Nack(n) => {
                                 tracing::warn!(node = %key.1, version = %n.version, error = %n.error, "snapshot refused by proxy");
-                                hub.update(&key, |st| st.last_nack = Some(n.error));
+                                hub.update(&key, stream, |st| st.last_nack = Some(n.error));
                             }
-                            proxy_message::Kind::NodeStatus(ns) => hub.update(&key, |st| {
+                            proxy_message::Kind::NodeStatus(ns) => hub.update(&key, stream, |st| {
                                 st.bound_ports = ns.listeners.iter().filter(|l| l.bound).map(|l| l.port).collect();
                             }),
                             proxy_message::Kind::Subscribe(_) => {
@@ -267,7 +358,7 @@ impl Discovery for DiscoveryService {
                     },
                 }
             }
-            hub.forget(&key);
+            hub.forget(&key, stream);
             tracing::info!(node = %key.1, "proxy disconnected");
         });
         Ok(Response::new(Box::pin(

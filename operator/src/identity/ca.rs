@@ -25,6 +25,8 @@ pub enum CaError {
     Csr(#[source] rcgen::Error),
     #[error("SPIFFE ID {0} cannot be put in a certificate")]
     SpiffeId(String),
+    #[error("{0:?} is not a Pod name")]
+    PodName(String),
     #[error("signing: {0}")]
     Sign(#[source] rcgen::Error),
 }
@@ -88,28 +90,34 @@ impl Ca {
         &self.key_pem
     }
 
-    /// Signs a proxy's CSR as an SVID for `id`. Whatever names the CSR asks for are dropped:
-    /// the certificate carries exactly one URI SAN, the identity the token proved.
+    /// Signs a proxy's CSR as an SVID for `id`, issued to Pod `pod`. Whatever names the CSR
+    /// asks for are dropped: the certificate carries exactly one URI SAN, the identity the
+    /// token proved, and the subject common name is the Pod the token was bound to (replicas
+    /// share a SPIFFE ID; the discovery server tells them apart by it). Client authentication
+    /// is its only use: a proxy never serves TLS with it.
     pub fn sign_svid(
         &self,
         csr_pem: &str,
         id: &SpiffeId,
+        pod: &str,
         now: OffsetDateTime,
         lifetime: Duration,
     ) -> Result<(String, OffsetDateTime), CaError> {
+        if !coxswain_api::names::is_dns_subdomain(pod) {
+            return Err(CaError::PodName(pod.to_owned()));
+        }
         let mut csr = CertificateSigningRequestParams::from_pem(csr_pem).map_err(CaError::Csr)?;
         let uri = id.to_string();
         let san = rcgen::string::Ia5String::try_from(uri.clone())
             .map_err(|_| CaError::SpiffeId(uri.clone()))?;
         let mut params = CertificateParams::default();
         params.subject_alt_names = vec![SanType::URI(san)];
-        params.distinguished_name = DistinguishedName::new();
+        let mut subject = DistinguishedName::new();
+        subject.push(DnType::CommonName, pod);
+        params.distinguished_name = subject;
         params.is_ca = IsCa::ExplicitNoCa;
         params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ClientAuth,
-            ExtendedKeyUsagePurpose::ServerAuth,
-        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
         params.not_before = now - BACKDATE;
         let not_after = now + lifetime;
         params.not_after = not_after;
@@ -162,7 +170,15 @@ mod tests {
         // The CSR asks for a name it has no right to; the SVID ignores it.
         let (csr, _key) = csr_asking_for(&["coxswain-controller.coxswain-system.svc", "admin"]);
         let id = SpiffeId::new("cluster.local", "web", "edge-coxswain");
-        let (pem, not_after) = ca.sign_svid(&csr, &id, now, DEFAULT_SVID_LIFETIME).unwrap();
+        let (pem, not_after) = ca
+            .sign_svid(
+                &csr,
+                &id,
+                "edge-coxswain-7d9f-x2x4b",
+                now,
+                DEFAULT_SVID_LIFETIME,
+            )
+            .unwrap();
 
         let (_, parsed) = parse_x509_pem(pem.as_bytes()).unwrap();
         let cert = parsed.parse_x509().unwrap();
@@ -180,8 +196,23 @@ mod tests {
             .collect();
         assert_eq!(sans, ["uri:spiffe://cluster.local/ns/web/sa/edge-coxswain"]);
         assert!(!cert.is_ca());
+        let subject: Vec<&str> = cert
+            .subject()
+            .iter_common_name()
+            .map(|cn| cn.as_str().unwrap())
+            .collect();
+        assert_eq!(
+            subject,
+            ["edge-coxswain-7d9f-x2x4b"],
+            "the Pod, as the subject"
+        );
         let eku = cert.extended_key_usage().unwrap().unwrap().value;
-        assert!(eku.client_auth && eku.server_auth);
+        assert!(
+            eku.client_auth,
+            "client authentication is what an SVID is for"
+        );
+        assert!(!eku.server_auth, "never a server certificate");
+        assert!(!eku.any && eku.other.is_empty());
         assert_eq!(
             cert.validity().not_after.timestamp(),
             not_after.unix_timestamp()
@@ -210,7 +241,7 @@ mod tests {
         let (csr, _) = csr_asking_for(&[]);
         let id = SpiffeId::new("cluster.local", "coxswain-system", "coxswain-proxy");
         let (pem, _) = loaded
-            .sign_svid(&csr, &id, now, DEFAULT_SVID_LIFETIME)
+            .sign_svid(&csr, &id, "coxswain-proxy-0", now, DEFAULT_SVID_LIFETIME)
             .unwrap();
         let (_, parsed) = parse_x509_pem(pem.as_bytes()).unwrap();
         let cert = parsed.parse_x509().unwrap();
@@ -228,9 +259,19 @@ mod tests {
         let ca = Ca::generate("cluster.local", now).unwrap();
         let id = SpiffeId::new("cluster.local", "a", "b");
         assert!(matches!(
-            ca.sign_svid("not a csr", &id, now, DEFAULT_SVID_LIFETIME),
+            ca.sign_svid("not a csr", &id, "pod", now, DEFAULT_SVID_LIFETIME),
             Err(CaError::Csr(_))
         ));
+        let (csr, _) = csr_asking_for(&[]);
+        for bad_pod in ["", "Pod", "a/b", "CN=x,O=y"] {
+            assert!(
+                matches!(
+                    ca.sign_svid(&csr, &id, bad_pod, now, DEFAULT_SVID_LIFETIME),
+                    Err(CaError::PodName(_))
+                ),
+                "{bad_pod:?}"
+            );
+        }
         assert!(Ca::from_pem(ca.cert_pem(), "junk").is_err());
     }
 }

@@ -2,9 +2,11 @@
 //! ServiceAccount token the API server vouched for, and only to identities Coxswain deploys.
 //!
 //! `ca` and the rules here are pure: key material, certificate issuance, identity rules.
-//! `server` is the gRPC bootstrap service, which asks the API server (TokenReview).
+//! `server` is the gRPC bootstrap service, which asks the API server (TokenReview);
+//! `ratelimit` bounds how often one source may make it ask.
 
 mod ca;
+pub mod ratelimit;
 pub mod server;
 pub mod store;
 
@@ -37,8 +39,8 @@ pub fn spiffe_id_for(username: &str, trust_domain: &str) -> Result<SpiffeId, Ide
 }
 
 /// The ServiceAccounts that may hold SVIDs: the shared proxy's, and each dedicated Gateway's
-/// `{gateway}-{gatewayclass}` (GEP-1762). Rebuilt from the controller's state as Gateways
-/// come and go.
+/// (`{gateway}-{gatewayclass}` per GEP-1762, unless disambiguated: see
+/// [`crate::provision::naming`]). Rebuilt from the controller's state as Gateways come and go.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Allowlist {
     accounts: BTreeSet<(String, String)>,
@@ -52,9 +54,9 @@ impl Allowlist {
     }
 
     /// Adds the ServiceAccount of a dedicated Gateway's proxy.
-    pub fn allow_dedicated(&mut self, namespace: &str, gateway: &str, gateway_class: &str) {
-        let name = coxswain_api::names::dedicated_proxy_name(gateway, gateway_class);
-        self.accounts.insert((namespace.to_owned(), name));
+    pub fn allow(&mut self, namespace: &str, service_account: &str) {
+        self.accounts
+            .insert((namespace.to_owned(), service_account.to_owned()));
     }
 
     pub fn check(&self, id: &SpiffeId) -> Result<(), IdentityError> {
@@ -97,7 +99,7 @@ mod tests {
     #[test]
     fn only_deployed_proxies_are_allowed() {
         let mut allow = Allowlist::new(("coxswain-system", "coxswain-proxy"));
-        allow.allow_dedicated("web", "edge", "coxswain");
+        allow.allow("web", "edge-coxswain");
         let id = |ns: &str, sa: &str| SpiffeId::new("cluster.local", ns, sa);
         assert!(
             allow

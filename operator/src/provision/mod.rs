@@ -8,7 +8,11 @@
 //! Invalid references are reported on the Gateway/GatewayClass status by the compiler
 //! (`Accepted=False`, `InvalidParameters`); here they only stop the rollout of a change, so a
 //! typo never tears down a running proxy.
+//!
+//! The objects' name comes from [`naming`], assigned by the controller loop over every
+//! dedicated Gateway at once (two Gateways can want the same GEP-1762 name).
 
+pub mod naming;
 pub mod render;
 
 use coxswain_api::crd::gateway::CoxswainGatewayParameters;
@@ -33,8 +37,13 @@ use std::fmt::Debug;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::watch;
 
+pub use naming::{ProxyName, ProxyNames};
 pub use render::{Inputs, RenderError, Rendered};
+
+/// How long a reconcile waits for the controller loop to name a new dedicated Gateway's proxy.
+const NAME_WAIT: Duration = Duration::from_secs(10);
 
 /// What the reconciler needs beyond the Gateway.
 pub struct Context {
@@ -45,6 +54,8 @@ pub struct Context {
     pub trust_bundle_pem: String,
     pub leader: Arc<AtomicBool>,
     pub recorder: Recorder,
+    /// The proxies' names, assigned by the controller loop (see [`naming`]).
+    pub names: watch::Receiver<Arc<ProxyNames>>,
     /// Last override notes per Gateway, so each becomes one Event, not one per reconcile.
     reported: Mutex<HashMap<(String, String), Vec<String>>>,
 }
@@ -74,8 +85,16 @@ impl Context {
             trust_bundle_pem,
             leader,
             recorder,
+            // Until `with_proxy_names`: nothing is ever named, so nothing is provisioned.
+            names: watch::channel(Arc::new(ProxyNames::default())).1,
             reported: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// Where the controller loop publishes the proxies' names.
+    pub fn with_proxy_names(mut self, names: watch::Receiver<Arc<ProxyNames>>) -> Self {
+        self.names = names;
+        self
     }
 }
 
@@ -105,6 +124,23 @@ pub async fn run(
     let gateways = controller.store();
     let by_params = gateways.clone();
     let by_class = gateways.clone();
+    // A Gateway's proxy is renamed when a name conflict appears or ends: re-render them all
+    // (rare; a reconcile that changes nothing is one no-op apply per object).
+    let renames = {
+        let mut names = ctx.names.clone();
+        let seen = names.borrow_and_update().clone();
+        futures::stream::unfold((names, seen), |(mut names, mut seen)| async move {
+            loop {
+                names.changed().await.ok()?;
+                let next = names.borrow_and_update().clone();
+                let renamed = seen.renamed_in(&next);
+                seen = next;
+                if renamed {
+                    return Some(((), (names, seen)));
+                }
+            }
+        })
+    };
     controller
         .owns(Api::<Deployment>::all(client.clone()), owned.clone())
         .owns(Api::<Service>::all(client.clone()), owned.clone())
@@ -135,6 +171,7 @@ pub async fn run(
                     .collect::<Vec<_>>()
             },
         )
+        .reconcile_all_on(renames)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|result| async move {
@@ -224,6 +261,10 @@ async fn reconcile(gw: Arc<Gateway>, ctx: Arc<Context>) -> Result<Action, Provis
             .unwrap_or_default()
     };
     let (class_name, gateway_name) = (describe(&class_params), describe(&gateway_params));
+    let Some(proxy) = proxy_name(&ctx, &ns, &gw_name).await else {
+        tracing::debug!(namespace = %ns, gateway = %gw_name, "no proxy name assigned yet");
+        return Ok(Action::requeue(NAME_WAIT));
+    };
     let inputs = Inputs {
         gateway: &gw,
         class_params: class_params.as_ref().map(|p| &p.spec),
@@ -234,6 +275,7 @@ async fn reconcile(gw: Arc<Gateway>, ctx: Arc<Context>) -> Result<Action, Provis
         controller_name: &ctx.controller_name,
         default_image: &ctx.default_image,
         trust_bundle_pem: &ctx.trust_bundle_pem,
+        proxy_name: &proxy.name,
     };
     let rendered = match render::render(&inputs) {
         Ok(r) => r,
@@ -289,6 +331,21 @@ async fn reconcile(gw: Arc<Gateway>, ctx: Arc<Context>) -> Result<Action, Provis
     }
     tracing::debug!(namespace = %ns, gateway = %gw_name, proxy = %rendered.name, "dedicated proxy applied");
     Ok(Action::requeue(Duration::from_secs(300)))
+}
+
+/// The name the controller loop assigned to this Gateway's proxy; a Gateway that just became
+/// dedicated is named within one compile, so wait for it a little rather than requeue.
+async fn proxy_name(ctx: &Context, namespace: &str, gateway: &str) -> Option<ProxyName> {
+    let mut names = ctx.names.clone();
+    tokio::time::timeout(
+        NAME_WAIT,
+        names.wait_for(|n| n.get(namespace, gateway).is_some()),
+    )
+    .await
+    .ok()?
+    .ok()?
+    .get(namespace, gateway)
+    .cloned()
 }
 
 async fn publish(ctx: &Context, gw: &Gateway, type_: EventType, reason: &str, note: &str) {

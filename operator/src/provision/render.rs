@@ -57,9 +57,12 @@ pub struct Inputs<'a> {
     pub controller_name: &'a str,
     pub default_image: &'a str,
     pub trust_bundle_pem: &'a str,
+    /// Name of every object: `{gateway}-{gatewayclass}` unless another Gateway holds it
+    /// (see [`super::naming`]).
+    pub proxy_name: &'a str,
 }
 
-/// Every object of one dedicated proxy, named `{gateway}-{gatewayclass}`.
+/// Every object of one dedicated proxy, named `inputs.proxy_name`.
 #[derive(Debug, Clone)]
 pub struct Rendered {
     pub name: String,
@@ -117,8 +120,7 @@ pub fn render(inputs: &Inputs<'_>) -> Result<Rendered, RenderError> {
     ) else {
         return Err(RenderError::Unnamed);
     };
-    let class = gw.spec.gateway_class_name.as_str();
-    let name = names::dedicated_proxy_name(gw_name, class);
+    let name = inputs.proxy_name.to_owned();
     let params = effective(inputs.class_params, inputs.gateway_params);
     let infra = gw.spec.infrastructure.as_ref();
 
@@ -784,6 +786,7 @@ spec:
             controller_name: "coxswain-labs.dev/gateway-controller",
             default_image: "ghcr.io/coxswain-labs/coxswain:v0.1.0",
             trust_bundle_pem: "PEM",
+            proxy_name: "edge-coxswain",
         })
     }
 

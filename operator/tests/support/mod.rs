@@ -18,29 +18,135 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-/// Creates the ServiceAccount if needed and returns a token for it with `audience`, as a
-/// projected token volume would hold.
+/// Creates the ServiceAccount if needed and returns a token for it with `audience`, bound to
+/// Pod `{name}-0` of that ServiceAccount, as a projected token volume would hold.
 pub async fn service_account_token(env: &TestEnv, name: &str, audience: &str) -> String {
-    let sas: Api<ServiceAccount> = env.api();
-    let sa = ServiceAccount {
+    pod_token(env, name, &format!("{name}-0"), audience).await
+}
+
+/// Creates the ServiceAccount `sa` and a Pod `pod` running as it if needed, and returns a
+/// token for `sa` with `audience` bound to that Pod: what the kubelet puts in a projected
+/// token volume. The Pod is never scheduled (a scheduling gate holds it).
+pub async fn pod_token(env: &TestEnv, sa: &str, pod: &str, audience: &str) -> String {
+    pod_token_in(&env.client, &env.namespace, sa, pod, audience).await
+}
+
+/// [`pod_token`] in any namespace.
+pub async fn pod_token_in(
+    client: &kube::Client,
+    namespace: &str,
+    sa: &str,
+    pod: &str,
+    audience: &str,
+) -> String {
+    use k8s_openapi::api::authentication::v1::BoundObjectReference;
+    use k8s_openapi::api::core::v1::{
+        Capabilities, Container, Pod, PodSchedulingGate, PodSecurityContext, PodSpec,
+        SeccompProfile, SecurityContext,
+    };
+    let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    let account = ServiceAccount {
         metadata: ObjectMeta {
-            name: Some(name.into()),
+            name: Some(sa.into()),
             ..Default::default()
         },
         ..Default::default()
     };
     // Already there from an earlier call: fine.
-    let _ = sas.create(&PostParams::default(), &sa).await;
+    let _ = sas.create(&PostParams::default(), &account).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let spec = Pod {
+        metadata: ObjectMeta {
+            name: Some(pod.into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            service_account_name: Some(sa.into()),
+            automount_service_account_token: Some(false),
+            scheduling_gates: Some(vec![PodSchedulingGate {
+                name: "coxswain-labs.dev/test-never-scheduled".into(),
+            }]),
+            // Admitted by the restricted Pod Security level (Coxswain's namespace enforces it).
+            security_context: Some(PodSecurityContext {
+                run_as_non_root: Some(true),
+                seccomp_profile: Some(SeccompProfile {
+                    type_: "RuntimeDefault".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            containers: vec![Container {
+                name: "proxy".into(),
+                image: Some("example.invalid/never-pulled:1".into()),
+                security_context: Some(SecurityContext {
+                    allow_privilege_escalation: Some(false),
+                    capabilities: Some(Capabilities {
+                        drop: Some(vec!["ALL".into()]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let existing = pods.get_opt(pod).await.unwrap();
+    let created = match existing {
+        Some(p) => p,
+        None => pods.create(&PostParams::default(), &spec).await.unwrap(),
+    };
+    assert_eq!(
+        created
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.as_deref()),
+        Some(sa),
+        "Pod {pod} runs as another ServiceAccount"
+    );
     let req = TokenRequest {
         spec: Some(TokenRequestSpec {
             audiences: Some(vec![audience.into()]),
+            expiration_seconds: Some(3600),
+            bound_object_ref: Some(BoundObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.into()),
+                uid: created.metadata.uid.clone(),
+            }),
+        }),
+        ..Default::default()
+    };
+    let issued: TokenRequest = sas
+        .create_subresource("token", sa, &PostParams::default(), &req)
+        .await
+        .unwrap();
+    issued.status.unwrap().token.unwrap()
+}
+
+/// A token for ServiceAccount `sa` (created if needed) bound to no object; `audience` None
+/// means the API server's own.
+pub async fn unbound_token(env: &TestEnv, sa: &str, audience: Option<&str>) -> String {
+    let sas: Api<ServiceAccount> = env.api();
+    let account = ServiceAccount {
+        metadata: ObjectMeta {
+            name: Some(sa.into()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let _ = sas.create(&PostParams::default(), &account).await;
+    let req = TokenRequest {
+        spec: Some(TokenRequestSpec {
+            audiences: audience.map(|a| vec![a.to_owned()]),
             expiration_seconds: Some(3600),
             ..Default::default()
         }),
         ..Default::default()
     };
     let issued: TokenRequest = sas
-        .create_subresource("token", name, &PostParams::default(), &req)
+        .create_subresource("token", sa, &PostParams::default(), &req)
         .await
         .unwrap();
     issued.status.unwrap().token.unwrap()
@@ -232,14 +338,15 @@ pub fn local_controller_config(
         proxy_image: None,
         ingress_ports: (80, 443),
         ingress_nginx_compat: false,
+        bootstrap_rate_limit: Default::default(),
         health_addr: None,
         metrics_addr: None,
     }
 }
 
 /// A shared-pool proxy subscribed to an in-process controller on loopback: bootstrapped with
-/// a TokenRequest token of ServiceAccount `coxswain-proxy` and the trust bundle the
-/// controller published.
+/// a TokenRequest token of ServiceAccount `coxswain-proxy` bound to Pod `node_id`, and the
+/// trust bundle the controller published.
 pub struct SharedProxy {
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     task: tokio::task::JoinHandle<Result<(), coxswain_proxy::discovery::ServeError>>,
@@ -255,7 +362,7 @@ impl SharedProxy {
     ) -> Self {
         use coxswain_api::snapshot as snap;
         use k8s_openapi::api::core::v1::ConfigMap;
-        let token = service_account_token(env, "coxswain-proxy", "coxswain-discovery").await;
+        let token = pod_token(env, "coxswain-proxy", node_id, "coxswain-discovery").await;
         let files = tempfile::tempdir().unwrap();
         std::fs::write(files.path().join("token"), token).unwrap();
         let maps: Api<ConfigMap> = env.api();
