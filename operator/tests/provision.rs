@@ -732,6 +732,7 @@ spec: {{controllerName: {controller}}}
         scope: snap::Scope::default(),
         node_id: String::new(),
         workers: 0,
+        limits: Default::default(),
     })
     .await
     .unwrap();

@@ -172,7 +172,9 @@ proptest! {
             Framing::Length(n) => prop_assert!(bodyless || (!chunked && Some(n) == length)),
             Framing::UntilClose => prop_assert!(!chunked && length.is_none() && !bodyless),
         }
-        prop_assert_eq!(parsed.reusable, !close && !(chunked && length.is_some()) && (bodyless || chunked || length.is_some()));
+        let conflicting = chunked && length.is_some();
+        let delimited = bodyless || chunked || length.is_some();
+        prop_assert_eq!(parsed.reusable, !(close || conflicting) && delimited);
     }
 
     #[test]
