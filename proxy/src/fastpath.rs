@@ -77,6 +77,7 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
             }
             HeadRead::Closed => return Next::Closed,
             HeadRead::Reject(status) => {
+                crate::metrics::Metrics::count(&env.table.metrics().requests_refused);
                 let _ = conn.write_all(status_response(status)).await;
                 let _ = conn.flush().await;
                 return Next::Closed;
@@ -114,6 +115,7 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
                 return Next::Pingora;
             }
             Step::Reject(status) => {
+                crate::metrics::Metrics::count(&env.table.metrics().requests_refused);
                 let _ = conn.write_all(status_response(status)).await;
                 let _ = conn.flush().await;
                 return Next::Closed;
@@ -210,6 +212,7 @@ async fn read_head(
                 Ok(r) => r,
                 Err(_) => {
                     tracing::debug!(peer = %env.peer, "request head deadline passed");
+                    crate::metrics::Metrics::count(&env.table.metrics().request_head_timeouts);
                     // A request begun and not finished in time: 408, as nginx answers.
                     return if req.is_empty() {
                         HeadRead::Closed

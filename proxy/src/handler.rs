@@ -328,6 +328,7 @@ impl ProxyHttp for Gateway {
                 Ok(c) => c,
                 Err(reject) => {
                     tracing::debug!(reason = reject.reason(), "request refused");
+                    crate::metrics::Metrics::count(&self.table.metrics().requests_refused);
                     session.set_keepalive(None);
                     return respond(session, reject.status(), None).await;
                 }
@@ -488,6 +489,8 @@ impl ProxyHttp for Gateway {
         if ctx.h2c {
             peer.options.alpn = ALPN::H2;
         }
+        // Pooled connections idle no longer than the fast path's.
+        peer.options.idle_timeout = Some(self.limits.upstream_idle);
         // Pooled upstream connections stay with the worker that opened them, and ones verified
         // against a policy's CAs serve only peers asking for the same CAs.
         peer.group_key = match &ctx.backend_tls {

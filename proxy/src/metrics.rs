@@ -149,7 +149,7 @@ impl Metrics {
             ),
             (
                 "coxswain_proxy_requests_refused_total",
-                "Request heads refused before routing (malformed, ambiguous framing, over the limits).",
+                "Request heads refused before routing (400, 405, 408, 431).",
                 &self.requests_refused,
             ),
             (
