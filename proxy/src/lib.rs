@@ -15,6 +15,7 @@ pub mod discovery;
 pub mod fastpath;
 pub mod filters;
 pub mod handler;
+pub mod head_deadline;
 pub mod http1;
 pub mod limits;
 pub mod listeners;

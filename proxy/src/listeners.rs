@@ -10,6 +10,7 @@
 use crate::conn::Buffered;
 use crate::fastpath::{self, Next};
 use crate::handler::Gateway;
+use crate::head_deadline::HeadDeadline;
 use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::table::SharedTable;
@@ -19,7 +20,7 @@ use pingora::apps::{HttpServerApp, HttpServerOptions, ServerApp};
 use pingora::listeners::tls::Acceptor;
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::l4::stream::Stream as L4Stream;
-use pingora::protocols::{GetSocketDigest, SocketDigest};
+use pingora::protocols::{ALPN, GetSocketDigest, SocketDigest, Ssl};
 use pingora::proxy::HttpProxy;
 use pingora::server::configuration::ServerConf;
 use rustls::server::{ClientHello, ResolvesServerCert};
@@ -392,8 +393,20 @@ impl Connection {
                         return;
                     }
                 };
+                // Pingora reads the heads here: HTTP/1 heads get a whole-head deadline (HTTP/2
+                // has its own framing and settings).
+                let stream: pingora::protocols::Stream =
+                    if matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
+                        Box::new(stream)
+                    } else {
+                        Box::new(HeadDeadline::new(
+                            stream,
+                            self.limits.request_head,
+                            self.table.metrics().clone(),
+                        ))
+                    };
                 // Pingora runs the keep-alive loop itself; `cleanup()` ends idle connections.
-                let mut next: Option<pingora::protocols::Stream> = Some(Box::new(stream));
+                let mut next: Option<pingora::protocols::Stream> = Some(stream);
                 while let Some(s) = next.take() {
                     next = self.proxy.process_new(s, &self.shutdown).await;
                 }

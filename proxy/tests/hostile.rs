@@ -82,6 +82,67 @@ fn engines() -> [(&'static str, Limits); 2] {
 
 const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
 
+/// Accepts any server certificate: these tests are about timing, not trust.
+#[derive(Debug)]
+struct AnyCert;
+
+impl rustls::client::danger::ServerCertVerifier for AnyCert {
+    fn verify_server_cert(
+        &self,
+        _: &rustls_pki_types::CertificateDer<'_>,
+        _: &[rustls_pki_types::CertificateDer<'_>],
+        _: &rustls_pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        _: &[u8],
+        _: &rustls_pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn verify_tls13_signature(
+        &self,
+        _: &[u8],
+        _: &rustls_pki_types::CertificateDer<'_>,
+        _: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        Ok(rustls::client::danger::HandshakeSignatureValid::assertion())
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        rustls::crypto::ring::default_provider()
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
+}
+
+/// A TLS client connection (HTTP/1.1 by ALPN) to the proxy's HTTPS port.
+async fn tls_client(port: u16) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .dangerous()
+    .with_custom_certificate_verifier(Arc::new(AnyCert))
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(
+            rustls_pki_types::ServerName::try_from("proxy.example").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn route_bypasses_get_the_allowlisted_routes_answer() {
     let (backend, mut seen, _) = raw_backend(|_| RawAnswer::Send(OK.to_vec())).await;
@@ -264,12 +325,52 @@ async fn every_wait_ends_at_its_deadline() {
         assert!(closed, "{engine}: an unfinished TLS handshake is cut");
         assert!(started.elapsed() < Duration::from_secs(3), "{engine}");
 
+        // Over TLS, where Pingora reads the head: dribbled lines are cut at the deadline too.
+        let mut tls = tls_client(s.tls_port).await;
+        let started = Instant::now();
+        tls.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        tls.flush().await.unwrap();
+        let mut cut = false;
+        for i in 0..20 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let line = format!("x-{i}: y\r\n");
+            if tls.write_all(line.as_bytes()).await.is_err() || tls.flush().await.is_err() {
+                cut = true;
+                break;
+            }
+        }
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(wait, tls.read_to_end(&mut rest)).await;
+        assert!(
+            cut || read.is_ok(),
+            "{engine}: a dribbled head over TLS is cut"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(4),
+            "{engine}: over TLS, cut near the deadline, not after the whole dribble"
+        );
+        // A whole request over TLS is still served.
+        let mut tls = tls_client(s.tls_port).await;
+        tls.write_all(b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        tls.flush().await.unwrap();
+        let mut resp = Vec::new();
+        let _ = tokio::time::timeout(wait, tls.read_to_end(&mut resp)).await;
+        assert_eq!(status_of(&resp), Some(200), "{engine}");
+
         assert!(
             s.proxy
                 .metric("coxswain_proxy_tls_handshake_timeouts_total")
                 .await
                 >= 1
         );
+        for counter in [
+            "coxswain_proxy_request_head_timeouts_total",
+            "coxswain_proxy_requests_refused_total",
+        ] {
+            assert!(s.proxy.metric(counter).await >= 1, "{engine}: {counter}");
+        }
         s.proxy.stop().await;
     }
 }
