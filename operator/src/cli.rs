@@ -143,6 +143,20 @@ pub struct BundleArgs {
     /// generation.
     #[arg(long)]
     pub check: bool,
+
+    /// Write (or check) bundle/ and bundle.Dockerfile under this directory instead of --root.
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+
+    /// Publish this build as another version, to rehearse an upgrade through a catalog: the
+    /// CSV gets this version and every image the tag v<VERSION> (same repository). Needs
+    /// --replaces; use with --out-dir, as the result is not the release bundle.
+    #[arg(long, value_name = "VERSION", requires = "replaces")]
+    pub as_version: Option<String>,
+
+    /// With --as-version: the CSV this version replaces (spec.replaces), e.g. coxswain.v0.1.0.
+    #[arg(long, value_name = "CSV", requires = "as_version")]
+    pub replaces: Option<String>,
 }
 
 #[derive(Debug, Args)]

@@ -32,11 +32,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Bundle(args) => {
             use coxswain_operator::bundle;
-            let generated = bundle::generate(&bundle::Layout::new(&args.root))?;
+            let layout = bundle::Layout::new(&args.root);
+            let generated = match (&args.as_version, &args.replaces) {
+                (Some(version), Some(replaces)) => {
+                    bundle::generate_rehearsal(&layout, bundle::Rehearsal { version, replaces })?
+                }
+                _ => bundle::generate(&layout)?,
+            };
+            let out = args.out_dir.as_ref().unwrap_or(&args.root);
             if args.check {
-                generated.check(&args.root)?;
+                generated.check(out)?;
             } else {
-                generated.write(&args.root)?;
+                generated.write(out)?;
             }
             Ok(ExitCode::SUCCESS)
         }
