@@ -264,9 +264,17 @@ pub struct ProxyArgs {
     pub bind_address: std::net::IpAddr,
 
     /// After SIGTERM, how long in-flight requests may take before the proxy exits. Keep it
-    /// below the pod's terminationGracePeriodSeconds.
+    /// and --shutdown-delay-seconds together below the pod's terminationGracePeriodSeconds.
     #[arg(long, env = "COXSWAIN_DRAIN_SECONDS", default_value_t = 15)]
     pub drain_seconds: u64,
+
+    /// After SIGTERM, keep accepting new connections this long before draining (shared and
+    /// dedicated proxies). A terminating Pod leaves its Service's endpoints while it receives
+    /// SIGTERM, not before; until every load balancer and node has seen that, new connections
+    /// still arrive, and a proxy that stopped accepting would leave them unanswered. A second
+    /// signal ends the delay.
+    #[arg(long, env = "COXSWAIN_SHUTDOWN_DELAY_SECONDS", default_value_t = 5)]
+    pub shutdown_delay_seconds: u64,
 
     /// Worker threads (default: one per CPU).
     #[arg(long, env = "COXSWAIN_THREADS")]
