@@ -26,6 +26,27 @@ alive() { [[ -f "$run/$1.pid" ]] && kill -0 "$(cat "$run/$1.pid")" 2>/dev/null; 
 bin="$("$here/build.sh")"
 kubectl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
+# --- processes -------------------------------------------------------------------------
+# Each runs in its own session so it outlives this script (`make cluster-up`), with its pid
+# recorded for down.sh.
+start() { # name command...
+  local name=$1; shift
+  setsid "$@" >"$logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$run/$name.pid"
+}
+wait_for() { # what seconds command...
+  local what=$1 secs=$2; shift 2
+  local deadline=$(( $(date +%s) + secs ))
+  until "$@" >/dev/null 2>&1; do
+    if (( $(date +%s) >= deadline )); then
+      log "$what not ready after ${secs}s; last log lines:"
+      tail -n 30 "$logs"/*.log >&2 || true
+      die "$what did not become ready"
+    fi
+    sleep 0.2
+  done
+}
+
 install_crds() {
   local gwapi_dir
   gwapi_dir="$(cd / && go mod download -json "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION" \
@@ -150,27 +171,6 @@ KCFG
 }
 write_kubeconfig "$kubeconfig" admin
 write_kubeconfig "$dir/kcm.kubeconfig" kcm
-
-# --- processes -------------------------------------------------------------------------
-# Each runs in its own session so it outlives this script (`make cluster-up`), with its pid
-# recorded for down.sh.
-start() { # name command...
-  local name=$1; shift
-  setsid "$@" >"$logs/$name.log" 2>&1 < /dev/null &
-  echo $! > "$run/$name.pid"
-}
-wait_for() { # what seconds command...
-  local what=$1 secs=$2; shift 2
-  local deadline=$(( $(date +%s) + secs ))
-  until "$@" >/dev/null 2>&1; do
-    if (( $(date +%s) >= deadline )); then
-      log "$what not ready after ${secs}s; last log lines:"
-      tail -n 30 "$logs"/*.log >&2 || true
-      die "$what did not become ready"
-    fi
-    sleep 0.2
-  done
-}
 
 start etcd "$bin/etcd" --name coxswain --data-dir "$dir/etcd" \
   --listen-client-urls "http://127.0.0.1:$COXSWAIN_ETCD_PORT" \
