@@ -66,7 +66,10 @@ opm validate "$work/catalog" >&2 || die "opm validate rejected the catalog"
 cat "$work/catalog/package.yaml" "$work/catalog/bundles.yaml" > "$work/catalog.yaml"
 digest="$(sha256sum "$work/catalog.yaml" | cut -c1-16)"
 
-published=$(date +%s)
+# Publishing the catalog already served changes nothing: any READY connection reads it.
+served="$(kubectl -n olm get deployment coxswain-catalog \
+  -o jsonpath='{.spec.template.metadata.annotations.coxswain-labs\.dev/catalog-digest}' 2>/dev/null || true)"
+if [[ "$served" == "$digest" ]]; then published=0; else published=$(date +%s); fi
 kubectl -n olm create configmap coxswain-catalog --from-file=catalog.yaml="$work/catalog.yaml" \
   --dry-run=client -o yaml | kubectl apply --server-side --force-conflicts -f - >&2
 sed "s/CATALOG_DIGEST/$digest/" "$here/catalog-server.yaml" \
