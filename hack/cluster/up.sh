@@ -147,6 +147,19 @@ sign kcm "/CN=system:kube-controller-manager" "$(printf '%s\n' \
 # Service-account token signing pair: TokenRequest signs with it, TokenReview verifies.
 key "$pki/sa.key"
 openssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+# API aggregation (aggregated API servers such as OLM's packageserver): kube-apiserver proxies
+# to them with this client certificate, from a CA of its own that they trust for the
+# X-Remote-User/-Group headers (published in kube-system/extension-apiserver-authentication).
+key "$pki/front-proxy-ca.key"
+openssl req -x509 -new -key "$pki/front-proxy-ca.key" -subj "/CN=coxswain-local-front-proxy-ca" \
+  -days 30 -sha256 -addext "basicConstraints=critical,CA:TRUE" \
+  -addext "keyUsage=critical,keyCertSign,cRLSign" -out "$pki/front-proxy-ca.crt" 2>/dev/null
+key "$pki/front-proxy-client.key"
+openssl req -new -key "$pki/front-proxy-client.key" -subj "/CN=front-proxy-client" 2>/dev/null \
+  | openssl x509 -req -CA "$pki/front-proxy-ca.crt" -CAkey "$pki/front-proxy-ca.key" \
+    -CAcreateserial -days 30 -sha256 -out "$pki/front-proxy-client.crt" \
+    -extfile <(printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature" \
+      "extendedKeyUsage=clientAuth") 2>/dev/null
 
 server="https://127.0.0.1:$COXSWAIN_APISERVER_PORT"
 write_kubeconfig() { # file user
@@ -189,6 +202,13 @@ start kube-apiserver "$bin/kube-apiserver" \
   --secure-port "$COXSWAIN_APISERVER_PORT" --cert-dir "$dir/apiserver-certs" \
   --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
   --client-ca-file "$pki/ca.crt" \
+  --requestheader-client-ca-file "$pki/front-proxy-ca.crt" \
+  --requestheader-allowed-names front-proxy-client \
+  --requestheader-username-headers X-Remote-User \
+  --requestheader-group-headers X-Remote-Group \
+  --requestheader-extra-headers-prefix X-Remote-Extra- \
+  --proxy-client-cert-file "$pki/front-proxy-client.crt" \
+  --proxy-client-key-file "$pki/front-proxy-client.key" \
   --authorization-mode RBAC \
   --service-account-issuer "$issuer" \
   --service-account-key-file "$pki/sa.pub" \
