@@ -3,8 +3,9 @@
 # cluster of its own (etcd, kube-apiserver, kube-controller-manager, the test node), as
 # docs/install.md tells a user to:
 #   1. a file-based catalog with the committed bundle (bundle/) behind an address
-#      CatalogSource; Subscription -> InstallPlan Complete -> CSV Succeeded; the controller and
-#      shared proxy Deployments come from the CSV's install strategy and their Pods run;
+#      CatalogSource, listed as a PackageManifest (what OperatorHub shows); Subscription ->
+#      InstallPlan Complete -> CSV Succeeded; the controller and shared proxy Deployments come
+#      from the CSV's install strategy and their Pods run;
 #   2. CoxswainGatewayParameters, a GatewayClass with parametersRef, Gateway and HTTPRoute
 #      (hack/olm-runtime/user.yaml); Accepted and Programmed with an address; 200 through it;
 #   3. the same build published as the next patch version (`coxswain bundle --as-version`,
@@ -87,6 +88,13 @@ log "cluster and OLM up in $(elapsed)"
 step "1. install: catalog with $old_csv, Subscription (docs/install.md), CSV Succeeded"
 "$here/catalog.sh" "$kubeconfig" bundle
 log "CatalogSource olm/coxswain-catalog: $(jp -n olm catalogsource/coxswain-catalog -o jsonpath='{.status.connectionState.lastObservedState}')"
+# What OperatorHub lists: the PackageManifest that OLM's packageserver makes of the catalog.
+package_offers() { # CSV: the channel's head is CSV
+  [[ "$(jp -n olm packagemanifest/"$package" -o jsonpath="{.status.channels[?(@.name==\"$channel\")].currentCSV}")" == "$1" ]]
+}
+wait_until "PackageManifest $package offering $old_csv" 60 package_offers "$old_csv"
+kubectl -n olm get packagemanifest "$package" \
+  -o jsonpath='{"PackageManifest "}{.metadata.name}{": catalog "}{.status.catalogSource}{", default channel "}{.status.defaultChannel}{", head "}{.status.channels[0].currentCSV}{" ("}{.status.channels[0].currentCSVDesc.displayName}{")\n"}' >&2
 subscribed=$(date +%s)
 kubectl apply --server-side -f - >&2 <<EOF
 apiVersion: v1
@@ -160,6 +168,7 @@ traffic_pid=$!
 wait_until "the traffic client's first 200" 30 test -f "$work/traffic.ready"
 upgrade_started=$(date +%s)
 "$here/catalog.sh" "$kubeconfig" bundle "$work/next/bundle"
+wait_until "PackageManifest $package offering $new_csv" 60 package_offers "$new_csv"
 wait_until "an InstallPlan for $new_csv" 300 installplan_for "$new_csv"
 ip="$(installplan_of)"
 wait_until "InstallPlan $ip Complete" 300 phase_is "installplan/$ip" Complete
@@ -215,7 +224,7 @@ operator_gone() {
     ! kubectl "${ns[@]}" get role "$new_csv" >/dev/null 2>&1 &&
     ! kubectl "${ns[@]}" get serviceaccount coxswain-controller >/dev/null 2>&1 &&
     ! kubectl "${ns[@]}" get serviceaccount coxswain-proxy >/dev/null 2>&1 &&
-    [[ -z "$(kubectl get csv -A -o name)" ]]
+    [[ -z "$(kubectl get csv -A --field-selector "metadata.name=$new_csv" -o name)" ]]
 }
 wait_until "the operator's Deployments, Pods, Services, ServiceAccounts and RBAC removed" 180 operator_gone
 log "removed in $(elapsed): Deployments, Pods, Services, the PodDisruptionBudget, both ServiceAccounts, $rbac_before RBAC objects and every copied CSV"

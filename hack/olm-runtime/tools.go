@@ -8,5 +8,6 @@ package olmruntime
 import (
 	_ "github.com/operator-framework/operator-lifecycle-manager/cmd/catalog"
 	_ "github.com/operator-framework/operator-lifecycle-manager/cmd/olm"
+	_ "github.com/operator-framework/operator-lifecycle-manager/cmd/package-server"
 	_ "github.com/operator-framework/operator-registry/cmd/opm"
 )
