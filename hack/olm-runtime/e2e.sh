@@ -64,7 +64,7 @@ old_csv="$package.v$version" new_csv="$package.v$next"
 work="$(mktemp -d)"
 traffic_pid=""
 cleanup() {
-  [[ -n "$traffic_pid" ]] && kill "$traffic_pid" 2>/dev/null || true
+  if [[ -n "$traffic_pid" ]]; then kill "$traffic_pid" 2>/dev/null || true; fi
   rm -rf "$work"
   if [[ "${COXSWAIN_OLM_E2E_TEARDOWN:-0}" == 1 ]]; then
     hack/cluster/down.sh >&2 || true

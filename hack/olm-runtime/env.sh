@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Shared settings for the OLM runtime scripts (build, up, e2e). Sourced, not executed.
 here_olm_env="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=hack/cluster/env.sh

@@ -39,8 +39,9 @@ kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
 crds="$(olm_module_dir)/deploy/chart/crds"
 kubectl apply --server-side --force-conflicts -f "$crds" >&2
-kubectl wait --for condition=Established --timeout 60s \
-  $(for f in "$crds"/*.yaml; do printf 'crd/%s ' "$(sed -n 's/^  name: //p' "$f" | head -1)"; done) >&2
+olm_crds=()
+for f in "$crds"/*.yaml; do olm_crds+=("crd/$(sed -n 's/^  name: //p' "$f" | head -1)"); done
+kubectl wait --for condition=Established --timeout 60s "${olm_crds[@]}" >&2
 kubectl apply --server-side --force-conflicts -f "$here/olm.yaml" >&2
 kubectl -n olm rollout status deployment/olm-operator --timeout 180s >&2
 kubectl -n olm rollout status deployment/catalog-operator --timeout 180s >&2
