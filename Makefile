@@ -9,7 +9,7 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
 .PHONY: help
 help: ## List the targets
-	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+	@grep -hE '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 ##@ Build and generate
 
@@ -89,6 +89,20 @@ cluster-up: ## Start the local control plane and the test node (Pods run as proc
 .PHONY: cluster-down
 cluster-down: ## Stop the local control plane and remove its state
 	hack/cluster/down.sh
+
+##@ OLM v0 on the local cluster (built from Go modules; hack/olm-runtime)
+
+.PHONY: olm-up
+olm-up: ## OLM's CRDs, olm and catalog operators (Pods on the test node) on `make cluster-up`'s cluster, and a catalog of bundle/ (CatalogSource olm/coxswain-catalog)
+	$(CARGO) build --quiet -p coxswain-operator --bin coxswain -p coxswain-testenv --bin coxswain-node
+	kubeconfig="$$(COXSWAIN_NODE_BIN="$(TARGET_DIR)/debug/coxswain-node" \
+	  COXSWAIN_NODE_IMAGES="coxswain=$(TARGET_DIR)/debug/coxswain" hack/olm-runtime/up.sh)"; \
+	hack/olm-runtime/catalog.sh "$$kubeconfig" bundle; \
+	echo "OLM is up; subscribe as docs/install.md shows, with source: coxswain-catalog"
+
+.PHONY: olm-e2e
+olm-e2e: ## Real OLM installs Coxswain from a catalog, a GatewayClass with parametersRef serves, OLM upgrades it under traffic (0 failed requests), uninstall (root, test node)
+	hack/olm-runtime/e2e.sh
 
 ##@ Run
 

@@ -10,8 +10,15 @@ source "$here/env.sh"
 
 mkdir -p "$K8S_BIN"
 cd "$here"
-# One stamp per go.sum: a change of pinned versions rebuilds everything.
-stamp="$K8S_BIN/.built-$(sha256sum go.sum | cut -c1-16)"
+# Static, stripped, no VCS stamping: the binaries are test tooling, not releases. The
+# Kubernetes ones carry their release in the version the API server reports (/version), as
+# release builds do: clients such as OLM compare it with an operator's minKubeVersion.
+k8s_minor="${K8S_VERSION#v1.}"; k8s_minor="${k8s_minor%%.*}"
+version_pkg=k8s.io/component-base/version
+k8s_ldflags="-s -w -X $version_pkg.gitVersion=$K8S_VERSION -X $version_pkg.gitMajor=1"
+k8s_ldflags+=" -X $version_pkg.gitMinor=$k8s_minor -X $version_pkg.gitTreeState=clean"
+# One stamp per go.sum and flags: a change of pinned versions or flags rebuilds everything.
+stamp="$K8S_BIN/.built-$( (cat go.sum; echo "$k8s_ldflags") | sha256sum | cut -c1-16)"
 if [[ -f "$stamp" ]]; then
   for b in etcd kube-apiserver kube-controller-manager kubectl; do
     [[ -x "$K8S_BIN/$b" ]] || { rm -f "$stamp"; break; }
@@ -20,11 +27,9 @@ fi
 if [[ ! -f "$stamp" ]]; then
   start=$(date +%s)
   echo "building Kubernetes $K8S_VERSION and etcd into $K8S_BIN (cold: several minutes)" >&2
-  # Static, stripped, no VCS stamping: the binaries are test tooling, not releases.
-  flags=(-trimpath -ldflags="-s -w")
-  CGO_ENABLED=0 go build "${flags[@]}" -o "$K8S_BIN/etcd" ./cmd/etcd
+  CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$K8S_BIN/etcd" ./cmd/etcd
   for cmd in kube-apiserver kube-controller-manager kubectl; do
-    CGO_ENABLED=0 go build "${flags[@]}" -o "$K8S_BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd"
+    CGO_ENABLED=0 go build -trimpath -ldflags="$k8s_ldflags" -o "$K8S_BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd"
   done
   rm -f "$K8S_BIN"/.built-*
   touch "$stamp"

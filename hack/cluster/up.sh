@@ -26,6 +26,27 @@ alive() { [[ -f "$run/$1.pid" ]] && kill -0 "$(cat "$run/$1.pid")" 2>/dev/null; 
 bin="$("$here/build.sh")"
 kubectl() { "$bin/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 
+# --- processes -------------------------------------------------------------------------
+# Each runs in its own session so it outlives this script (`make cluster-up`), with its pid
+# recorded for down.sh.
+start() { # name command...
+  local name=$1; shift
+  setsid "$@" >"$logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$run/$name.pid"
+}
+wait_for() { # what seconds command...
+  local what=$1 secs=$2; shift 2
+  local deadline=$(( $(date +%s) + secs ))
+  until "$@" >/dev/null 2>&1; do
+    if (( $(date +%s) >= deadline )); then
+      log "$what not ready after ${secs}s; last log lines:"
+      tail -n 30 "$logs"/*.log >&2 || true
+      die "$what did not become ready"
+    fi
+    sleep 0.2
+  done
+}
+
 install_crds() {
   local gwapi_dir
   gwapi_dir="$(cd / && go mod download -json "sigs.k8s.io/gateway-api@$GATEWAY_API_VERSION" \
@@ -126,6 +147,19 @@ sign kcm "/CN=system:kube-controller-manager" "$(printf '%s\n' \
 # Service-account token signing pair: TokenRequest signs with it, TokenReview verifies.
 key "$pki/sa.key"
 openssl pkey -in "$pki/sa.key" -pubout -out "$pki/sa.pub" 2>/dev/null
+# API aggregation (aggregated API servers such as OLM's packageserver): kube-apiserver proxies
+# to them with this client certificate, from a CA of its own that they trust for the
+# X-Remote-User/-Group headers (published in kube-system/extension-apiserver-authentication).
+key "$pki/front-proxy-ca.key"
+openssl req -x509 -new -key "$pki/front-proxy-ca.key" -subj "/CN=coxswain-local-front-proxy-ca" \
+  -days 30 -sha256 -addext "basicConstraints=critical,CA:TRUE" \
+  -addext "keyUsage=critical,keyCertSign,cRLSign" -out "$pki/front-proxy-ca.crt" 2>/dev/null
+key "$pki/front-proxy-client.key"
+openssl req -new -key "$pki/front-proxy-client.key" -subj "/CN=front-proxy-client" 2>/dev/null \
+  | openssl x509 -req -CA "$pki/front-proxy-ca.crt" -CAkey "$pki/front-proxy-ca.key" \
+    -CAcreateserial -days 30 -sha256 -out "$pki/front-proxy-client.crt" \
+    -extfile <(printf '%s\n' "basicConstraints=CA:FALSE" "keyUsage=critical,digitalSignature" \
+      "extendedKeyUsage=clientAuth") 2>/dev/null
 
 server="https://127.0.0.1:$COXSWAIN_APISERVER_PORT"
 write_kubeconfig() { # file user
@@ -151,27 +185,6 @@ KCFG
 write_kubeconfig "$kubeconfig" admin
 write_kubeconfig "$dir/kcm.kubeconfig" kcm
 
-# --- processes -------------------------------------------------------------------------
-# Each runs in its own session so it outlives this script (`make cluster-up`), with its pid
-# recorded for down.sh.
-start() { # name command...
-  local name=$1; shift
-  setsid "$@" >"$logs/$name.log" 2>&1 < /dev/null &
-  echo $! > "$run/$name.pid"
-}
-wait_for() { # what seconds command...
-  local what=$1 secs=$2; shift 2
-  local deadline=$(( $(date +%s) + secs ))
-  until "$@" >/dev/null 2>&1; do
-    if (( $(date +%s) >= deadline )); then
-      log "$what not ready after ${secs}s; last log lines:"
-      tail -n 30 "$logs"/*.log >&2 || true
-      die "$what did not become ready"
-    fi
-    sleep 0.2
-  done
-}
-
 start etcd "$bin/etcd" --name coxswain --data-dir "$dir/etcd" \
   --listen-client-urls "http://127.0.0.1:$COXSWAIN_ETCD_PORT" \
   --advertise-client-urls "http://127.0.0.1:$COXSWAIN_ETCD_PORT" \
@@ -189,6 +202,13 @@ start kube-apiserver "$bin/kube-apiserver" \
   --secure-port "$COXSWAIN_APISERVER_PORT" --cert-dir "$dir/apiserver-certs" \
   --tls-cert-file "$pki/apiserver.crt" --tls-private-key-file "$pki/apiserver.key" \
   --client-ca-file "$pki/ca.crt" \
+  --requestheader-client-ca-file "$pki/front-proxy-ca.crt" \
+  --requestheader-allowed-names front-proxy-client \
+  --requestheader-username-headers X-Remote-User \
+  --requestheader-group-headers X-Remote-Group \
+  --requestheader-extra-headers-prefix X-Remote-Extra- \
+  --proxy-client-cert-file "$pki/front-proxy-client.crt" \
+  --proxy-client-key-file "$pki/front-proxy-client.key" \
   --authorization-mode RBAC \
   --service-account-issuer "$issuer" \
   --service-account-key-file "$pki/sa.pub" \

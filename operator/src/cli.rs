@@ -143,6 +143,20 @@ pub struct BundleArgs {
     /// generation.
     #[arg(long)]
     pub check: bool,
+
+    /// Write (or check) bundle/ and bundle.Dockerfile under this directory instead of --root.
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
+
+    /// Publish this build as another version, to rehearse an upgrade through a catalog: the
+    /// CSV gets this version and every image the tag v<VERSION> (same repository). Needs
+    /// --replaces; use with --out-dir, as the result is not the release bundle.
+    #[arg(long, value_name = "VERSION", requires = "replaces")]
+    pub as_version: Option<String>,
+
+    /// With --as-version: the CSV this version replaces (spec.replaces), e.g. coxswain.v0.1.0.
+    #[arg(long, value_name = "CSV", requires = "as_version")]
+    pub replaces: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -259,9 +273,17 @@ pub struct ProxyArgs {
     pub bind_address: std::net::IpAddr,
 
     /// After SIGTERM, how long in-flight requests may take before the proxy exits. Keep it
-    /// below the pod's terminationGracePeriodSeconds.
+    /// and --shutdown-delay-seconds together below the pod's terminationGracePeriodSeconds.
     #[arg(long, env = "COXSWAIN_DRAIN_SECONDS", default_value_t = 15)]
     pub drain_seconds: u64,
+
+    /// After SIGTERM, keep accepting new connections this long before draining (shared and
+    /// dedicated proxies). A terminating Pod leaves its Service's endpoints while it receives
+    /// SIGTERM, not before; until every load balancer and node has seen that, new connections
+    /// still arrive, and a proxy that stopped accepting would leave them unanswered. A second
+    /// signal ends the delay.
+    #[arg(long, env = "COXSWAIN_SHUTDOWN_DELAY_SECONDS", default_value_t = 5)]
+    pub shutdown_delay_seconds: u64,
 
     /// Worker threads (default: one per CPU).
     #[arg(long, env = "COXSWAIN_THREADS")]

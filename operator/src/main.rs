@@ -32,11 +32,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Bundle(args) => {
             use coxswain_operator::bundle;
-            let generated = bundle::generate(&bundle::Layout::new(&args.root))?;
+            let layout = bundle::Layout::new(&args.root);
+            let generated = match (&args.as_version, &args.replaces) {
+                (Some(version), Some(replaces)) => {
+                    bundle::generate_rehearsal(&layout, bundle::Rehearsal { version, replaces })?
+                }
+                _ => bundle::generate(&layout)?,
+            };
+            let out = args.out_dir.as_ref().unwrap_or(&args.root);
             if args.check {
-                generated.check(&args.root)?;
+                generated.check(out)?;
             } else {
-                generated.write(&args.root)?;
+                generated.write(out)?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -101,8 +108,9 @@ fn serve_discovery(proxy: &ProxyArgs, scope: snap::scope::Kind) -> anyhow::Resul
         .enable_all()
         .build()
         .context("starting the runtime")?;
+    let delay = std::time::Duration::from_secs(proxy.shutdown_delay_seconds);
     runtime.block_on(async {
-        let stop = termination();
+        let stop = termination_after(delay);
         coxswain_proxy::discovery::serve(
             config,
             proxy.bind_address,
@@ -126,6 +134,23 @@ async fn termination() {
         None => {
             let _ = interrupt.await;
         }
+    }
+}
+
+/// Completes `delay` after SIGTERM or SIGINT, or at the next signal if that comes first: the
+/// proxy keeps serving new connections while its Pod leaves the Service's endpoints.
+async fn termination_after(delay: std::time::Duration) {
+    termination().await;
+    if delay.is_zero() {
+        return;
+    }
+    tracing::info!(
+        delay_seconds = delay.as_secs(),
+        "termination signal: still accepting while endpoints update, then draining"
+    );
+    tokio::select! {
+        () = tokio::time::sleep(delay) => {}
+        () = termination() => {}
     }
 }
 

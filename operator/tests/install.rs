@@ -255,9 +255,14 @@ async fn config_default_installs_and_its_rbac_is_all_the_controller_needs() {
         .await,
     )
     .unwrap();
-    let _proxy = Process(
+    let shutdown_delay = Duration::from_secs(2);
+    let mut proxy = Process(
         Command::new(env!("CARGO_BIN_EXE_coxswain"))
             .args(["serve", "proxy", "--shared", "--bind-address", "127.0.0.1"])
+            .args([
+                "--shutdown-delay-seconds",
+                &shutdown_delay.as_secs().to_string(),
+            ])
             .args([
                 "--discovery-endpoint",
                 &format!("https://localhost:{discovery}"),
@@ -435,6 +440,48 @@ spec:
         },
     )
     .await;
+
+    // 5b. Stopping the shared proxy: for --shutdown-delay-seconds after SIGTERM it still
+    // serves new connections (a Pod leaves its Service's endpoints only as it is signalled, so
+    // connections keep arriving for a moment), then drains and exits.
+    let pid = proxy.0.id().to_string();
+    run(
+        {
+            let mut kill = Command::new("kill");
+            kill.args(["-TERM", &pid]);
+            kill
+        },
+        "kill -TERM proxy",
+    )
+    .await;
+    let signalled = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let late = get(listen, "/old/page").await;
+    assert!(
+        late.as_ref().is_ok_and(|r| r.starts_with("HTTP/1.1 301")),
+        "a new connection 300 ms after SIGTERM was not served: {late:?}"
+    );
+    let status = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::task::spawn_blocking(move || {
+            let status = proxy.0.wait().unwrap();
+            std::mem::forget(proxy);
+            status
+        }),
+    )
+    .await
+    .expect("the shared proxy did not exit after its delay and drain")
+    .unwrap();
+    assert!(status.success(), "shared proxy exited with {status}");
+    assert!(
+        signalled.elapsed() >= shutdown_delay,
+        "exited {:?} after SIGTERM, before its {shutdown_delay:?} delay",
+        signalled.elapsed()
+    );
+    assert!(
+        get(listen, "/old/page").await.is_err(),
+        "a connection was accepted after the proxy exited"
+    );
 
     // 6. Leadership: the Lease is held by this replica, and its Pod carries the leader label
     // that the discovery Service selects.

@@ -160,6 +160,19 @@ pub fn image_tag(image: &str) -> Option<&str> {
     last.split_once(':').map(|(_, tag)| tag)
 }
 
+/// The image reference with its tag replaced by (or set to) `tag`; `None` for a reference
+/// pinned by digest, whose content a tag cannot change.
+pub fn with_tag(image: &str, tag: &str) -> Option<String> {
+    if image.contains('@') {
+        return None;
+    }
+    let name_start = image.rfind('/').map_or(0, |i| i + 1);
+    let name_end = image[name_start..]
+        .find(':')
+        .map_or(image.len(), |i| name_start + i);
+    Some(format!("{}:{tag}", &image[..name_end]))
+}
+
 pub fn containers(deployment: &ConfigObject) -> impl Iterator<Item = &Value> {
     deployment.value["spec"]["template"]["spec"]["containers"]
         .as_array()
@@ -395,6 +408,19 @@ mod tests {
         assert_eq!(image_name("ghcr.io/a/coxswain@sha256:00"), "coxswain");
         assert_eq!(image_tag("localhost:5000/coxswain"), None);
         assert_eq!(image_tag("ghcr.io/a/coxswain:v1"), Some("v1"));
+    }
+
+    #[test]
+    fn re_tagging_keeps_the_repository_and_refuses_digests() {
+        assert_eq!(
+            with_tag("ghcr.io/a/coxswain:v0.1.0", "v0.1.1").as_deref(),
+            Some("ghcr.io/a/coxswain:v0.1.1")
+        );
+        assert_eq!(
+            with_tag("localhost:5000/coxswain", "v2").as_deref(),
+            Some("localhost:5000/coxswain:v2")
+        );
+        assert_eq!(with_tag("ghcr.io/a/coxswain@sha256:00", "v2"), None);
     }
 
     #[test]

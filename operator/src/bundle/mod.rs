@@ -113,6 +113,55 @@ pub fn generate(layout: &Layout) -> Result<Bundle, BundleError> {
 
 /// Generates the bundle for `version` (the CSV's semver, without a leading `v`).
 pub fn generate_version(layout: &Layout, version: &str) -> Result<Bundle, BundleError> {
+    generate_with(layout, version, None)
+}
+
+/// The workspace's build published once more under another version, so an upgrade can be
+/// rehearsed through a real catalog (`coxswain bundle --as-version 0.1.1 --replaces
+/// coxswain.v0.1.0`): every image keeps its repository and is tagged `v<version>` (one build
+/// under two tags, as a registry would hold a re-tag), and the CSV replaces `replaces`.
+#[derive(Debug, Clone, Copy)]
+pub struct Rehearsal<'a> {
+    pub version: &'a str,
+    pub replaces: &'a str,
+}
+
+/// Generates the bundle of a [`Rehearsal`].
+pub fn generate_rehearsal(
+    layout: &Layout,
+    rehearsal: Rehearsal<'_>,
+) -> Result<Bundle, BundleError> {
+    let invalid = |reason: String| BundleError::Invalid {
+        path: layout.root.clone(),
+        reason,
+    };
+    let is_semver = |v: &str| {
+        let parts: Vec<&str> = v.split('.').collect();
+        parts.len() == 3
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    };
+    if !is_semver(rehearsal.version) {
+        return Err(invalid(format!(
+            "--as-version {:?} must be MAJOR.MINOR.PATCH",
+            rehearsal.version
+        )));
+    }
+    if !coxswain_api::names::is_dns_subdomain(rehearsal.replaces) {
+        return Err(invalid(format!(
+            "--replaces {:?} must be a CSV name (a DNS subdomain such as coxswain.v0.1.0)",
+            rehearsal.replaces
+        )));
+    }
+    generate_with(layout, rehearsal.version, Some(rehearsal))
+}
+
+fn generate_with(
+    layout: &Layout,
+    version: &str,
+    rehearsal: Option<Rehearsal<'_>>,
+) -> Result<Bundle, BundleError> {
     let package = package_name(&layout.root.join("PROJECT"))?;
     let manifests_dir = layout.config().join("manifests");
     let objects = config::build(&manifests_dir)?;
@@ -136,7 +185,10 @@ pub fn generate_version(layout: &Layout, version: &str) -> Result<Bundle, Bundle
             }
             "CustomResourceDefinition" => config_crds.push(obj),
             "Namespace" => {}
-            "Deployment" if obj.group() == "apps" => deployments.push(obj),
+            "Deployment" if obj.group() == "apps" => match rehearsal {
+                Some(r) => deployments.push(retag_deployment(obj, &format!("v{}", r.version))?),
+                None => deployments.push(obj),
+            },
             "ServiceAccount" | "Role" | "ClusterRole" | "RoleBinding" | "ClusterRoleBinding" => {
                 rbac.push(obj)
             }
@@ -166,7 +218,7 @@ pub fn generate_version(layout: &Layout, version: &str) -> Result<Bundle, Bundle
         path: icon_path,
         source,
     })?;
-    let csv = csv::assemble(&csv::Inputs {
+    let mut csv = csv::assemble(&csv::Inputs {
         base: &base,
         package: &package,
         version,
@@ -177,6 +229,9 @@ pub fn generate_version(layout: &Layout, version: &str) -> Result<Bundle, Bundle
         permissions: &permissions,
         cluster_permissions: &cluster_permissions,
     })?;
+    if let (Some(r), Some(spec)) = (rehearsal, csv["spec"].as_object_mut()) {
+        spec.insert("replaces".into(), r.replaces.into());
+    }
 
     let mut files = BTreeMap::new();
     let manifests = PathBuf::from("bundle/manifests");
@@ -300,6 +355,43 @@ fn check_images(deployments: &[ConfigObject], version: &str) -> Result<(), Bundl
         }
     }
     Ok(())
+}
+
+/// The Deployment with every image it runs or hands on (`*_IMAGE` variables) tagged `tag`.
+fn retag_deployment(mut deployment: ConfigObject, tag: &str) -> Result<ConfigObject, BundleError> {
+    let source = deployment.source.clone();
+    let retag = |value: &mut Value| -> Result<(), BundleError> {
+        let Some(image) = value.as_str() else {
+            return Ok(());
+        };
+        let retagged = csv::with_tag(image, tag).ok_or_else(|| BundleError::Invalid {
+            path: source.clone(),
+            reason: format!("image {image} is pinned by digest and cannot be re-tagged {tag}"),
+        })?;
+        *value = retagged.into();
+        Ok(())
+    };
+    // `get_mut`, never `value[key]` on a `&mut`: indexing would insert the missing keys.
+    for list in ["initContainers", "containers"] {
+        let containers = deployment
+            .value
+            .pointer_mut(&format!("/spec/template/spec/{list}"))
+            .and_then(Value::as_array_mut);
+        for container in containers.into_iter().flatten() {
+            if let Some(image) = container.get_mut("image") {
+                retag(image)?;
+            }
+            let env = container.get_mut("env").and_then(Value::as_array_mut);
+            for var in env.into_iter().flatten() {
+                if var["name"].as_str().is_some_and(|n| n.ends_with("_IMAGE"))
+                    && let Some(value) = var.get_mut("value")
+                {
+                    retag(value)?;
+                }
+            }
+        }
+    }
+    Ok(deployment)
 }
 
 type Permissions = (

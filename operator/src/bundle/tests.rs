@@ -436,6 +436,84 @@ fn an_image_of_another_version_fails_generation() {
 }
 
 #[test]
+fn a_rehearsal_is_the_same_build_under_the_next_version() {
+    let version = env!("CARGO_PKG_VERSION");
+    let (minor, patch) = version.rsplit_once('.').unwrap();
+    let next = format!("{minor}.{}", patch.parse::<u32>().unwrap() + 1);
+    let (tag, next_tag) = (format!("v{version}"), format!("v{next}"));
+    let replaces = format!("coxswain.{tag}");
+    let current = csv_of(&bundle());
+    let rehearsal = csv_of(
+        &generate_rehearsal(
+            &Layout::new(repo_root()),
+            Rehearsal {
+                version: &next,
+                replaces: &replaces,
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}")),
+    );
+    assert_eq!(
+        rehearsal["metadata"]["name"],
+        format!("coxswain.{next_tag}")
+    );
+    assert_eq!(rehearsal["spec"]["version"], next.as_str());
+    assert_eq!(rehearsal["spec"]["replaces"], replaces.as_str());
+    // The same images under the new tag, everywhere the CSV names them.
+    let images = |csv: &Value| {
+        let text = serde_json::to_string(csv).unwrap();
+        let mut found: Vec<String> = text
+            .split('"')
+            .filter(|s| s.starts_with("ghcr.io/"))
+            .map(str::to_owned)
+            .collect();
+        found.sort();
+        found
+    };
+    let retagged: Vec<String> = images(&current)
+        .iter()
+        .map(|i| csv::with_tag(i, &next_tag).unwrap())
+        .collect();
+    assert!(!retagged.is_empty());
+    assert_eq!(images(&rehearsal), retagged);
+    // Everything else is the release bundle's.
+    let strip = |mut csv: Value| {
+        csv["metadata"].as_object_mut().unwrap().remove("name");
+        for key in ["version", "replaces"] {
+            csv["spec"].as_object_mut().unwrap().remove(key);
+        }
+        let text = serde_json::to_string(&csv).unwrap();
+        serde_json::from_str::<Value>(&text.replace(&next_tag, &tag)).unwrap()
+    };
+    assert_eq!(strip(rehearsal), strip(current));
+}
+
+#[test]
+fn a_rehearsal_needs_a_semver_and_a_csv_name() {
+    let layout = Layout::new(repo_root());
+    let err = generate_rehearsal(
+        &layout,
+        Rehearsal {
+            version: "0.1",
+            replaces: "coxswain.v0.1.0",
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("MAJOR.MINOR.PATCH"), "{err}");
+    let err = generate_rehearsal(
+        &layout,
+        Rehearsal {
+            version: "0.1.1",
+            replaces: "Coxswain 0.1.0",
+        },
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("CSV name"), "{err}");
+}
+
+#[test]
 fn kinds_olm_refuses_fail_generation() {
     let dir = scratch_copy();
     std::fs::write(

@@ -30,7 +30,8 @@ pub const PROXY_CONTAINER: &str = "proxy";
 const PROXY_UID: i64 = 65532;
 const TOKEN_DIR: &str = "/var/run/secrets/coxswain";
 const TRUST_DIR: &str = "/var/run/coxswain/trust";
-/// The proxy drains for 15 s (its default) inside this.
+/// The proxy keeps accepting for 5 s after SIGTERM, then drains for up to 15 s (its defaults),
+/// inside this.
 const TERMINATION_GRACE_SECONDS: i64 = 30;
 
 #[derive(Debug, thiserror::Error, PartialEq)]
