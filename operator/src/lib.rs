@@ -7,6 +7,7 @@ pub mod cli;
 pub mod compile;
 pub mod controller;
 pub mod discovery;
+pub mod helm;
 pub mod identity;
 pub mod leader;
 pub mod manifests;
