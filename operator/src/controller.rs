@@ -234,7 +234,8 @@ pub async fn run(
         leader.clone(),
         admin.clone(),
         config.lease.as_ref().map(|l| l.identity.clone()),
-    );
+    )
+    .with_ingress_nginx_compat(config.ingress_nginx_compat);
     let mut compile_config = compile::Config {
         controller_name: config.controller_name.clone(),
         ingress_http_port: config.ingress_ports.0.into(),

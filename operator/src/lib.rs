@@ -11,6 +11,7 @@ pub mod helm;
 pub mod identity;
 pub mod leader;
 pub mod manifests;
+pub mod parameters_status;
 pub mod provision;
 pub mod reflector;
 pub mod snapshot_cmd;

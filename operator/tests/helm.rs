@@ -317,6 +317,40 @@ spec:
         })
         .await;
 
+        // The controller's own RBAC lets it write the status of Coxswain's parameters kinds.
+        support::apply_yaml(
+            &env.client,
+            &format!(
+                r#"
+apiVersion: gateway.coxswain-labs.dev/v1alpha1
+kind: CoxswainGatewayParameters
+metadata: {{name: spare, namespace: {ns}}}
+spec: {{replicas: 1}}
+---
+apiVersion: ingress.coxswain-labs.dev/v1alpha1
+kind: CoxswainIngressClassParameters
+metadata: {{name: spare, namespace: {ns}}}
+spec: {{accessLog: false}}
+"#
+            ),
+        )
+        .await;
+        let gwp: Api<coxswain_api::CoxswainGatewayParameters> = env.api();
+        let icp: Api<coxswain_api::CoxswainIngressClassParameters> = env.api();
+        eventually("both parameters objects Accepted", WAIT, || {
+            let (gwp, icp) = (gwp.clone(), icp.clone());
+            async move {
+                let a = gwp.get("spare").await.ok()?.status?.conditions;
+                let b = icp.get("spare").await.ok()?.status?.conditions;
+                let ok = |c: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition]| {
+                    c.iter()
+                        .any(|c| c.type_ == "Accepted" && c.status == "True")
+                };
+                (ok(&a) && ok(&b)).then_some(())
+            }
+        })
+        .await;
+
         let out = tokio::task::spawn_blocking(move || {
             helm_on(
                 &kubeconfig,
