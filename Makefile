@@ -113,6 +113,10 @@ cluster-down: ## Stop the local control plane and remove its state
 demo: ## Run Coxswain for real on a local cluster: installed from config/default as Pods, traffic through it
 	hack/demo.sh
 
+.PHONY: demo-metrics
+demo-metrics: demo ## Every Grafana panel's query (config/monitoring) returns data on the demo cluster (Prometheus' engine, hack/promql)
+	hack/monitoring/check-queries.sh
+
 .PHONY: conformance
 conformance: ## Gateway API conformance suite (GATEWAY-HTTP, GATEWAY-GRPC, GATEWAY-TLS) against Coxswain on a local cluster; report under test/conformance/reports/ (root, test node; ~4-5 min warm)
 	test/conformance/run.sh
