@@ -12,12 +12,23 @@
 //! ones are judged too, so `kubectl get` shows whether they would be accepted.
 
 use crate::compile::Store;
-use crate::compile::status::{Condition, ObjectKey};
+use crate::compile::status::{Condition, ConditionStatus, ObjectKey};
 use crate::provision::render;
-use coxswain_api::{CoxswainGatewayParametersSpec, NamespacedName, names};
+use crate::status::{existing_conditions, render_conditions};
+use coxswain_api::{
+    CoxswainGatewayParameters, CoxswainGatewayParametersSpec, CoxswainIngressClassParameters,
+    NamespacedName, names,
+};
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
-use std::collections::{BTreeMap, BTreeSet};
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 pub const ACCEPTED: &str = "Accepted";
 /// Reasons of `Accepted`.
@@ -322,6 +333,248 @@ pub fn decide(
     out
 }
 
+/// Writes the decided statuses by server-side apply (field manager `coxswain-controller`),
+/// leader only, skipping objects that already carry them; each condition change a person
+/// should see (a problem, or its fix) becomes an Event on the object.
+pub struct ParametersStatusWriter {
+    client: kube::Client,
+    controller_name: String,
+    ingress_nginx_compat: bool,
+    leader: Arc<AtomicBool>,
+    admin: Arc<crate::admin::State>,
+    recorder: Recorder,
+    /// (status, reason) last reported per object, so each transition is told once.
+    reported: HashMap<String, (ConditionStatus, &'static str)>,
+}
+
+impl ParametersStatusWriter {
+    pub fn new(
+        client: kube::Client,
+        controller_name: String,
+        ingress_nginx_compat: bool,
+        leader: Arc<AtomicBool>,
+        admin: Arc<crate::admin::State>,
+        instance: Option<String>,
+    ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: names::FIELD_MANAGER.to_owned(),
+                instance,
+            },
+        );
+        Self {
+            client,
+            controller_name,
+            ingress_nginx_compat,
+            leader,
+            admin,
+            recorder,
+            reported: HashMap::new(),
+        }
+    }
+
+    fn leading(&self) -> bool {
+        self.leader.load(Ordering::Acquire)
+    }
+
+    pub async fn write(&mut self, store: &Store) {
+        if !self.leading() {
+            // A standby tells nothing; when it takes over it compares with the objects.
+            self.reported.clear();
+            return;
+        }
+        let decided = decide(store, &self.controller_name, self.ingress_nginx_compat);
+        let now = k8s_openapi::jiff::Timestamp::now().to_string();
+        let mut reported = HashMap::new();
+        for params in store.gateway_parameters.iter() {
+            let Some(d) = key_of(&params.metadata).and_then(|k| decided.gateway.get(&k)) else {
+                continue;
+            };
+            let lists = json!({"gatewayClasses": d.gateway_classes, "gateways": d.gateways});
+            let current = params
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let decision = (&d.accepted, d.generation, lists);
+            self.write_one::<CoxswainGatewayParameters>(
+                &mut reported,
+                params,
+                current,
+                decision,
+                &now,
+            )
+            .await;
+        }
+        for params in store.ingress_class_parameters.iter() {
+            let Some(d) = key_of(&params.metadata).and_then(|k| decided.ingress_class.get(&k))
+            else {
+                continue;
+            };
+            let lists = json!({"ingressClasses": d.ingress_classes});
+            let current = params
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let decision = (&d.accepted, d.generation, lists);
+            self.write_one::<CoxswainIngressClassParameters>(
+                &mut reported,
+                params,
+                current,
+                decision,
+                &now,
+            )
+            .await;
+        }
+        self.reported = reported;
+    }
+
+    /// One object: an Event when Accepted changed since last told, then the status apply
+    /// unless the object already carries it. `lists`: the kind's users (empty ones are left
+    /// out, as the API server would prune them).
+    async fn write_one<K>(
+        &self,
+        reported: &mut HashMap<String, (ConditionStatus, &'static str)>,
+        object: &K,
+        current: Option<Value>,
+        (accepted, generation, lists): (&Condition, i64, Value),
+        now: &str,
+    ) where
+        K: kube::Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+            + ParametersKind
+            + Clone
+            + serde::de::DeserializeOwned
+            + std::fmt::Debug,
+    {
+        let meta = object.meta();
+        let (Some(ns), Some(name)) = (meta.namespace.as_deref(), meta.name.as_deref()) else {
+            return;
+        };
+        // 'static for the metrics' label.
+        let kind: &'static str = K::KIND;
+        let existing = existing_conditions(current.clone());
+        let key = format!("{kind}/{ns}/{name}");
+        let told = (accepted.status, accepted.reason);
+        let changed = match self.reported.get(&key) {
+            Some(before) => *before != told,
+            // First sight (a start, or a new leader): what the object carries is what was told.
+            None => !existing.iter().any(|e| {
+                e["type"] == ACCEPTED
+                    && e["reason"] == accepted.reason
+                    && e["status"] == condition_status(accepted.status)
+            }),
+        };
+        reported.insert(key, told);
+        if changed {
+            self.announce(object.object_ref(&()), accepted, &existing);
+        }
+        let mut status = json!({
+            "conditions": render_conditions(std::slice::from_ref(accepted), &existing, now),
+            "observedGeneration": generation,
+        });
+        if let (Some(out), Some(lists)) = (status.as_object_mut(), lists.as_object()) {
+            for (field, list) in lists {
+                if list.as_array().is_some_and(|l| !l.is_empty()) {
+                    out.insert(field.clone(), list.clone());
+                }
+            }
+        }
+        if current.as_ref() == Some(&status) {
+            return;
+        }
+        let body = json!({
+            "apiVersion": K::api_version(&()),
+            "kind": kind,
+            "metadata": {"name": name, "namespace": ns},
+            "status": status,
+        });
+        // Right before the write: a replica that lost the Lease stops within one request.
+        if !self.leading() {
+            return;
+        }
+        let api: Api<K> = Api::namespaced(self.client.clone(), ns);
+        let params = PatchParams::apply(names::FIELD_MANAGER).force();
+        match api.patch_status(name, &params, &Patch::Apply(&body)).await {
+            Ok(_) => self.admin.status_write(kind, true),
+            // A newer version is on its way through the watch; the next pass redoes this.
+            Err(kube::Error::Api(s)) if s.code == 409 => self.admin.status_conflict(kind),
+            Err(e) => {
+                self.admin.status_write(kind, false);
+                tracing::warn!(%kind, %ns, %name, error = %e, "parameters status not written");
+            }
+        }
+    }
+
+    /// A Warning for a problem, a Normal Event when one is fixed (not for a first Accepted).
+    fn announce(&self, object: ObjectReference, accepted: &Condition, existing: &[Value]) {
+        let was_false = existing
+            .iter()
+            .any(|e| e["type"] == ACCEPTED && e["status"] == "False");
+        let type_ = match accepted.status {
+            ConditionStatus::False => EventType::Warning,
+            ConditionStatus::True if was_false => EventType::Normal,
+            _ => return,
+        };
+        let mut note = format!("Accepted={}", condition_status(accepted.status));
+        if !accepted.message.is_empty() {
+            note.push_str(": ");
+            note.push_str(&accepted.message);
+        }
+        // The Events API's limit on a note.
+        if note.len() > 1024 {
+            let mut cut = 1021;
+            while !note.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            note.truncate(cut);
+            note.push_str("...");
+        }
+        let event = Event {
+            type_,
+            reason: accepted.reason.to_owned(),
+            note: Some(note),
+            action: "Reconcile".to_owned(),
+            secondary: None,
+        };
+        // Publishing must not hold up the compile loop; transitions are rare.
+        let recorder = self.recorder.clone();
+        let admin = self.admin.clone();
+        tokio::spawn(async move {
+            match recorder.publish(&event, &object).await {
+                Ok(()) => admin.event(if type_ == EventType::Warning {
+                    "Warning"
+                } else {
+                    "Normal"
+                }),
+                Err(e) => {
+                    tracing::debug!(error = %e, reason = %event.reason, "event not published")
+                }
+            }
+        });
+    }
+}
+
+/// Coxswain's parameters kinds, by name.
+pub trait ParametersKind {
+    const KIND: &'static str;
+}
+
+impl ParametersKind for CoxswainGatewayParameters {
+    const KIND: &'static str = "CoxswainGatewayParameters";
+}
+
+impl ParametersKind for CoxswainIngressClassParameters {
+    const KIND: &'static str = "CoxswainIngressClassParameters";
+}
+
+fn condition_status(s: ConditionStatus) -> &'static str {
+    match s {
+        ConditionStatus::True => "True",
+        ConditionStatus::False => "False",
+        ConditionStatus::Unknown => "Unknown",
+    }
+}
+
 fn describe_users(classes: &[String], gateways: usize) -> String {
     match (classes.is_empty(), gateways) {
         (true, 0) => {
@@ -349,7 +602,6 @@ fn list(items: impl Iterator<Item = String>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::compile::status::ConditionStatus;
 
     fn store(yaml: &str) -> Store {
         let mut store = Store::default();

@@ -73,7 +73,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
 ];
 
 /// What `conditions` look like on the object now, for transition times and no-op detection.
-fn existing_conditions(status: Option<Value>) -> Vec<Value> {
+pub(crate) fn existing_conditions(status: Option<Value>) -> Vec<Value> {
     status
         .and_then(|s| s.get("conditions").cloned())
         .and_then(|c| c.as_array().cloned())
@@ -89,7 +89,11 @@ fn status_str(s: ConditionStatus) -> &'static str {
 }
 
 /// Conditions as the API wants them, reusing lastTransitionTime where the status is unchanged.
-fn render_conditions(conditions: &[Condition], existing: &[Value], now: &str) -> Vec<Value> {
+pub(crate) fn render_conditions(
+    conditions: &[Condition],
+    existing: &[Value],
+    now: &str,
+) -> Vec<Value> {
     conditions
         .iter()
         .map(|c| {
@@ -173,8 +177,6 @@ pub struct StatusWriter {
     /// The findings last reported per Ingress, and per IngressClass.
     ingress_findings: HashMap<ObjectKey, Vec<(&'static str, String)>>,
     class_findings: HashMap<String, String>,
-    /// Read default annotations of CoxswainIngressClassParameters as the compiler does.
-    ingress_nginx_compat: bool,
 }
 
 /// A condition change worth an Event: a problem appearing (Warning), or a good state being
@@ -256,14 +258,7 @@ impl StatusWriter {
             reported: HashMap::new(),
             ingress_findings: HashMap::new(),
             class_findings: HashMap::new(),
-            ingress_nginx_compat: false,
         }
-    }
-
-    /// Whether the compiler reads ingress-nginx's annotations (`--ingress-nginx-compat`).
-    pub fn with_ingress_nginx_compat(mut self, on: bool) -> Self {
-        self.ingress_nginx_compat = on;
-        self
     }
 
     fn leading(&self) -> bool {
@@ -710,7 +705,6 @@ impl StatusWriter {
             let api: Api<Ingress> = Api::namespaced(self.client.clone(), ns);
             self.apply(api, "Ingress", name, body).await;
         }
-        self.write_parameters(&mut next, store, &now).await;
         self.reported = next;
         self.ingress_findings = findings_now;
 
@@ -732,118 +726,6 @@ impl StatusWriter {
             }
         }
         self.class_findings = decisions.ingress_classes.clone().into_iter().collect();
-    }
-}
-
-impl StatusWriter {
-    /// Status of CoxswainGatewayParameters and CoxswainIngressClassParameters: Accepted, the
-    /// generation judged, and their users (see [`crate::parameters_status`]).
-    async fn write_parameters(
-        &self,
-        next: &mut HashMap<String, (ConditionStatus, &'static str)>,
-        store: &Store,
-        now: &str,
-    ) {
-        use crate::parameters_status::decide;
-        use coxswain_api::{CoxswainGatewayParameters, CoxswainIngressClassParameters};
-        let decided = decide(store, &self.controller_name, self.ingress_nginx_compat);
-        for params in store.gateway_parameters.iter() {
-            let (Some(ns), Some(name)) = (
-                params.metadata.namespace.as_deref(),
-                params.metadata.name.as_deref(),
-            ) else {
-                continue;
-            };
-            let Some(d) = decided.gateway.get(&ObjectKey::new(ns, name)) else {
-                continue;
-            };
-            let current = params
-                .status
-                .as_ref()
-                .and_then(|s| serde_json::to_value(s).ok());
-            let extra = json!({"gatewayClasses": d.gateway_classes, "gateways": d.gateways});
-            let kind = "CoxswainGatewayParameters";
-            let Some(body) = self.parameters_body(
-                next,
-                (&params.object_ref(&()), kind, ns, name),
-                (current, &d.accepted, d.generation, extra),
-                now,
-            ) else {
-                continue;
-            };
-            let api: Api<CoxswainGatewayParameters> = Api::namespaced(self.client.clone(), ns);
-            self.apply(api, kind, name, body).await;
-        }
-        for params in store.ingress_class_parameters.iter() {
-            let (Some(ns), Some(name)) = (
-                params.metadata.namespace.as_deref(),
-                params.metadata.name.as_deref(),
-            ) else {
-                continue;
-            };
-            let Some(d) = decided.ingress_class.get(&ObjectKey::new(ns, name)) else {
-                continue;
-            };
-            let current = params
-                .status
-                .as_ref()
-                .and_then(|s| serde_json::to_value(s).ok());
-            let extra = json!({"ingressClasses": d.ingress_classes});
-            let kind = "CoxswainIngressClassParameters";
-            let Some(body) = self.parameters_body(
-                next,
-                (&params.object_ref(&()), kind, ns, name),
-                (current, &d.accepted, d.generation, extra),
-                now,
-            ) else {
-                continue;
-            };
-            let api: Api<CoxswainIngressClassParameters> = Api::namespaced(self.client.clone(), ns);
-            self.apply(api, kind, name, body).await;
-        }
-    }
-
-    /// The server-side apply body of one parameters object's status, or None when the object
-    /// already carries it. `extra`: the kind's lists of users (empty lists are left out, as the
-    /// API server prunes them).
-    fn parameters_body(
-        &self,
-        next: &mut HashMap<String, (ConditionStatus, &'static str)>,
-        (object, kind, ns, name): (&ObjectReference, &'static str, &str, &str),
-        (current, accepted, generation, extra): (Option<Value>, &Condition, i64, Value),
-        now: &str,
-    ) -> Option<Value> {
-        let existing = existing_conditions(current.clone());
-        let conditions = std::slice::from_ref(accepted);
-        self.transitions(
-            next,
-            object,
-            &format!("{kind}/{ns}/{name}"),
-            "",
-            conditions,
-            &existing,
-            false,
-        );
-        let mut status = json!({
-            "conditions": render_conditions(conditions, &existing, now),
-            "observedGeneration": generation,
-        });
-        if let (Some(out), Some(lists)) = (status.as_object_mut(), extra.as_object()) {
-            for (key, list) in lists {
-                if list.as_array().is_some_and(|l| !l.is_empty()) {
-                    out.insert(key.clone(), list.clone());
-                }
-            }
-        }
-        if current.as_ref() == Some(&status) {
-            return None;
-        }
-        Some(json!({
-            "apiVersion": object.api_version,
-            "kind": kind,
-            "metadata": {"name": name, "namespace": ns},
-            "status": status,
-        }))
     }
 }
 

@@ -901,6 +901,30 @@ spec:
     .await;
     assert_eq!(condition["reason"], "Accepted");
     assert_eq!(condition["observedGeneration"], 2);
+    // The fix is announced once, and the problem was told once.
+    let told = |reason: &'static str| {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.unwrap();
+            list.items
+                .into_iter()
+                .filter(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.regarding
+                            .as_ref()
+                            .is_some_and(|r| r.name.as_deref() == Some("class-params"))
+                })
+                .map(|e| e.deprecated_count.unwrap_or(1))
+                .sum::<i32>()
+        }
+    };
+    coxswain_testenv::eventually(
+        "a Normal Event for the fix",
+        Duration::from_secs(30),
+        || async { (told("Accepted").await == 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(told("InvalidPodTemplate").await, 1);
     assert!(
         condition["message"]
             .as_str()
