@@ -241,7 +241,6 @@ fn chart_yaml(version: &str) -> String {
          type: application\n\
          version: {version}\n\
          appVersion: v{version}\n\
-         kubeVersion: \">=1.29.0-0\"\n\
          home: https://github.com/coxswain-labs/coxswain\n\
          keywords: [ingress, gateway-api, proxy]\n"
     )
