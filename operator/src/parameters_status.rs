@@ -109,10 +109,10 @@ pub fn decide(
     controller_name: &str,
     ingress_nginx_compat: bool,
 ) -> ParametersStatuses {
-    let gateway_params: BTreeMap<ObjectKey, &CoxswainGatewayParametersSpec> = store
+    let gateway_params: BTreeMap<ObjectKey, &CoxswainGatewayParameters> = store
         .gateway_parameters
         .iter()
-        .filter_map(|p| Some((key_of(&p.metadata)?, &p.spec)))
+        .filter_map(|p| Some((key_of(&p.metadata)?, p)))
         .collect();
     // Parameters that only another controller's classes use are that controller's to judge.
     let foreign_classes: BTreeSet<&str> = store
@@ -164,7 +164,11 @@ pub fn decide(
         let layers = [class_params.clone(), own];
         let specs: Vec<Option<&CoxswainGatewayParametersSpec>> = layers
             .iter()
-            .map(|k| k.as_ref().and_then(|k| gateway_params.get(k).copied()))
+            .map(|k| {
+                k.as_ref()
+                    .and_then(|k| gateway_params.get(k))
+                    .map(|p| &p.spec)
+            })
             .collect();
         let effective = render::effective(specs[0], specs[1]);
         let without_max = effective
@@ -186,13 +190,7 @@ pub fn decide(
     }
 
     let mut out = ParametersStatuses::default();
-    for (key, spec) in &gateway_params {
-        let Some(params) = store.gateway_parameters.iter().find(|p| {
-            p.metadata.namespace.as_deref() == Some(key.namespace.as_str())
-                && p.metadata.name.as_deref() == Some(key.name.as_str())
-        }) else {
-            continue;
-        };
+    for (key, params) in &gateway_params {
         let users = gateway_users.get(key);
         if users.is_none() && !class_users.contains_key(key) && foreign.contains(key) {
             continue;
@@ -215,7 +213,7 @@ pub fn decide(
         let layer = format!("CoxswainGatewayParameters {key}");
         let accepted = if let Err(e) = render::merge_pod_templates(
             Default::default(),
-            &[(layer.as_str(), Some(*spec))],
+            &[(layer.as_str(), Some(&params.spec))],
             false,
             "coxswain-proxy",
         ) {
