@@ -22,7 +22,7 @@ manifests: ## Regenerate config/crd/bases from the Rust CRD types
 	$(COXSWAIN) crd --out-dir config/crd/bases
 
 .PHONY: generate
-generate: manifests bundle ## Regenerate every generated artifact
+generate: manifests bundle helm ## Regenerate every generated artifact
 
 ##@ OLM bundle
 
@@ -38,10 +38,27 @@ bundle-check: ## Fail if bundle/ or bundle.Dockerfile differ from what `make bun
 bundle-validate: ## Run operator-framework's bundle validators on bundle/ (zero errors and zero warnings)
 	hack/olm/validate.sh bundle
 
+##@ Helm chart
+
+.PHONY: helm
+helm: manifests ## Regenerate the Helm chart deploy/helm/coxswain from config/default
+	$(COXSWAIN) helm
+
+.PHONY: helm-check
+helm-check: ## Fail if deploy/helm/coxswain differs from what `make helm` writes
+	$(COXSWAIN) helm --check
+
+.PHONY: helm-lint
+helm-lint: ## `helm lint --strict` and `helm template` of the chart (helm built from its Go module by hack/helm)
+	@helm_bin="$$(hack/helm/build.sh)"; \
+	  "$$helm_bin" lint --strict deploy/helm/coxswain; \
+	  "$$helm_bin" template coxswain deploy/helm/coxswain --namespace coxswain-system >/dev/null; \
+	  echo "helm template: ok"
+
 ##@ Test
 
 .PHONY: test
-test: fmt-check clippy check-proxy-deps bundle-check bundle-validate k8s-bin ## fmt, clippy, the proxy's dependency guard, bundle drift and OLM validation, then every test (unit and against a real local control plane)
+test: fmt-check clippy check-proxy-deps bundle-check bundle-validate helm-check helm-lint k8s-bin ## fmt, clippy, the proxy's dependency guard, bundle and Helm chart drift, OLM validation, helm lint, then every test (unit and against a real local control plane)
 	$(CARGO) test --workspace
 
 .PHONY: fuzz
@@ -109,6 +126,10 @@ olm-e2e: ## Real OLM installs Coxswain from a catalog, a GatewayClass with param
 .PHONY: demo
 demo: ## Run Coxswain for real on a local cluster: installed from config/default as Pods, traffic through it
 	hack/demo.sh
+
+.PHONY: demo-metrics
+demo-metrics: demo ## Every Grafana panel's query (config/monitoring) returns data on the demo cluster (Prometheus' engine, hack/promql)
+	hack/monitoring/check-queries.sh
 
 .PHONY: conformance
 conformance: ## Gateway API conformance suite (GATEWAY-HTTP, GATEWAY-GRPC, GATEWAY-TLS) against Coxswain on a local cluster; report under test/conformance/reports/ (root, test node; ~4-5 min warm)

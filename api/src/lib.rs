@@ -18,6 +18,9 @@ pub mod snapshot;
 
 pub use crd::gateway::{
     Autoscaling, CoxswainGatewayParameters, CoxswainGatewayParametersSpec,
-    CoxswainGatewayParametersStatus, ServiceType,
+    CoxswainGatewayParametersStatus, NamespacedName, ServiceType,
 };
-pub use crd::ingress::{CoxswainIngressClassParameters, CoxswainIngressClassParametersSpec};
+pub use crd::ingress::{
+    CoxswainIngressClassParameters, CoxswainIngressClassParametersSpec,
+    CoxswainIngressClassParametersStatus,
+};

@@ -31,6 +31,8 @@ pub enum Command {
     Crd(CrdArgs),
     /// Write the OLM bundle (bundle/ and bundle.Dockerfile) from config/ and the CRD types.
     Bundle(BundleArgs),
+    /// Write the Helm chart (deploy/helm/coxswain) from config/default.
+    Helm(HelmArgs),
     /// Work with routing snapshots offline: see what Coxswain does with manifests before
     /// applying them.
     Snapshot(SnapshotArgs),
@@ -157,6 +159,23 @@ pub struct BundleArgs {
     /// With --as-version: the CSV this version replaces (spec.replaces), e.g. coxswain.v0.1.0.
     #[arg(long, value_name = "CSV", requires = "as_version")]
     pub replaces: Option<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct HelmArgs {
+    /// Repository root: config/default is read from it.
+    #[arg(long, default_value = ".")]
+    pub root: PathBuf,
+
+    /// Chart directory, relative to --root; the generator owns it (other files there are
+    /// removed).
+    #[arg(long, default_value = crate::helm::DEFAULT_OUT_DIR)]
+    pub out_dir: PathBuf,
+
+    /// Write nothing; fail, listing the files, when the committed chart differs from a fresh
+    /// generation.
+    #[arg(long)]
+    pub check: bool,
 }
 
 #[derive(Debug, Args)]

@@ -235,6 +235,14 @@ pub async fn run(
         admin.clone(),
         config.lease.as_ref().map(|l| l.identity.clone()),
     );
+    let mut parameters_status = crate::parameters_status::ParametersStatusWriter::new(
+        client.clone(),
+        config.controller_name.clone(),
+        config.ingress_nginx_compat,
+        leader.clone(),
+        admin.clone(),
+        config.lease.as_ref().map(|l| l.identity.clone()),
+    );
     let mut compile_config = compile::Config {
         controller_name: config.controller_name.clone(),
         ingress_http_port: config.ingress_ports.0.into(),
@@ -313,6 +321,7 @@ pub async fn run(
             hub.publish(scope.clone(), snapshot.clone());
         }
         status.write(&store, &compiled, &hub, &names).await;
+        parameters_status.write(&store).await;
     }
     let _ = stop_provisioning.send(());
     // kube-runtime waits for reconciles in flight, and one blocked on an API request would

@@ -47,6 +47,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        Command::Helm(args) => {
+            use coxswain_operator::helm;
+            let chart = helm::generate(&args.root)?;
+            let dir = args.root.join(&args.out_dir);
+            if args.check {
+                chart.check(&dir)?;
+            } else {
+                chart.write(&dir)?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Snapshot(args) => {
             let skipped = coxswain_operator::snapshot_cmd::run(&args.command)?;
             if skipped > 0 {

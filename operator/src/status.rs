@@ -73,7 +73,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
 ];
 
 /// What `conditions` look like on the object now, for transition times and no-op detection.
-fn existing_conditions(status: Option<Value>) -> Vec<Value> {
+pub(crate) fn existing_conditions(status: Option<Value>) -> Vec<Value> {
     status
         .and_then(|s| s.get("conditions").cloned())
         .and_then(|c| c.as_array().cloned())
@@ -89,7 +89,11 @@ fn status_str(s: ConditionStatus) -> &'static str {
 }
 
 /// Conditions as the API wants them, reusing lastTransitionTime where the status is unchanged.
-fn render_conditions(conditions: &[Condition], existing: &[Value], now: &str) -> Vec<Value> {
+pub(crate) fn render_conditions(
+    conditions: &[Condition],
+    existing: &[Value],
+    now: &str,
+) -> Vec<Value> {
     conditions
         .iter()
         .map(|c| {

@@ -745,3 +745,221 @@ spec:
     let _ = stop_ctl.send(());
     ctl.await.unwrap().unwrap();
 }
+
+/// Coxswain's own kinds carry status: Accepted with a reason and message to act on,
+/// observedGeneration, and the classes and Gateways that use them; `kubectl get` shows it in
+/// the ACCEPTED column. Fixing the object turns it Accepted for the new generation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parameters_objects_say_whether_they_are_accepted_and_who_uses_them() {
+    use coxswain_api::{CoxswainGatewayParameters, CoxswainIngressClassParameters};
+    use kube::api::{Patch, PatchParams};
+    let env = TestEnv::new().await;
+    let ns = env.namespace.clone();
+    let controller_name = "coxswain-labs.dev/parameters-test";
+    let mut config = local_controller_config(&ns, controller_name, free_port(), free_port());
+    config.ingress_ports = (free_port(), free_port());
+    let (stop_ctl, ctl_stopped) = tokio::sync::oneshot::channel::<()>();
+    let ctl = tokio::spawn(controller::run(env.client.clone(), config, async {
+        let _ = ctl_stopped.await;
+    }));
+    apply_yaml(
+        &env.client,
+        &format!(
+            r#"
+apiVersion: gateway.coxswain-labs.dev/v1alpha1
+kind: CoxswainGatewayParameters
+metadata: {{name: class-params, namespace: {ns}}}
+spec:
+  podTemplate: {{spec: {{containers: [{{image: example.invalid/sidecar:1}}]}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: params-{ns}}}
+spec:
+  controllerName: {controller_name}
+  parametersRef: {{group: gateway.coxswain-labs.dev, kind: CoxswainGatewayParameters, name: class-params, namespace: {ns}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: edge, namespace: {ns}}}
+spec:
+  gatewayClassName: params-{ns}
+  listeners: [{{name: http, port: 8080, protocol: HTTP}}]
+---
+apiVersion: ingress.coxswain-labs.dev/v1alpha1
+kind: CoxswainIngressClassParameters
+metadata: {{name: defaults, namespace: {ns}}}
+spec:
+  defaultAnnotations: {{ingress.coxswain-labs.dev/read-timout: 30s}}
+---
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {{name: params-{ns}}}
+spec:
+  controller: {controller_name}
+  parameters: {{apiGroup: ingress.coxswain-labs.dev, kind: CoxswainIngressClassParameters, name: defaults, namespace: {ns}, scope: Namespace}}
+"#
+        ),
+    )
+    .await;
+
+    let gwp: Api<CoxswainGatewayParameters> = env.api();
+    let accepted = |status: Option<serde_json::Value>| {
+        let status = status?;
+        let c = status["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Accepted")?
+            .clone();
+        Some((status, c))
+    };
+    let (status, condition) = coxswain_testenv::eventually(
+        "CoxswainGatewayParameters Accepted=False",
+        Duration::from_secs(30),
+        || async {
+            let p = gwp.get("class-params").await.ok()?;
+            let (status, c) = accepted(serde_json::to_value(p.status?).ok())?;
+            (c["status"] == "False").then_some((status, c))
+        },
+    )
+    .await;
+    assert_eq!(condition["reason"], "InvalidPodTemplate", "{condition}");
+    let message = condition["message"].as_str().unwrap();
+    assert!(
+        message.contains("spec.containers[0] has no name") && message.contains("spec.podTemplate"),
+        "{message}"
+    );
+    assert_eq!(condition["observedGeneration"], 1);
+    assert_eq!(status["observedGeneration"], 1);
+    assert_eq!(
+        status["gatewayClasses"],
+        serde_json::json!([format!("params-{ns}")])
+    );
+    assert_eq!(
+        status["gateways"],
+        serde_json::json!([{"namespace": ns, "name": "edge"}])
+    );
+
+    // What a person sees.
+    let kubectl = |args: Vec<String>| {
+        let out = env.cluster().kubectl().args(&args).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // The cell under a column's header (kubectl aligns them; empty cells are blank).
+    let cell = |table: &str, column: &str| {
+        let mut lines = table.lines();
+        let at = lines.next().unwrap().find(column).unwrap();
+        lines.next().unwrap()[at..]
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let table = kubectl(vec!["get".into(), "cxgwp".into(), "-n".into(), ns.clone()]);
+    assert_eq!(cell(&table, "ACCEPTED"), "False", "{table}");
+
+    // A Warning Event on the object says the same.
+    let events: Api<k8s_openapi::api::events::v1::Event> = env.api();
+    coxswain_testenv::eventually(
+        "a Warning Event on the parameters",
+        Duration::from_secs(30),
+        || async {
+            let list = events.list(&Default::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some("InvalidPodTemplate")
+                        && e.regarding
+                            .as_ref()
+                            .is_some_and(|r| r.name.as_deref() == Some("class-params"))
+                })
+                .map(|_| ())
+        },
+    )
+    .await;
+
+    // Fixed: the container is named; generation 2 is Accepted.
+    let fix = serde_json::json!({"spec": {"podTemplate": {"spec": {"containers": [
+        {"name": "sidecar", "image": "example.invalid/sidecar:1"}]}}}});
+    gwp.patch("class-params", &PatchParams::default(), &Patch::Merge(&fix))
+        .await
+        .unwrap();
+    let condition = coxswain_testenv::eventually(
+        "CoxswainGatewayParameters Accepted=True for generation 2",
+        Duration::from_secs(30),
+        || async {
+            let p = gwp.get("class-params").await.ok()?;
+            let (status, c) = accepted(serde_json::to_value(p.status?).ok())?;
+            (c["status"] == "True" && status["observedGeneration"] == 2).then_some(c)
+        },
+    )
+    .await;
+    assert_eq!(condition["reason"], "Accepted");
+    assert_eq!(condition["observedGeneration"], 2);
+    // The fix is announced once, and the problem was told once.
+    let told = |reason: &'static str| {
+        let events = events.clone();
+        async move {
+            let list = events.list(&Default::default()).await.unwrap();
+            list.items
+                .into_iter()
+                .filter(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.regarding
+                            .as_ref()
+                            .is_some_and(|r| r.name.as_deref() == Some("class-params"))
+                })
+                .map(|e| e.deprecated_count.unwrap_or(1))
+                .sum::<i32>()
+        }
+    };
+    coxswain_testenv::eventually(
+        "a Normal Event for the fix",
+        Duration::from_secs(30),
+        || async { (told("Accepted").await == 1).then_some(()) },
+    )
+    .await;
+    assert_eq!(told("InvalidPodTemplate").await, 1);
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("GatewayClass params-{ns} and 1 Gateway(s)")),
+        "{condition}"
+    );
+
+    let icp: Api<CoxswainIngressClassParameters> = env.api();
+    let (status, condition) = coxswain_testenv::eventually(
+        "CoxswainIngressClassParameters Accepted=False",
+        Duration::from_secs(30),
+        || async {
+            let p = icp.get("defaults").await.ok()?;
+            let (status, c) = accepted(serde_json::to_value(p.status?).ok())?;
+            (c["status"] == "False").then_some((status, c))
+        },
+    )
+    .await;
+    assert_eq!(condition["reason"], "InvalidDefaultAnnotations");
+    assert!(
+        condition["message"]
+            .as_str()
+            .unwrap()
+            .contains("ingress.coxswain-labs.dev/read-timout"),
+        "{condition}"
+    );
+    assert_eq!(
+        status["ingressClasses"],
+        serde_json::json!([format!("params-{ns}")])
+    );
+    assert_eq!(status["observedGeneration"], 1);
+    let table = kubectl(vec!["get".into(), "cxicp".into(), "-n".into(), ns.clone()]);
+    assert_eq!(cell(&table, "ACCEPTED"), "False", "{table}");
+
+    let _ = stop_ctl.send(());
+    ctl.await.unwrap().unwrap();
+}

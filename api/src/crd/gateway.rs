@@ -142,4 +142,26 @@ pub struct CoxswainGatewayParametersStatus {
     /// The `metadata.generation` these conditions were computed from.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+
+    /// Coxswain GatewayClasses whose `spec.parametersRef` names these parameters (the class
+    /// layer of every Gateway of those classes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub gateway_classes: Vec<String>,
+
+    /// Gateways whose dedicated proxy these parameters shape, through the Gateway's
+    /// `spec.infrastructure.parametersRef` or its class's `spec.parametersRef` (the first 64,
+    /// by namespace and name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub gateways: Vec<NamespacedName>,
+}
+
+/// An object in some namespace.
+#[derive(
+    Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, JsonSchema,
+)]
+pub struct NamespacedName {
+    pub namespace: String,
+    pub name: String,
 }

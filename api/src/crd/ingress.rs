@@ -1,5 +1,6 @@
 //! `CoxswainIngressClassParameters`: class-level defaults for Ingress routes.
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -18,8 +19,14 @@ use std::collections::BTreeMap;
     shortname = "cxicp",
     category = "coxswain",
     namespaced,
+    status = "CoxswainIngressClassParametersStatus",
     doc = "Class-level defaults for Ingresses handled by Coxswain.",
     printcolumn(name = "Access Log", type_ = "boolean", json_path = ".spec.accessLog"),
+    printcolumn(
+        name = "Accepted",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Accepted\")].status"
+    ),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -37,4 +44,24 @@ pub struct CoxswainIngressClassParametersSpec {
     /// proxy itself has it off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_log: Option<bool>,
+}
+
+/// Observed state, written by the controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CoxswainIngressClassParametersStatus {
+    /// Standard conditions. `Accepted` says whether every default annotation is applied; its
+    /// message names the ones that are not, and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "super::schema::conditions")]
+    pub conditions: Vec<Condition>,
+
+    /// The `metadata.generation` these conditions were computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Coxswain IngressClasses whose `spec.parameters` names these parameters.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub ingress_classes: Vec<String>,
 }

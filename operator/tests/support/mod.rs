@@ -416,3 +416,40 @@ impl SharedProxy {
         (&mut self.task).await.unwrap().unwrap();
     }
 }
+
+/// The helm binary built from its Go module by hack/helm/build.sh (cached under
+/// $HOME/.cache/coxswain/helm; the first call of a cold cache builds it).
+pub fn helm_bin() -> std::path::PathBuf {
+    static BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| go_tool("hack/helm/build.sh")).clone()
+}
+
+/// hack/promql (Prometheus' PromQL parser and engine), built by hack/promql/build.sh.
+pub fn promql_bin() -> std::path::PathBuf {
+    static BIN: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    BIN.get_or_init(|| go_tool("hack/promql/build.sh")).clone()
+}
+
+/// Runs a repository build script that prints a cached binary's path as its last line.
+fn go_tool(script: &str) -> std::path::PathBuf {
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(script);
+    let out = std::process::Command::new("bash")
+        .arg(&script)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}: {}",
+        script.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .last()
+        .unwrap_or_default()
+        .to_owned();
+    std::path::PathBuf::from(path)
+}
