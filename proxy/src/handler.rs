@@ -368,8 +368,6 @@ impl ProxyHttp for Gateway {
                 }
             }
         }
-        // TLS and HTTP/2 connections are read by Pingora alone: bound their idle time here.
-        session.set_keepalive(Some(self.limits.keepalive_idle.as_secs().max(1)));
         match answer {
             Answer::Forward => Ok(false),
             Answer::Status(code) => respond(session, code, None).await,

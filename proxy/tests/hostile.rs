@@ -250,9 +250,16 @@ async fn every_wait_ends_at_its_deadline() {
         let wait = Duration::from_secs(5);
 
         // Shorter than the HTTP/2 preface: answered, not held for 24 bytes.
+        let started = Instant::now();
         let (resp, closed) = raw_exchange(s.port, b"GET / HTTP/1.0\r\n\r\n", wait).await;
         assert_eq!(status_of(&resp), Some(200), "{engine}");
         assert!(closed, "{engine}: HTTP/1.0 without keep-alive closes");
+        // Closed after the answer, not by the (0.8 s) idle limit.
+        assert!(
+            started.elapsed() < Duration::from_millis(600),
+            "{engine}: HTTP/1.0 closed after {:?}",
+            started.elapsed()
+        );
         // HTTP/1.1 without Host: refused at once.
         let (resp, closed) = raw_exchange(s.port, b"GET / HTTP/1.1\r\n\r\n", wait).await;
         assert_eq!(status_of(&resp), Some(400), "{engine}");
