@@ -813,13 +813,15 @@ spec:
             .clone();
         Some((status, c))
     };
+    // Objects reach the controller one at a time: the condition can be written a pass
+    // before the Gateway using the parameters is known, so wait for both.
     let (status, condition) = coxswain_testenv::eventually(
-        "CoxswainGatewayParameters Accepted=False",
+        "CoxswainGatewayParameters Accepted=False, used by the Gateway",
         Duration::from_secs(30),
         || async {
             let p = gwp.get("class-params").await.ok()?;
             let (status, c) = accepted(serde_json::to_value(p.status?).ok())?;
-            (c["status"] == "False").then_some((status, c))
+            (c["status"] == "False" && status["gateways"].is_array()).then_some((status, c))
         },
     )
     .await;
@@ -940,7 +942,7 @@ spec:
         || async {
             let p = icp.get("defaults").await.ok()?;
             let (status, c) = accepted(serde_json::to_value(p.status?).ok())?;
-            (c["status"] == "False").then_some((status, c))
+            (c["status"] == "False" && status["ingressClasses"].is_array()).then_some((status, c))
         },
     )
     .await;
