@@ -443,6 +443,33 @@ mod tests {
     }
 
     #[test]
+    fn trusted_proxies_are_checked_when_parsed() {
+        let p = proxy(&["--shared", "--trusted-proxies", "10.0.0.0/8, 2001:db8::/32"]).unwrap();
+        let limits = p.limits.limits();
+        assert!(limits.client_address.trusts("10.1.2.3".parse().unwrap()));
+        assert!(limits.client_address.trusts("2001:db8::1".parse().unwrap()));
+        assert!(!limits.client_address.trusts("192.0.2.1".parse().unwrap()));
+        let err = proxy(&["--shared", "--trusted-proxies", "10.0.0.0/40"]).unwrap_err();
+        assert!(err.to_string().contains("10.0.0.0/40"), "{err}");
+        assert!(
+            !proxy(&["--shared"])
+                .unwrap()
+                .limits
+                .limits()
+                .client_address
+                .proxy_protocol
+        );
+        assert!(
+            proxy(&["--shared", "--proxy-protocol"])
+                .unwrap()
+                .limits
+                .limits()
+                .client_address
+                .proxy_protocol
+        );
+    }
+
+    #[test]
     fn discovery_endpoints_split_on_commas() {
         let p = proxy(&[
             "--shared",
@@ -492,6 +519,29 @@ pub struct ProxyLimitArgs {
     /// Serve every request through Pingora, never the fast path.
     #[arg(long, env = "COXSWAIN_NO_FAST_PATH")]
     pub no_fast_path: bool,
+
+    /// Address blocks (comma-separated, e.g. 10.0.0.0/8,2001:db8::/32) of load balancers and
+    /// proxies in front of this one whose X-Forwarded-For, -Proto, -Host and -Port are
+    /// believed. From any other peer those fields are replaced. Default: none.
+    #[arg(
+        long,
+        env = "COXSWAIN_TRUSTED_PROXIES",
+        value_delimiter = ',',
+        value_parser = parse_cidr
+    )]
+    pub trusted_proxies: Vec<String>,
+
+    /// Every connection starts with a PROXY protocol v1 or v2 header (the listeners are
+    /// behind an L4 load balancer that sends one); connections without one are closed.
+    #[arg(long, env = "COXSWAIN_PROXY_PROTOCOL")]
+    pub proxy_protocol: bool,
+}
+
+/// One address block, checked as `--trusted-proxies` parses it.
+fn parse_cidr(s: &str) -> Result<String, String> {
+    coxswain_proxy::policy::AddressSet::parse(&[s])
+        .map(|_| s.trim().to_owned())
+        .map_err(|e| e.to_string())
 }
 
 impl ProxyLimitArgs {
@@ -506,6 +556,12 @@ impl ProxyLimitArgs {
             max_request_head_bytes: self.max_request_header_bytes.max(1024),
             upstream_idle: Duration::from_secs(60),
             fast_path: !self.no_fast_path,
+            client_address: coxswain_proxy::forwarded::ClientAddress {
+                // Each entry was checked by `parse_cidr`.
+                trusted: coxswain_proxy::policy::AddressSet::parse(&self.trusted_proxies)
+                    .unwrap_or_default(),
+                proxy_protocol: self.proxy_protocol,
+            },
         }
     }
 }

@@ -36,6 +36,7 @@ pub mod reason {
     pub const ACCEPTED: &str = "Accepted";
     pub const INVALID_POD_TEMPLATE: &str = "InvalidPodTemplate";
     pub const AUTOSCALING_WITHOUT_MAX: &str = "AutoscalingWithoutMax";
+    pub const INVALID_CLIENT_ADDRESS: &str = "InvalidClientAddress";
     pub const INVALID_DEFAULT_ANNOTATIONS: &str = "InvalidDefaultAnnotations";
 }
 /// Longest list of users in a status (the CRD schema's `maxItems`).
@@ -224,6 +225,18 @@ pub fn decide(
                 format!(
                     "{e}; fix spec.podTemplate: until then the dedicated proxies of the \
                      Gateways that use these parameters are not updated ({in_use})"
+                ),
+                generation,
+            )
+        } else if let Err(e) = render::check_client_address(&[(layer.as_str(), Some(&params.spec))])
+        {
+            Condition::new(
+                ACCEPTED,
+                false,
+                reason::INVALID_CLIENT_ADDRESS,
+                format!(
+                    "{e}; fix spec.clientAddress.trustedProxies: until then the dedicated proxies \
+                     of the Gateways that use these parameters are not updated ({in_use})"
                 ),
                 generation,
             )
@@ -745,6 +758,38 @@ spec:
             st.accepted.message
         );
         assert_eq!(st.accepted.observed_generation, 2);
+    }
+
+    #[test]
+    fn trusted_proxies_that_are_not_address_blocks_are_not_accepted() {
+        let s = store(
+            r#"
+apiVersion: gateway.coxswain-labs.dev/v1alpha1
+kind: CoxswainGatewayParameters
+metadata: {name: p, namespace: web, generation: 3}
+spec:
+  clientAddress: {trustedProxies: [10.0.0.0/8, 10.0.0.0/33]}
+"#,
+        );
+        let st = &decide(&s, CONTROLLER, false).gateway[&ObjectKey::new("web", "p")];
+        assert_eq!(st.accepted.status, ConditionStatus::False);
+        assert_eq!(st.accepted.reason, reason::INVALID_CLIENT_ADDRESS);
+        assert!(
+            st.accepted.message.contains("\"10.0.0.0/33\""),
+            "{}",
+            st.accepted.message
+        );
+        let ok = store(
+            r#"
+apiVersion: gateway.coxswain-labs.dev/v1alpha1
+kind: CoxswainGatewayParameters
+metadata: {name: p, namespace: web, generation: 3}
+spec:
+  clientAddress: {trustedProxies: [10.0.0.0/8, "2001:db8::1"], proxyProtocol: true}
+"#,
+        );
+        let st = &decide(&ok, CONTROLLER, false).gateway[&ObjectKey::new("web", "p")];
+        assert_eq!(st.accepted.status, ConditionStatus::True, "{st:?}");
     }
 
     #[test]

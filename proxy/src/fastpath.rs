@@ -7,15 +7,17 @@
 //! pool that spawns a task and takes locks per release) has nothing to do: no filter changes
 //! a header, no body streams, no protocol changes. Such a request (HTTP/1.1, no body, no
 //! upgrade, on a route that only forwards to HTTP/1 backends: `CompiledRoute::passthrough`,
-//! decided once per snapshot) is written upstream as it came, except for a normalised target,
-//! over a connection from this worker's pool, and the response is copied back with its
-//! framing checked (`http1`) so both connections stay reusable.
+//! decided once per snapshot) is written upstream with its fields as they came, except for a
+//! normalised target and the forwarded fields (`forwarded`), over a connection from this
+//! worker's pool, and the response is copied back with its framing checked (`http1`) so both
+//! connections stay reusable.
 //!
 //! Any other request goes to Pingora with its bytes put back. Pingora serves it and returns
 //! the connection, and the next request is read here again.
 
 use crate::access_log::{AccessLine, access_line};
 use crate::conn::Buffered;
+use crate::forwarded::{self, Forwarded};
 use crate::http1::{self, H2_PREFACE};
 use crate::limits::Limits;
 use crate::request::{self, Arrival, Body, Decision, Head, Version};
@@ -67,6 +69,8 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
     let mut req: Vec<u8> = conn.take_unread();
     req.reserve(4096);
     let mut resp: Vec<u8> = Vec::with_capacity(16 * 1024);
+    // The head as it goes upstream, rebuilt per request in this one buffer.
+    let mut up_head: Vec<u8> = Vec::with_capacity(4096);
     let mut first = first;
     loop {
         let len = match read_head(conn, &mut req, env, first).await {
@@ -95,7 +99,7 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
                     let head = FastHead(&parsed);
                     end = request_end(&head, len, req.len());
                     if env.limits.fast_path {
-                        plan(&head, env)
+                        plan(&head, env, &mut up_head)
                     } else {
                         Step::Pingora
                     }
@@ -122,14 +126,14 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
             }
             Step::Forward(plan) => plan,
         };
-        let outcome = exchange(conn, &req[..len], &plan, &mut resp, env).await;
+        let outcome = exchange(conn, &up_head, &plan, &mut resp, env).await;
         let status = match outcome {
             Ok(Exchange { status, .. }) | Err(status) => status,
         };
         plan.counters.record(status);
         if let Some(log) = &plan.access_log {
             access_line(&AccessLine {
-                client: Some(env.peer.ip()),
+                client: log.client,
                 method: &log.method,
                 host: &log.host,
                 path: &log.path,
@@ -339,8 +343,6 @@ struct Plan {
     head_only: bool,
     /// Sent again on a fresh connection if a pooled one fails (RFC 9110 9.2.2).
     idempotent: bool,
-    /// The request line to send instead of the received one (a normalised target).
-    request_line: Option<String>,
     counters: Arc<crate::metrics::RouteCounters>,
     /// Some when the route logs and the access log target is enabled.
     access_log: Option<AccessFields>,
@@ -348,6 +350,7 @@ struct Plan {
 
 /// What the access log line needs once the request buffer has moved on.
 struct AccessFields {
+    client: Option<std::net::IpAddr>,
     method: String,
     host: String,
     path: String,
@@ -355,8 +358,8 @@ struct AccessFields {
 }
 
 /// Checks and routes a parsed head; forwards it here only when nothing but forwarding is
-/// asked of it.
-fn plan(head: &FastHead<'_, '_>, env: &Env<'_>) -> Step {
+/// asked of it, and then writes the head to send upstream into `up_head`.
+fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
     let checked = match request::check(head, env.limits) {
         Ok(c) => c,
         Err(reject) => {
@@ -392,23 +395,30 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>) -> Step {
     if !route.is_some_and(|r| r.passthrough) {
         return Step::Pingora;
     }
+    let forwarded = request::forwarded(
+        head,
+        &checked,
+        Some(env.peer.ip()),
+        env.port,
+        false,
+        env.limits,
+    );
     let arrival = Arrival {
         port: env.port,
         https: false,
-        client: Some(env.peer.ip()),
+        client: forwarded.client,
     };
     let Decision::Forward(forward) = request::decide(route, head, &checked, &arrival) else {
         // Not reached: a passthrough route has no policy that answers by itself.
         return Step::Pingora;
     };
     let method = head.method();
-    let request_line = checked
-        .rewritten()
-        .then(|| format!("{method} {} HTTP/1.1\r\n", checked.path_and_query));
+    write_upstream_head(up_head, head, &checked.path_and_query, &forwarded);
     let route = forward.route;
     let access_log = (route.policy.access_log
         && tracing::enabled!(target: "coxswain::access", tracing::Level::INFO))
     .then(|| AccessFields {
+        client: forwarded.client,
         method: method.to_owned(),
         host: checked.host.to_owned(),
         path: checked.path().to_owned(),
@@ -418,7 +428,6 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>) -> Step {
         upstream: forward.addr,
         head_only: method == "HEAD",
         idempotent: request::idempotent(method),
-        request_line,
         counters: route.counters.clone(),
         access_log,
     })
@@ -440,21 +449,38 @@ impl Exchange {
     }
 }
 
-/// Writes the request head upstream: as received, or with the normalised request line.
-async fn send_head(up: &mut TcpStream, request: &[u8], plan: &Plan) -> std::io::Result<()> {
-    match &plan.request_line {
-        None => up.write_all(request).await,
-        Some(line) => {
-            let rest = request
-                .iter()
-                .position(|b| *b == b'\n')
-                .map_or(request.len(), |i| i + 1);
-            let mut head = Vec::with_capacity(line.len() + request.len() - rest);
-            head.extend_from_slice(line.as_bytes());
-            head.extend_from_slice(&request[rest..]);
-            up.write_all(&head).await
+/// The head sent upstream: the request line with the normalised target, the received
+/// fields less the forwarded ones, then the forwarded fields this proxy sets.
+fn write_upstream_head(
+    out: &mut Vec<u8>,
+    head: &FastHead<'_, '_>,
+    target: &str,
+    forwarded: &Forwarded<'_>,
+) {
+    out.clear();
+    out.extend_from_slice(head.method().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    for h in head.0.headers.iter() {
+        let name = h.name.as_bytes();
+        if forwarded::is_field(name) && !forwarded.keeps(name) {
+            continue;
         }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
     }
+    forwarded.each(&mut |name, parts| {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        for p in parts {
+            out.extend_from_slice(p.as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+    });
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Sends one request upstream and copies the response back. Err(status): nothing was sent
@@ -486,7 +512,7 @@ async fn exchange(
         };
         let sent = Instant::now();
         resp.clear();
-        let ok = send_head(&mut up, request, plan).await.is_ok()
+        let ok = up.write_all(request).await.is_ok()
             && matches!(read_more(&mut up, resp).await, Ok(n) if n > 0);
         if ok {
             break (up, sent);

@@ -4,6 +4,7 @@
 
 use crate::access_log::{AccessLine, access_line};
 use crate::filters::{self, EditHeaders};
+use crate::forwarded;
 use crate::limits::Limits;
 use crate::mirror;
 use crate::policy::{CorsPolicy, RoutePolicy};
@@ -217,6 +218,11 @@ pub struct Ctx {
     /// Position in the request body during the current attempt.
     body_pos: u64,
     access_log_off: bool,
+    /// The client as `request::forwarded` decided it.
+    client: Option<std::net::IpAddr>,
+    /// The forwarded fields to send upstream, and whether a received `Forwarded` is kept.
+    forwarded: Vec<(&'static str, String)>,
+    keep_forwarded: bool,
 }
 
 impl EditHeaders for RequestHeader {
@@ -313,14 +319,11 @@ impl ProxyHttp for Gateway {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<bool> {
         ctx.started = Some(std::time::Instant::now());
-        let arrival = request::Arrival {
-            port: self.port,
-            https: self.https,
-            client: session
-                .client_addr()
-                .and_then(|a| a.as_inet())
-                .map(|a| a.ip()),
-        };
+        let peer = session
+            .client_addr()
+            .and_then(|a| a.as_inet())
+            .map(|a| a.ip());
+        ctx.client = peer;
         // Decide everything from one load of the table; nothing after this reads it again.
         let (answer, normalized) = {
             let head = PingoraHead(session.req_header());
@@ -332,6 +335,16 @@ impl ProxyHttp for Gateway {
                     session.set_keepalive(None);
                     return respond(session, reject.status(), None).await;
                 }
+            };
+            let forwarded =
+                request::forwarded(&head, &checked, peer, self.port, self.https, &self.limits);
+            ctx.client = forwarded.client;
+            ctx.keep_forwarded = forwarded.trusted_peer;
+            forwarded.each(&mut |name, parts| ctx.forwarded.push((name, parts.concat())));
+            let arrival = request::Arrival {
+                port: self.port,
+                https: self.https,
+                client: forwarded.client,
             };
             let table = self.table.load();
             let route = request::route(&table, self.port, &head, &checked);
@@ -547,6 +560,15 @@ impl ProxyHttp for Gateway {
     ) -> pingora::Result<()> {
         ctx.upstream_sent = Some(std::time::Instant::now());
         ctx.body_pos = 0;
+        // Before the route's filters, so a header modifier can still override them.
+        for name in forwarded::FIELDS {
+            if !(ctx.keep_forwarded && name == "forwarded") {
+                upstream.remove_header(name);
+            }
+        }
+        for (name, value) in &ctx.forwarded {
+            upstream.insert_header(*name, value.as_str())?;
+        }
         let Some(route) = ctx.route.clone() else {
             return Ok(());
         };
@@ -673,12 +695,8 @@ impl Gateway {
 fn access_log(session: &Session, ctx: &Ctx) {
     let req = session.req_header();
     let status = session.response_written().map_or(0, |r| r.status.as_u16());
-    let client = session
-        .client_addr()
-        .and_then(|a| a.as_inet())
-        .map(|a| a.ip());
     access_line(&AccessLine {
-        client,
+        client: ctx.client,
         method: req.method.as_str(),
         host: req
             .uri

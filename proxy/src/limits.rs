@@ -1,5 +1,6 @@
-//! Deadlines and caps that keep slow or greedy clients from holding the proxy's resources.
-//! Every wait on a client is one of these deadlines; none restarts when a byte arrives.
+//! Deadlines and caps that keep slow or greedy clients from holding the proxy's resources,
+//! and what the proxy believes about who a client is. Every wait on a client is one of these
+//! deadlines; none restarts when a byte arrives.
 
 use std::time::Duration;
 
@@ -27,6 +28,9 @@ pub struct Limits {
     /// Plain HTTP/1.1 requests on routes that only forward take the fast path; off, every
     /// request goes through Pingora (for comparing the two, and as an escape hatch).
     pub fast_path: bool,
+    /// Which peers may say who the client is, and whether connections start with a PROXY
+    /// protocol header (`forwarded`).
+    pub client_address: crate::forwarded::ClientAddress,
 }
 
 impl Default for Limits {
@@ -40,6 +44,7 @@ impl Default for Limits {
             max_request_head_bytes: 32 * 1024,
             upstream_idle: Duration::from_secs(60),
             fast_path: true,
+            client_address: crate::forwarded::ClientAddress::default(),
         }
     }
 }

@@ -371,7 +371,29 @@ struct Connection {
 }
 
 impl Connection {
-    async fn serve(mut self, tcp: tokio::net::TcpStream) {
+    async fn serve(mut self, mut tcp: tokio::net::TcpStream) {
+        if self.limits.client_address.proxy_protocol {
+            // The load balancer's header names the client; without it, the connection's
+            // peer would be mistaken for one.
+            let header = tokio::time::timeout(
+                self.limits.request_head,
+                crate::proxy_protocol::read(&mut tcp),
+            )
+            .await;
+            match header {
+                Ok(Ok(h)) => self.peer = h.client(self.peer),
+                Ok(Err(e)) => {
+                    Metrics::count(&self.table.metrics().proxy_protocol_refused);
+                    tracing::debug!(peer = %self.peer, error = %e, "connection closed");
+                    return;
+                }
+                Err(_) => {
+                    Metrics::count(&self.table.metrics().proxy_protocol_refused);
+                    tracing::debug!(peer = %self.peer, "PROXY protocol header deadline passed");
+                    return;
+                }
+            }
+        }
         if self.tls_passthrough {
             crate::tls_passthrough::serve(tcp, &self.table, self.port, self.peer).await;
             return;

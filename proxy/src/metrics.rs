@@ -46,6 +46,8 @@ pub struct Metrics {
     pub request_head_timeouts: AtomicU64,
     /// TLS handshakes not complete within their deadline.
     pub tls_handshake_timeouts: AtomicU64,
+    /// Connections closed because their PROXY protocol header was missing, malformed or late.
+    pub proxy_protocol_refused: AtomicU64,
 }
 
 impl Metrics {
@@ -161,6 +163,11 @@ impl Metrics {
                 "coxswain_proxy_tls_handshake_timeouts_total",
                 "TLS handshakes that did not finish within their deadline.",
                 &self.tls_handshake_timeouts,
+            ),
+            (
+                "coxswain_proxy_proxy_protocol_refused_total",
+                "Connections closed because their PROXY protocol header was missing, malformed or late.",
+                &self.proxy_protocol_refused,
             ),
         ];
         for (name, help, value) in counters {

@@ -9,7 +9,7 @@ use std::net::IpAddr;
 #[derive(Debug)]
 pub struct RoutePolicy {
     /// Some: only these clients are served.
-    pub allowlist: Option<Allowlist>,
+    pub allowlist: Option<AddressSet>,
     /// 0: no limit.
     pub max_body_bytes: u64,
     pub cors: Option<CorsPolicy>,
@@ -38,7 +38,7 @@ impl RoutePolicy {
             }
         }
         Self {
-            allowlist: route.client_allowlist.as_ref().map(Allowlist::new),
+            allowlist: route.client_allowlist.as_ref().map(AddressSet::new),
             max_body_bytes: route.max_request_body_bytes,
             cors,
             rewrite,
@@ -49,34 +49,75 @@ impl RoutePolicy {
     }
 }
 
-/// Address blocks as (network, mask) integers.
-#[derive(Debug, Default)]
-pub struct Allowlist {
+/// Address blocks as (network, mask) integers: a route's client allowlist, or the proxies
+/// trusted to say who the client is.
+#[derive(Debug, Default, Clone)]
+pub struct AddressSet {
     v4: Vec<(u32, u32)>,
     v6: Vec<(u128, u128)>,
 }
 
-impl Allowlist {
+/// A CIDR that does not parse, with what was given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{given:?} is not an address block like 10.0.0.0/8 or 2001:db8::/32 (or one address)")]
+pub struct BadCidr {
+    pub given: String,
+}
+
+impl AddressSet {
     /// Entries that do not parse are dropped: a broken entry can only deny, never allow.
     pub fn new(list: &snap::ClientAllowlist) -> Self {
         let mut out = Self::default();
         for c in &list.cidrs {
-            let Ok(addr) = c.address.parse::<IpAddr>() else {
-                continue;
-            };
-            match addr {
-                IpAddr::V4(a) if c.prefix_len <= 32 => {
-                    let mask = u32::MAX.checked_shl(32 - c.prefix_len).unwrap_or(0);
-                    out.v4.push((u32::from(a) & mask, mask));
-                }
-                IpAddr::V6(a) if c.prefix_len <= 128 => {
-                    let mask = u128::MAX.checked_shl(128 - c.prefix_len).unwrap_or(0);
-                    out.v6.push((u128::from(a) & mask, mask));
-                }
-                _ => {}
+            if let Ok(addr) = c.address.parse::<IpAddr>() {
+                out.insert(addr, c.prefix_len);
             }
         }
         out
+    }
+
+    /// Blocks written as "10.0.0.0/8", "2001:db8::/32" or a single address; any entry that
+    /// does not parse is an error (these lists widen trust, so none is skipped silently).
+    pub fn parse<S: AsRef<str>>(blocks: &[S]) -> Result<Self, BadCidr> {
+        let mut out = Self::default();
+        for block in blocks {
+            let given = block.as_ref().trim();
+            let bad = || BadCidr {
+                given: given.to_owned(),
+            };
+            let (addr, len) = match given.split_once('/') {
+                Some((a, l)) => (
+                    a.parse::<IpAddr>().map_err(|_| bad())?,
+                    Some(l.parse::<u32>().map_err(|_| bad())?),
+                ),
+                None => (given.parse::<IpAddr>().map_err(|_| bad())?, None),
+            };
+            let max = if addr.is_ipv4() { 32 } else { 128 };
+            let len = len.unwrap_or(max);
+            if len > max {
+                return Err(bad());
+            }
+            out.insert(addr, len);
+        }
+        Ok(out)
+    }
+
+    fn insert(&mut self, addr: IpAddr, prefix_len: u32) {
+        match addr {
+            IpAddr::V4(a) if prefix_len <= 32 => {
+                let mask = u32::MAX.checked_shl(32 - prefix_len).unwrap_or(0);
+                self.v4.push((u32::from(a) & mask, mask));
+            }
+            IpAddr::V6(a) if prefix_len <= 128 => {
+                let mask = u128::MAX.checked_shl(128 - prefix_len).unwrap_or(0);
+                self.v6.push((u128::from(a) & mask, mask));
+            }
+            _ => {}
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.v4.is_empty() && self.v6.is_empty()
     }
 
     pub fn allows(&self, ip: IpAddr) -> bool {
@@ -276,7 +317,7 @@ mod tests {
 
     #[test]
     fn allowlists_match_v4_v6_and_mapped_addresses() {
-        let list = Allowlist::new(&snap::ClientAllowlist {
+        let list = AddressSet::new(&snap::ClientAllowlist {
             cidrs: vec![
                 cidr("10.0.0.0", 8),
                 cidr("192.168.1.7", 32),
@@ -293,12 +334,12 @@ mod tests {
         assert!(!ok("2001:db9::1"));
         assert!(ok("::ffff:10.1.2.3"), "v4-mapped");
         assert!(!ok("127.0.0.1"), "broken entries allow nothing");
-        let empty = Allowlist::new(&snap::ClientAllowlist::default());
+        let empty = AddressSet::new(&snap::ClientAllowlist::default());
         assert!(
             !empty.allows("127.0.0.1".parse().unwrap()),
             "empty denies all"
         );
-        let all = Allowlist::new(&snap::ClientAllowlist {
+        let all = AddressSet::new(&snap::ClientAllowlist {
             cidrs: vec![cidr("0.0.0.0", 0), cidr("::", 0)],
         });
         assert!(all.allows("8.8.8.8".parse().unwrap()));

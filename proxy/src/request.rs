@@ -16,37 +16,17 @@
 //!
 //! and the query string is left as it came.
 
+use crate::forwarded::Forwarded;
+pub use crate::head::{Head, Version};
 use crate::limits::Limits;
 use crate::policy::RoutePolicy;
-use crate::router::{CompiledRoute, Headers, Pick, Request as RouteQuery, ResolvedBackend};
+use crate::router::{CompiledRoute, Pick, Request as RouteQuery, ResolvedBackend};
 use crate::table::Table;
 use crate::upstream::ClusterState;
 use coxswain_api::snapshot::filter;
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-
-/// The protocol version a request arrived with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Version {
-    Http10,
-    Http11,
-    Http2,
-}
-
-/// A request head, however an engine parsed it.
-pub trait Head: Headers {
-    fn method(&self) -> &str;
-    /// The request target as received (origin-form "/a?b", absolute-form, ...).
-    fn target(&self) -> &[u8];
-    fn version(&self) -> Version;
-    /// HTTP/2's :authority (HTTP/1 carries the host in the target or the Host header).
-    fn authority(&self) -> Option<&[u8]> {
-        None
-    }
-    /// Calls `f` with every header field, in order; names in any case.
-    fn each_header<'s>(&'s self, f: &mut dyn FnMut(&'s [u8], &'s [u8]));
-}
 
 /// Why a request head is refused before routing. The connection closes after the answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -448,7 +428,28 @@ pub fn idempotent(method: &str) -> bool {
 pub struct Arrival {
     pub port: u16,
     pub https: bool,
+    /// The client as [`forwarded`] decided it: the peer, or what trusted proxies say.
     pub client: Option<IpAddr>,
+}
+
+/// Who the client is and what the backend is told about it (see `forwarded`). `peer`: the
+/// connection's peer, or the PROXY protocol header's source.
+pub fn forwarded<'h, H: Head + ?Sized>(
+    head: &'h H,
+    checked: &Checked<'h>,
+    peer: Option<IpAddr>,
+    port: u16,
+    https: bool,
+    limits: &Limits,
+) -> Forwarded<'h> {
+    Forwarded::resolve(
+        head,
+        peer,
+        checked.host,
+        https,
+        port,
+        &limits.client_address,
+    )
 }
 
 /// What to do with a routed request.

@@ -9,7 +9,9 @@
 
 mod support;
 
+use coxswain_proxy::forwarded::ClientAddress;
 use coxswain_proxy::limits::Limits;
+use coxswain_proxy::policy::AddressSet;
 use std::time::Duration;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -83,7 +85,9 @@ const HOP: [&str; 7] = [
 ];
 
 /// The backend's answer: the request line and the end-to-end headers it received, sorted.
-fn canonical(head: &[u8]) -> Vec<u8> {
+/// X-Forwarded-Port names the listener, which differs between the two proxies: one of
+/// `listeners` is written as "<listener>".
+fn canonical(head: &[u8], listeners: [u16; 2]) -> Vec<u8> {
     let text = String::from_utf8_lossy(head);
     let mut lines = text.split("\r\n");
     let request_line = lines.next().unwrap_or("").to_owned();
@@ -92,7 +96,13 @@ fn canonical(head: &[u8]) -> Vec<u8> {
         .filter_map(|l| {
             let (n, v) = l.split_once(':')?;
             let n = n.trim().to_ascii_lowercase();
-            (!HOP.contains(&n.as_str())).then(|| format!("{n}: {}", v.trim()))
+            let v = v.trim();
+            let v = if n == "x-forwarded-port" && listeners.iter().any(|p| p.to_string() == v) {
+                "<listener>"
+            } else {
+                v
+            };
+            (!HOP.contains(&n.as_str())).then(|| format!("{n}: {v}"))
         })
         .collect();
     headers.sort();
@@ -176,6 +186,32 @@ fn generate(rng: &mut Rng) -> Vec<u8> {
     }
     if rng.chance(10) {
         req.extend_from_slice(b"X-Custom: Value\r\nx-custom: second\r\n");
+    }
+    // Forwarded fields, believed or not depending on the proxy's trusted blocks; an address
+    // in 10/8 opens the allowlisted /admin when it is believed.
+    if rng.chance(30) {
+        let list = rng.word(&[
+            "10.1.2.3",
+            "192.0.2.1",
+            "10.1.2.3, 127.0.0.5",
+            "garbage, 10.2.3.4",
+            "[2001:db8::1]:80",
+            "",
+        ]);
+        req.extend_from_slice(format!("X-Forwarded-For: {list}\r\n").as_bytes());
+    }
+    if rng.chance(10) {
+        req.extend_from_slice(b"x-forwarded-for: 10.9.9.9\r\n");
+    }
+    if rng.chance(15) {
+        let field = rng.word(&[
+            "X-Forwarded-Proto: https",
+            "X-Forwarded-Host: other.example",
+            "X-Forwarded-Port: 8443",
+            "X-Real-IP: 6.6.6.6",
+            "Forwarded: for=192.0.2.60;proto=http",
+        ]);
+        req.extend_from_slice(format!("{field}\r\n").as_bytes());
     }
     if method == "OPTIONS" && rng.chance(50) {
         req.extend_from_slice(
@@ -368,8 +404,9 @@ async fn both_engines_answer_generated_requests_alike() {
         .unwrap_or(10_000);
     eprintln!("differential: seed {seed} (COXSWAIN_DIFF_SEED={seed} replays it), {count} requests");
 
-    let (backend, _seen, _) = raw_backend(|r| {
-        let body = canonical(&r.head);
+    let listeners = [free_port(), free_port()];
+    let (backend, _seen, _) = raw_backend(move |r| {
+        let body = canonical(&r.head, listeners);
         let mut resp = format!(
             "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\n\r\n",
             body.len()
@@ -381,10 +418,13 @@ async fn both_engines_answer_generated_requests_alike() {
         RawAnswer::Send(resp)
     })
     .await;
+    // Half the runs believe the test client's forwarded fields (it connects from 127.0.0.1),
+    // half replace them; the seed decides, so a replay takes the same half.
+    let trusted: &[&str] = if seed % 4 < 2 { &["127.0.0.0/8"] } else { &[] };
+    eprintln!("differential: trusted proxies {trusted:?}");
     let mut ports = Vec::new();
     let mut proxies = Vec::new();
-    for fast_path in [true, false] {
-        let port = free_port();
+    for (fast_path, port) in [(true, listeners[0]), (false, listeners[1])] {
         let snap = snapshot(
             ROUTES,
             &[
@@ -394,6 +434,10 @@ async fn both_engines_answer_generated_requests_alike() {
         );
         let limits = Limits {
             fast_path,
+            client_address: ClientAddress {
+                trusted: AddressSet::parse(trusted).unwrap(),
+                proxy_protocol: false,
+            },
             ..Limits::default()
         };
         proxies.push(Proxy::start_with(&snap, limits).await);

@@ -7,76 +7,9 @@ mod support;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
-use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
-use std::sync::Arc;
+use rustls::pki_types::ServerName;
 use support::*;
 use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
-
-/// Accepts any certificate: the test compares the presented certificate itself.
-#[derive(Debug)]
-struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
-
-impl ServerCertVerifier for AcceptAny {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-    fn verify_tls12_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn verify_tls13_signature(
-        &self,
-        m: &[u8],
-        c: &CertificateDer<'_>,
-        d: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
-    }
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
-fn connector(alpn: &[&[u8]]) -> TlsConnector {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
-        .with_no_client_auth();
-    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
-    TlsConnector::from(Arc::new(config))
-}
-
-struct Cert {
-    pem: String,
-    key: String,
-    der: Vec<u8>,
-}
-
-fn cert(name: &str) -> Cert {
-    let c = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
-    Cert {
-        pem: c.cert.pem(),
-        key: c.signing_key.serialize_pem(),
-        der: c.cert.der().to_vec(),
-    }
-}
 
 const SNAPSHOT: &str = r#"
 listeners:
@@ -108,11 +41,6 @@ certificates:
 - {name: t/default, certChainPem: "{D_CERT}", privateKeyPem: "{D_KEY}"}
 - {name: t/wild, certChainPem: "{W_CERT}", privateKeyPem: "{W_KEY}"}
 "#;
-
-/// YAML double-quoted scalars keep PEM newlines as \n.
-fn yaml_escape(pem: &str) -> String {
-    pem.replace('\n', "\\n")
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sni_picks_exact_then_wildcard_then_default_and_h2_works_over_tls() {

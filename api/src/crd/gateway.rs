@@ -78,6 +78,32 @@ pub struct CoxswainGatewayParametersSpec {
     /// Horizontal autoscaling of the proxy Deployment on CPU utilisation.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<Autoscaling>,
+
+    /// How the proxy learns the client's address when it sits behind load balancers or other
+    /// proxies. Without it, the connection's peer is the client and any X-Forwarded-* fields
+    /// a client sends are replaced.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_address: Option<ClientAddress>,
+}
+
+/// Who the proxy believes about the client's address.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientAddress {
+    /// Address blocks ("10.0.0.0/8", "2001:db8::/32") or single addresses of the load
+    /// balancers and proxies in front of this one. Their X-Forwarded-For is appended to and
+    /// their X-Forwarded-Proto, -Host and -Port are passed on; the client is the right-most
+    /// X-Forwarded-For address outside these blocks (as ingress-nginx's
+    /// `proxy-real-ip-cidr` with `use-forwarded-headers`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 64)))]
+    pub trusted_proxies: Vec<String>,
+
+    /// Every connection starts with a PROXY protocol v1 or v2 header naming the client (an
+    /// L4 load balancer in front sends it); connections without a valid one are closed.
+    /// Defaults to false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy_protocol: Option<bool>,
 }
 
 /// How the proxy is exposed.

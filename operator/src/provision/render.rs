@@ -1,7 +1,7 @@
 //! Renders a dedicated Gateway's proxy objects from its effective parameters. Pure: the same
 //! inputs always give the same objects, so reconciles are idempotent and testable offline.
 
-use coxswain_api::crd::gateway::{CoxswainGatewayParametersSpec, ServiceType};
+use coxswain_api::crd::gateway::{ClientAddress, CoxswainGatewayParametersSpec, ServiceType};
 use coxswain_api::names::{self, labels};
 use gateway_api::apis::standard::gateways::Gateway;
 use k8s_openapi::DeepMerge;
@@ -42,6 +42,12 @@ pub enum RenderError {
     AutoscalingWithoutMax { layer: String },
     #[error("the Gateway has no name or namespace")]
     Unnamed,
+    #[error("clientAddress.trustedProxies of {layer}: {source}")]
+    TrustedProxies {
+        layer: String,
+        #[source]
+        source: coxswain_proxy::policy::BadCidr,
+    },
 }
 
 /// What a reconcile knows: the Gateway, both parameter layers, and the controller's settings.
@@ -110,7 +116,49 @@ pub fn effective(
         service_type: pick(&|p| p.service_type.is_some()).and_then(|p| p.service_type),
         pod_template: None,
         autoscaling,
+        client_address: client_address(class, gateway),
     }
+}
+
+/// clientAddress field by field: each of the Gateway's fields wins over the class's.
+fn client_address(
+    class: Option<&CoxswainGatewayParametersSpec>,
+    gateway: Option<&CoxswainGatewayParametersSpec>,
+) -> Option<ClientAddress> {
+    let c = class.and_then(|c| c.client_address.as_ref());
+    let g = gateway.and_then(|g| g.client_address.as_ref());
+    if c.is_none() && g.is_none() {
+        return None;
+    }
+    let trusted = g
+        .map(|g| &g.trusted_proxies)
+        .filter(|t| !t.is_empty())
+        .or(c.map(|c| &c.trusted_proxies))
+        .cloned()
+        .unwrap_or_default();
+    Some(ClientAddress {
+        trusted_proxies: trusted,
+        proxy_protocol: g
+            .and_then(|g| g.proxy_protocol)
+            .or(c.and_then(|c| c.proxy_protocol)),
+    })
+}
+
+/// The first trusted-proxy entry of either layer that is not an address block.
+pub fn check_client_address(
+    layers: &[(&str, Option<&CoxswainGatewayParametersSpec>)],
+) -> Result<(), RenderError> {
+    for (layer, spec) in layers {
+        if let Some(a) = spec.and_then(|s| s.client_address.as_ref()) {
+            coxswain_proxy::policy::AddressSet::parse(&a.trusted_proxies).map_err(|source| {
+                RenderError::TrustedProxies {
+                    layer: (*layer).to_owned(),
+                    source,
+                }
+            })?;
+        }
+    }
+    Ok(())
 }
 
 pub fn render(inputs: &Inputs<'_>) -> Result<Rendered, RenderError> {
@@ -122,6 +170,10 @@ pub fn render(inputs: &Inputs<'_>) -> Result<Rendered, RenderError> {
         return Err(RenderError::Unnamed);
     };
     let name = inputs.proxy_name.to_owned();
+    check_client_address(&[
+        (inputs.class_params_name, inputs.class_params),
+        (inputs.gateway_params_name, inputs.gateway_params),
+    ])?;
     let params = effective(inputs.class_params, inputs.gateway_params);
     let infra = gw.spec.infrastructure.as_ref();
 
@@ -186,6 +238,7 @@ pub fn render(inputs: &Inputs<'_>) -> Result<Rendered, RenderError> {
         trust_configmap: &trust_name,
         labels: object_labels.clone(),
         annotations: annotations.clone(),
+        client_address: params.client_address.as_ref(),
     });
     let (template, overrides) = merge_pod_templates(
         base,
@@ -343,6 +396,7 @@ struct ProxyPod<'a> {
     trust_configmap: &'a str,
     labels: BTreeMap<String, String>,
     annotations: Option<BTreeMap<String, String>>,
+    client_address: Option<&'a ClientAddress>,
 }
 
 fn proxy_security_context(low_port: bool) -> SecurityContext {
@@ -405,30 +459,40 @@ fn proxy_pod_template(p: &ProxyPod<'_>) -> PodTemplateSpec {
         ..Default::default()
     });
     let controller = p.controller_namespace;
+    let mut args: Vec<String> = vec![
+        "serve".into(),
+        "proxy".into(),
+        "--dedicated".into(),
+        "--gateway-name".into(),
+        p.gateway.to_owned(),
+        "--gateway-namespace".into(),
+        p.namespace.to_owned(),
+        "--discovery-endpoint".into(),
+        format!(
+            "https://{}.{controller}.svc:{}",
+            names::DISCOVERY_SERVICE,
+            names::DISCOVERY_PORT
+        ),
+        "--discovery-bootstrap-endpoint".into(),
+        format!(
+            "https://{}.{controller}.svc:{}",
+            names::BOOTSTRAP_SERVICE,
+            names::BOOTSTRAP_PORT
+        ),
+    ];
+    if let Some(a) = p.client_address {
+        if !a.trusted_proxies.is_empty() {
+            args.push("--trusted-proxies".into());
+            args.push(a.trusted_proxies.join(","));
+        }
+        if a.proxy_protocol == Some(true) {
+            args.push("--proxy-protocol".into());
+        }
+    }
     let container = Container {
         name: PROXY_CONTAINER.into(),
         image: Some(p.image.to_owned()),
-        args: Some(vec![
-            "serve".into(),
-            "proxy".into(),
-            "--dedicated".into(),
-            "--gateway-name".into(),
-            p.gateway.to_owned(),
-            "--gateway-namespace".into(),
-            p.namespace.to_owned(),
-            "--discovery-endpoint".into(),
-            format!(
-                "https://{}.{controller}.svc:{}",
-                names::DISCOVERY_SERVICE,
-                names::DISCOVERY_PORT
-            ),
-            "--discovery-bootstrap-endpoint".into(),
-            format!(
-                "https://{}.{controller}.svc:{}",
-                names::BOOTSTRAP_SERVICE,
-                names::BOOTSTRAP_PORT
-            ),
-        ]),
+        args: Some(args),
         env: Some(vec![EnvVar {
             name: "COXSWAIN_POD_NAME".into(),
             value_from: Some(EnvVarSource {
@@ -816,6 +880,32 @@ spec:
         assert_eq!(auto.enabled, Some(false));
         assert_eq!(auto.max_replicas, Some(5));
         assert_eq!(auto.target_cpu_utilization_percentage, Some(60));
+    }
+
+    #[test]
+    fn client_address_reaches_the_proxy_field_by_field() {
+        let class = params("{clientAddress: {trustedProxies: [10.0.0.0/8], proxyProtocol: true}}");
+        let own = params("{clientAddress: {trustedProxies: [192.0.2.0/24, \"2001:db8::/32\"]}}");
+        let r = render_with(GW, Some(&class), Some(&own)).unwrap();
+        let args = pod(&r).containers[0].args.clone().unwrap();
+        let at = args.iter().position(|a| a == "--trusted-proxies").unwrap();
+        assert_eq!(args[at + 1], "192.0.2.0/24,2001:db8::/32");
+        assert!(args.contains(&"--proxy-protocol".to_owned()), "{args:?}");
+        // Without the field, neither flag: the proxy's defaults (nothing trusted, no header).
+        let r = render_with(GW, Some(&params("{replicas: 1}")), None).unwrap();
+        let args = pod(&r).containers[0].args.clone().unwrap();
+        assert!(
+            !args
+                .iter()
+                .any(|a| a == "--trusted-proxies" || a == "--proxy-protocol")
+        );
+        // A bad block in either layer: nothing is rendered, and the error names layer and value.
+        let bad = params("{clientAddress: {trustedProxies: [10.0.0.0/8, not-a-cidr]}}");
+        let err = render_with(GW, Some(&bad), Some(&own)).unwrap_err();
+        assert!(
+            matches!(&err, RenderError::TrustedProxies { layer, source } if layer == "class params" && source.given == "not-a-cidr"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
 use super::*;
+use crate::router::Headers;
 
 /// A head given as text, for the checks.
 struct TestHead {

@@ -11,11 +11,16 @@ use hyper::{Request, Response};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
+use tokio_rustls::TlsConnector;
 
 /// A free loopback port (bound and released; fine for tests on one machine).
 pub fn free_port() -> u16 {
@@ -522,4 +527,74 @@ fn chunked_end(buf: &[u8]) -> Option<usize> {
             return Some(at);
         }
     }
+}
+
+// TLS for tests: self-signed certificates and a client that accepts any.
+
+/// Accepts any certificate: the test compares the presented certificate itself.
+#[derive(Debug)]
+pub struct AcceptAny(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for AcceptAny {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn verify_tls13_signature(
+        &self,
+        m: &[u8],
+        c: &CertificateDer<'_>,
+        d: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(m, c, d, &self.0.signature_verification_algorithms)
+    }
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+pub fn connector(alpn: &[&[u8]]) -> TlsConnector {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    TlsConnector::from(Arc::new(config))
+}
+
+pub struct Cert {
+    pub pem: String,
+    pub key: String,
+    pub der: Vec<u8>,
+}
+
+pub fn cert(name: &str) -> Cert {
+    let c = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
+    Cert {
+        pem: c.cert.pem(),
+        key: c.signing_key.serialize_pem(),
+        der: c.cert.der().to_vec(),
+    }
+}
+
+/// YAML double-quoted scalars keep PEM newlines as \n.
+pub fn yaml_escape(pem: &str) -> String {
+    pem.replace('\n', "\\n")
 }
