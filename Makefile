@@ -62,7 +62,7 @@ test: fmt-check clippy check-proxy-deps bundle-check bundle-validate helm-check 
 	$(CARGO) test --workspace
 
 .PHONY: fuzz
-fuzz: ## Property tests of the untrusted-input parsers with many cases (request targets, chunks, response heads, SNI, annotations); bounded, part of CI
+fuzz: ## Property tests of the untrusted-input parsers with many cases (request targets, chunks, response heads, SNI, PROXY protocol, annotations); bounded, part of CI
 	PROPTEST_CASES=$${PROPTEST_CASES:-20000} $(CARGO) test -p coxswain-proxy --test properties
 	PROPTEST_CASES=$${PROPTEST_CASES:-20000} $(CARGO) test -p coxswain-operator --test annotation_properties
 

@@ -52,13 +52,16 @@ pub enum Invalid {
 /// Parses a header at the start of `buf`. Ok(None): not whole yet, read more; Ok(Some):
 /// the header and its length in bytes.
 pub fn parse(buf: &[u8]) -> Result<Option<(Header, usize)>, Invalid> {
+    if buf.is_empty() {
+        return Ok(None);
+    }
     let sig = buf.len().min(V2_SIGNATURE.len());
-    if buf[..sig] == V2_SIGNATURE[..sig] && !buf.is_empty() {
+    if buf[..sig] == V2_SIGNATURE[..sig] {
         return parse_v2(buf);
     }
     let v1 = b"PROXY ";
     let pre = buf.len().min(v1.len());
-    if buf[..pre] == v1[..pre] && !buf.is_empty() {
+    if buf[..pre] == v1[..pre] {
         return parse_v1(buf);
     }
     Err(Invalid::Missing)

@@ -1,10 +1,12 @@
 //! Property tests of the parsers that read untrusted bytes: the request target's
-//! normalisation, the chunk scanner, response heads and the TLS ClientHello's SNI. Random
+//! normalisation, the chunk scanner, response heads, the TLS ClientHello's SNI and PROXY
+//! protocol headers. Random
 //! and hostile inputs must never panic, and each parser must keep its promises.
 //! `make fuzz` runs these with many more cases (PROPTEST_CASES).
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
 use coxswain_proxy::http1::{Chunked, Framing, parse_response};
+use coxswain_proxy::proxy_protocol;
 use coxswain_proxy::request::normalize;
 use coxswain_proxy::tls_passthrough::{Hello, client_hello_sni};
 use proptest::prelude::*;
@@ -190,6 +192,91 @@ proptest! {
         let at = cut.index(hello.len());
         prop_assert!(matches!(client_hello_sni(&hello[..at]), Hello::NeedMore));
     }
+
+    #[test]
+    fn proxy_protocol_headers_never_panic(
+        bytes in prop::collection::vec(any::<u8>(), 0..300),
+        v2 in prop::bool::ANY,
+        v1 in prop::bool::ANY,
+    ) {
+        // Random bytes, and random bytes behind either version's signature.
+        let mut input = Vec::new();
+        if v2 {
+            input.extend_from_slice(&proxy_protocol::V2_SIGNATURE);
+        } else if v1 {
+            input.extend_from_slice(b"PROXY ");
+        }
+        input.extend_from_slice(&bytes);
+        if let Ok(Some((_, len))) = proxy_protocol::parse(&input) {
+            prop_assert!(len <= input.len());
+        }
+    }
+
+    #[test]
+    fn a_proxy_protocol_header_names_its_client_at_any_split(
+        ip in any::<[u8; 16]>(),
+        v6 in prop::bool::ANY,
+        port in any::<u16>(),
+        binary in prop::bool::ANY,
+        tlv in prop::collection::vec(any::<u8>(), 0..40),
+        cut in any::<prop::sample::Index>(),
+    ) {
+        let source: std::net::SocketAddr = if v6 {
+            (std::net::Ipv6Addr::from(ip), port).into()
+        } else {
+            (std::net::Ipv4Addr::new(ip[0], ip[1], ip[2], ip[3]), port).into()
+        };
+        let header = proxy_protocol_header(source, binary, &tlv);
+        let (parsed, len) = proxy_protocol::parse(&header).unwrap().unwrap();
+        prop_assert_eq!(parsed, proxy_protocol::Header::Proxied { source });
+        prop_assert_eq!(len, header.len());
+        // Whatever follows is not part of it; every strict prefix asks for more.
+        let mut more = header.clone();
+        more.extend_from_slice(b"GET / HTTP/1.1\r\n");
+        prop_assert_eq!(proxy_protocol::parse(&more).unwrap().unwrap().1, header.len());
+        let at = cut.index(header.len());
+        prop_assert_eq!(proxy_protocol::parse(&header[..at]), Ok(None));
+    }
+}
+
+/// A PROXY protocol header for `source`: v1 text, or v2 binary with `tlv` after the addresses.
+fn proxy_protocol_header(source: std::net::SocketAddr, binary: bool, tlv: &[u8]) -> Vec<u8> {
+    use std::net::IpAddr;
+    if !binary {
+        let (family, dst) = if source.is_ipv4() {
+            ("TCP4", "10.0.0.1")
+        } else {
+            ("TCP6", "::1")
+        };
+        return format!(
+            "PROXY {family} {} {dst} {} 80\r\n",
+            source.ip(),
+            source.port()
+        )
+        .into_bytes();
+    }
+    let mut body = Vec::new();
+    let family = match source.ip() {
+        IpAddr::V4(a) => {
+            body.extend_from_slice(&a.octets());
+            body.extend_from_slice(&[10, 0, 0, 1]);
+            0x11
+        }
+        IpAddr::V6(a) => {
+            body.extend_from_slice(&a.octets());
+            body.extend_from_slice(&std::net::Ipv6Addr::LOCALHOST.octets());
+            0x21
+        }
+    };
+    body.extend_from_slice(&source.port().to_be_bytes());
+    body.extend_from_slice(&80u16.to_be_bytes());
+    body.extend_from_slice(tlv);
+    let mut h = proxy_protocol::V2_SIGNATURE.to_vec();
+    h.push(0x21);
+    h.push(family);
+    h.extend_from_slice(&u16::try_from(body.len()).unwrap().to_be_bytes());
+    h.extend_from_slice(&body);
+    h
 }
 
 /// The first flight of a rustls client for `name`: its ClientHello record.
