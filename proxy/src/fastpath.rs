@@ -22,7 +22,7 @@ use crate::http1::{self, H2_PREFACE};
 use crate::limits::Limits;
 use crate::request::{self, Arrival, Body, Decision, Head, Version};
 use crate::table::SharedTable;
-use crate::upstream::pool;
+use crate::upstream::{CONNECT_ATTEMPTS, ClusterState, pool};
 use coxswain_api::snapshot as snap;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -113,7 +113,7 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
                 _ => Step::Pingora,
             }
         };
-        let plan = match step {
+        let mut plan = match step {
             Step::Pingora => {
                 conn.hand_over(&req[..end], &req[end..]);
                 return Next::Pingora;
@@ -126,7 +126,7 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
             }
             Step::Forward(plan) => plan,
         };
-        let outcome = exchange(conn, &up_head, &plan, &mut resp, env).await;
+        let outcome = exchange(conn, &up_head, &mut plan, &mut resp, env).await;
         let status = match outcome {
             Ok(Exchange { status, .. }) | Err(status) => status,
         };
@@ -340,6 +340,8 @@ enum Step {
 /// A request this path forwards, and what it needs to know afterwards.
 struct Plan {
     upstream: SocketAddr,
+    /// Where another endpoint comes from when connecting to `upstream` fails.
+    cluster: Arc<ClusterState>,
     head_only: bool,
     /// Sent again on a fresh connection if a pooled one fails (RFC 9110 9.2.2).
     idempotent: bool,
@@ -426,6 +428,7 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
     });
     Step::Forward(Plan {
         upstream: forward.addr,
+        cluster: forward.cluster.clone(),
         head_only: method == "HEAD",
         idempotent: request::idempotent(method),
         counters: route.counters.clone(),
@@ -488,25 +491,40 @@ fn write_upstream_head(
 async fn exchange(
     conn: &mut Buffered,
     request: &[u8],
-    plan: &Plan,
+    plan: &mut Plan,
     resp: &mut Vec<u8>,
     env: &Env<'_>,
 ) -> Result<Exchange, u16> {
     // A pooled connection the backend closed meanwhile fails on first use. An idempotent
     // request is sent again, once, on a fresh connection; any other may have been acted on.
-    let mut attempt = 0;
+    // A connection that cannot be opened sent nothing: another endpoint is tried.
+    let mut resent = false;
+    let mut refused = [plan.upstream; CONNECT_ATTEMPTS];
+    let mut failed = 0;
     let (mut upstream, sent) = loop {
-        attempt += 1;
-        let (mut up, reused) = match pool::take(plan.upstream) {
+        let target = plan.upstream;
+        let (mut up, reused) = match pool::take(target) {
             Some(up) => (up, true),
-            None => match TcpStream::connect(plan.upstream).await {
+            None => match TcpStream::connect(target).await {
                 Ok(up) => {
                     let _ = up.set_nodelay(true);
                     (up, false)
                 }
                 Err(e) => {
-                    tracing::debug!(upstream = %plan.upstream, error = %e, "connect failed");
-                    return Err(502);
+                    tracing::debug!(upstream = %target, error = %e, "connect failed");
+                    refused[failed] = target;
+                    failed += 1;
+                    match (failed < CONNECT_ATTEMPTS)
+                        .then(|| plan.cluster.pick_excluding(&refused[..failed]))
+                        .flatten()
+                    {
+                        Some(next) => {
+                            crate::metrics::Metrics::count(&env.table.metrics().connect_retries);
+                            plan.upstream = next;
+                            continue;
+                        }
+                        None => return Err(502),
+                    }
                 }
             },
         };
@@ -517,9 +535,10 @@ async fn exchange(
         if ok {
             break (up, sent);
         }
-        if !reused || attempt > 1 || !plan.idempotent {
+        if !reused || resent || !plan.idempotent {
             return Err(502);
         }
+        resent = true;
     };
     // Response heads: 1xx interim ones are passed on, then the final one.
     let head = loop {

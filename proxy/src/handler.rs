@@ -89,6 +89,7 @@ impl Gateway {
         ctx.regex_rewrite = route.regex_rewrite(&checked.path_and_query);
         ctx.backend_filters = f.backend.filters.clone();
         ctx.upstream = Some(f.addr);
+        ctx.cluster = Some(f.cluster.clone());
         let tls;
         (tls, ctx.h2c) = match policy.upstream_protocol {
             snap::UpstreamProtocol::Unspecified => {
@@ -194,6 +195,10 @@ pub struct Ctx {
     regex_rewrite: Option<String>,
     backend_filters: Vec<snap::Filter>,
     upstream: Option<SocketAddr>,
+    /// The upstream's cluster, where another endpoint comes from when connecting fails.
+    cluster: Option<Arc<crate::upstream::ClusterState>>,
+    /// Endpoints that could not be connected to for this request.
+    refused: Vec<SocketAddr>,
     h2c: bool,
     /// Some: TLS to the backend, with this SNI name.
     tls: Option<Box<str>>,
@@ -463,6 +468,33 @@ impl ProxyHttp for Gateway {
         if !ctx.access_log_off {
             access_log(session, ctx);
         }
+    }
+
+    /// A connection that could not be opened sent nothing: the request goes to another
+    /// endpoint, at most `CONNECT_ATTEMPTS` in all (as on the fast path).
+    fn fail_to_connect(
+        &self,
+        _session: &mut Session,
+        _peer: &HttpPeer,
+        ctx: &mut Ctx,
+        mut e: Box<pingora::Error>,
+    ) -> Box<pingora::Error> {
+        if let Some(addr) = ctx.upstream {
+            ctx.refused.push(addr);
+        }
+        let next = (ctx.refused.len() < crate::upstream::CONNECT_ATTEMPTS)
+            .then(|| ctx.cluster.as_ref()?.pick_excluding(&ctx.refused))
+            .flatten();
+        match next {
+            Some(next) => {
+                crate::metrics::Metrics::count(&self.table.metrics().connect_retries);
+                ctx.upstream = Some(next);
+                e.set_retry(true);
+            }
+            // Every endpoint tried, or the attempts used up: the same one is not tried again.
+            None => e.set_retry(false),
+        }
+        e
     }
 
     async fn upstream_peer(

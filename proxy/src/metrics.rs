@@ -48,6 +48,8 @@ pub struct Metrics {
     pub tls_handshake_timeouts: AtomicU64,
     /// Connections closed because their PROXY protocol header was missing, malformed or late.
     pub proxy_protocol_refused: AtomicU64,
+    /// Requests sent to another endpoint because connecting to the one picked failed.
+    pub connect_retries: AtomicU64,
 }
 
 impl Metrics {
@@ -168,6 +170,11 @@ impl Metrics {
                 "coxswain_proxy_proxy_protocol_refused_total",
                 "Connections closed because their PROXY protocol header was missing, malformed or late.",
                 &self.proxy_protocol_refused,
+            ),
+            (
+                "coxswain_proxy_upstream_connect_retries_total",
+                "Requests sent to another endpoint because connecting to the one picked failed.",
+                &self.connect_retries,
             ),
         ];
         for (name, help, value) in counters {

@@ -474,7 +474,7 @@ pub struct Forward<'t> {
     pub route: &'t CompiledRoute,
     pub addr: SocketAddr,
     pub backend: &'t ResolvedBackend,
-    pub cluster: &'t ClusterState,
+    pub cluster: &'t Arc<ClusterState>,
     /// Mirror targets this request was sampled for, with their verified TLS if any.
     pub mirrors: Vec<(SocketAddr, Option<crate::mirror::TlsTo>)>,
 }

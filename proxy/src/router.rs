@@ -54,7 +54,7 @@ pub enum Pick<'a> {
     Endpoint {
         addr: SocketAddr,
         backend: &'a ResolvedBackend,
-        cluster: &'a ClusterState,
+        cluster: &'a Arc<ClusterState>,
     },
     /// The weighted choice fell on a backend that did not resolve, or nothing has weight.
     InvalidBackend,

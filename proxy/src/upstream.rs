@@ -120,6 +120,10 @@ impl BackendTls {
     }
 }
 
+/// Attempts a request gets when connecting to its backend fails (no byte was sent, so another
+/// endpoint is always safe to try): as ingress-nginx's proxy-next-upstream-tries.
+pub const CONNECT_ATTEMPTS: usize = 3;
+
 impl ClusterState {
     pub(crate) fn new(c: &snap::Cluster) -> Self {
         let mut ready = Vec::new();
@@ -169,6 +173,25 @@ impl ClusterState {
         }
         let i = self.next.fetch_add(1, Ordering::Relaxed);
         Some(pool[i % pool.len()])
+    }
+
+    /// The next endpoint in the rotation that is not in `tried` (a retry after a connection
+    /// failed goes elsewhere); None when every endpoint was tried.
+    pub fn pick_excluding(&self, tried: &[SocketAddr]) -> Option<SocketAddr> {
+        let pool = if self.ready.is_empty() {
+            &self.fallback
+        } else {
+            &self.ready
+        };
+        // The endpoints after the last one tried, in rotation order; the shared rotation is
+        // not advanced, so an endpoint that refuses does not shift the others' shares.
+        let start = tried
+            .last()
+            .and_then(|t| pool.iter().position(|a| a == t))
+            .map_or(0, |i| i + 1);
+        (0..pool.len())
+            .map(|i| pool[(start + i) % pool.len()])
+            .find(|a| !tried.contains(a))
     }
 
     pub fn has_endpoints(&self) -> bool {
