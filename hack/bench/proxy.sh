@@ -137,6 +137,12 @@ http {
       proxy_pass http://backend;
       proxy_http_version 1.1;
       proxy_set_header Connection "";
+      # The fields coxswain sets on every request, so each proxy does the same work.
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      proxy_set_header X-Real-IP \$remote_addr;
+      proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_set_header X-Forwarded-Host \$host;
+      proxy_set_header X-Forwarded-Port \$server_port;
     }
   }
 }
@@ -162,6 +168,12 @@ frontend fe
   default_backend be
 backend be
   http-reuse always
+  # The fields coxswain sets on every request, so each proxy does the same work.
+  option forwardfor
+  http-request set-header X-Real-IP %[src]
+  http-request set-header X-Forwarded-Proto http
+  http-request set-header X-Forwarded-Host %[req.hdr(host)]
+  http-request set-header X-Forwarded-Port %[dst_port]
   server b1 127.0.0.1:$backend_port
 CONF
   haproxy -f "$work/haproxy$workers.cfg" -db &
@@ -172,7 +184,8 @@ CONF
 done
 
 echo
-echo "wrk -t2 -c$connections -d${seconds}s, keep-alive, 3-byte body, backend: nginx (1 worker)"
+echo "wrk -t2 -c$connections -d${seconds}s, keep-alive, 3-byte body, backend: nginx (1 worker);"
+echo "every proxy sets X-Forwarded-For/-Proto/-Host/-Port and X-Real-IP"
 printf '%-9s %7s %12s %10s %18s %s\n' proxy workers "req/s" p99 "coxswain/this" notes
 while IFS=$'\t' read -r name workers rps p99 notes; do
   base=$(awk -F'\t' -v w="$workers" '$1=="coxswain" && $2==w {print $3}' "$work/results.tsv")

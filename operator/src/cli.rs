@@ -535,6 +535,30 @@ pub struct ProxyLimitArgs {
     /// behind an L4 load balancer that sends one); connections without one are closed.
     #[arg(long, env = "COXSWAIN_PROXY_PROTOCOL")]
     pub proxy_protocol: bool,
+
+    /// A backend endpoint that fails this many requests in a row (refused connections, 5xx
+    /// answers) is taken out of rotation; 0 turns ejection off.
+    #[arg(
+        long,
+        env = "COXSWAIN_OUTLIER_CONSECUTIVE_FAILURES",
+        default_value_t = 5
+    )]
+    pub outlier_consecutive_failures: u32,
+
+    /// How long a first ejection lasts, in seconds; the n-th lasts n times as long (at most
+    /// 10 times).
+    #[arg(long, env = "COXSWAIN_OUTLIER_EJECTION_SECONDS", default_value_t = 30)]
+    pub outlier_ejection_seconds: u64,
+
+    /// At most this share of a backend's endpoints, in percent, is ejected at once (one at
+    /// least, of two or more).
+    #[arg(
+        long,
+        env = "COXSWAIN_OUTLIER_MAX_EJECTED_PERCENT",
+        default_value_t = 50,
+        value_parser = clap::value_parser!(u32).range(0..=100)
+    )]
+    pub outlier_max_ejected_percent: u32,
 }
 
 /// One address block, checked as `--trusted-proxies` parses it.
@@ -561,6 +585,11 @@ impl ProxyLimitArgs {
                 trusted: coxswain_proxy::policy::AddressSet::parse(&self.trusted_proxies)
                     .unwrap_or_default(),
                 proxy_protocol: self.proxy_protocol,
+            },
+            outlier: coxswain_proxy::outlier::Settings {
+                consecutive_failures: self.outlier_consecutive_failures,
+                base_ejection: Duration::from_secs(self.outlier_ejection_seconds.max(1)),
+                max_ejected_percent: self.outlier_max_ejected_percent,
             },
         }
     }

@@ -340,7 +340,9 @@ enum Step {
 /// A request this path forwards, and what it needs to know afterwards.
 struct Plan {
     upstream: SocketAddr,
-    /// Where another endpoint comes from when connecting to `upstream` fails.
+    /// `upstream`'s index in `cluster`, where another endpoint comes from when connecting
+    /// fails, and where how the request went is recorded.
+    endpoint: usize,
     cluster: Arc<ClusterState>,
     head_only: bool,
     /// Sent again on a fresh connection if a pooled one fails (RFC 9110 9.2.2).
@@ -428,6 +430,7 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
     });
     Step::Forward(Plan {
         upstream: forward.addr,
+        endpoint: forward.endpoint,
         cluster: forward.cluster.clone(),
         head_only: method == "HEAD",
         idempotent: request::idempotent(method),
@@ -499,7 +502,7 @@ async fn exchange(
     // request is sent again, once, on a fresh connection; any other may have been acted on.
     // A connection that cannot be opened sent nothing: another endpoint is tried.
     let mut resent = false;
-    let mut refused = [plan.upstream; CONNECT_ATTEMPTS];
+    let mut refused = [plan.endpoint; CONNECT_ATTEMPTS];
     let mut failed = 0;
     let (mut upstream, sent) = loop {
         let target = plan.upstream;
@@ -512,7 +515,9 @@ async fn exchange(
                 }
                 Err(e) => {
                     tracing::debug!(upstream = %target, error = %e, "connect failed");
-                    refused[failed] = target;
+                    plan.cluster
+                        .record(plan.endpoint, true, &env.limits.outlier);
+                    refused[failed] = plan.endpoint;
                     failed += 1;
                     match (failed < CONNECT_ATTEMPTS)
                         .then(|| plan.cluster.pick_excluding(&refused[..failed]))
@@ -520,7 +525,8 @@ async fn exchange(
                     {
                         Some(next) => {
                             crate::metrics::Metrics::count(&env.table.metrics().connect_retries);
-                            plan.upstream = next;
+                            plan.endpoint = next;
+                            plan.upstream = plan.cluster.addr(next);
                             continue;
                         }
                         None => return Err(502),
@@ -564,15 +570,24 @@ async fn exchange(
                     return Err(502);
                 }
             }
-            Ok(None) => return Err(502),
+            Ok(None) => {
+                plan.cluster
+                    .record(plan.endpoint, true, &env.limits.outlier);
+                return Err(502);
+            }
             Err(e) => {
                 tracing::debug!(upstream = %plan.upstream, error = %e, "response refused");
+                plan.cluster
+                    .record(plan.endpoint, true, &env.limits.outlier);
                 return Err(502);
             }
         }
     };
     env.table.metrics().upstream_latency(sent.elapsed());
     let status = head.status;
+    // A 5xx answer counts toward the endpoint's ejection; anything else clears its streak.
+    plan.cluster
+        .record(plan.endpoint, status >= 500, &env.limits.outlier);
 
     // The head, then the body as it arrives: each read is flushed to the client at once,
     // so streamed responses (server-sent events, long polls) are not held back.

@@ -89,6 +89,7 @@ impl Gateway {
         ctx.regex_rewrite = route.regex_rewrite(&checked.path_and_query);
         ctx.backend_filters = f.backend.filters.clone();
         ctx.upstream = Some(f.addr);
+        ctx.endpoint = f.endpoint;
         ctx.cluster = Some(f.cluster.clone());
         let tls;
         (tls, ctx.h2c) = match policy.upstream_protocol {
@@ -197,8 +198,10 @@ pub struct Ctx {
     upstream: Option<SocketAddr>,
     /// The upstream's cluster, where another endpoint comes from when connecting fails.
     cluster: Option<Arc<crate::upstream::ClusterState>>,
-    /// Endpoints that could not be connected to for this request.
-    refused: Vec<SocketAddr>,
+    /// `upstream`'s index in `cluster`.
+    endpoint: usize,
+    /// Endpoints (indices) that could not be connected to for this request.
+    refused: Vec<usize>,
     h2c: bool,
     /// Some: TLS to the backend, with this SNI name.
     tls: Option<Box<str>>,
@@ -479,16 +482,19 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
         mut e: Box<pingora::Error>,
     ) -> Box<pingora::Error> {
-        if let Some(addr) = ctx.upstream {
-            ctx.refused.push(addr);
-        }
+        let Some(cluster) = ctx.cluster.clone() else {
+            return e;
+        };
+        cluster.record(ctx.endpoint, true, &self.limits.outlier);
+        ctx.refused.push(ctx.endpoint);
         let next = (ctx.refused.len() < crate::upstream::CONNECT_ATTEMPTS)
-            .then(|| ctx.cluster.as_ref()?.pick_excluding(&ctx.refused))
+            .then(|| cluster.pick_excluding(&ctx.refused))
             .flatten();
         match next {
             Some(next) => {
                 crate::metrics::Metrics::count(&self.table.metrics().connect_retries);
-                ctx.upstream = Some(next);
+                ctx.endpoint = next;
+                ctx.upstream = Some(cluster.addr(next));
                 e.set_retry(true);
             }
             // Every endpoint tried, or the attempts used up: the same one is not tried again.
@@ -651,8 +657,19 @@ impl ProxyHttp for Gateway {
         &self,
         _session: &mut Session,
         response: &mut ResponseHeader,
-        _ctx: &mut Ctx,
+        ctx: &mut Ctx,
     ) -> pingora::Result<()> {
+        // A 5xx answer counts toward the endpoint's ejection; anything else clears its streak
+        // (1xx heads are interim: the final one decides).
+        if let Some(cluster) = &ctx.cluster
+            && response.status.as_u16() >= 200
+        {
+            cluster.record(
+                ctx.endpoint,
+                response.status.as_u16() >= 500,
+                &self.limits.outlier,
+            );
+        }
         // The client hears this proxy's version, as on the fast path (RFC 9110 6.2).
         if response.version == pingora::http::Version::HTTP_10 {
             response.set_version(pingora::http::Version::HTTP_11);

@@ -23,6 +23,7 @@ pub mod limits;
 pub mod listeners;
 pub mod metrics;
 pub mod mirror;
+pub mod outlier;
 pub mod policy;
 pub mod proxy_protocol;
 pub mod request;

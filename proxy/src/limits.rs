@@ -31,6 +31,8 @@ pub struct Limits {
     /// Which peers may say who the client is, and whether connections start with a PROXY
     /// protocol header (`forwarded`).
     pub client_address: crate::forwarded::ClientAddress,
+    /// When a failing backend endpoint is taken out of rotation (`outlier`).
+    pub outlier: crate::outlier::Settings,
 }
 
 impl Default for Limits {
@@ -45,6 +47,7 @@ impl Default for Limits {
             upstream_idle: Duration::from_secs(60),
             fast_path: true,
             client_address: crate::forwarded::ClientAddress::default(),
+            outlier: crate::outlier::Settings::default(),
         }
     }
 }

@@ -50,6 +50,8 @@ pub struct Metrics {
     pub proxy_protocol_refused: AtomicU64,
     /// Requests sent to another endpoint because connecting to the one picked failed.
     pub connect_retries: AtomicU64,
+    /// Endpoint health per cluster (outlier ejection); kept here so it outlives tables.
+    pub outliers: crate::outlier::Registry,
 }
 
 impl Metrics {
@@ -135,6 +137,35 @@ impl Metrics {
             out,
             "coxswain_proxy_upstream_response_seconds_count {count}"
         );
+        let clusters = self.outliers.report();
+        let _ = writeln!(
+            out,
+            "# HELP coxswain_proxy_upstream_ejections_total Endpoints taken out of rotation after consecutive failures, by cluster."
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE coxswain_proxy_upstream_ejections_total counter"
+        );
+        for (cluster, total, _) in &clusters {
+            let _ = writeln!(
+                out,
+                "coxswain_proxy_upstream_ejections_total{{cluster=\"{cluster}\"}} {total}"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "# HELP coxswain_proxy_upstream_ejected_endpoints Endpoints out of rotation now, by cluster."
+        );
+        let _ = writeln!(
+            out,
+            "# TYPE coxswain_proxy_upstream_ejected_endpoints gauge"
+        );
+        for (cluster, _, now) in &clusters {
+            let _ = writeln!(
+                out,
+                "coxswain_proxy_upstream_ejected_endpoints{{cluster=\"{cluster}\"}} {now}"
+            );
+        }
         let _ = writeln!(
             out,
             "# HELP coxswain_proxy_active_connections Downstream connections open now."

@@ -473,6 +473,8 @@ pub enum Decision<'t> {
 pub struct Forward<'t> {
     pub route: &'t CompiledRoute,
     pub addr: SocketAddr,
+    /// `addr`'s index in `cluster`, to record how the request went.
+    pub endpoint: usize,
     pub backend: &'t ResolvedBackend,
     pub cluster: &'t Arc<ClusterState>,
     /// Mirror targets this request was sampled for, with their verified TLS if any.
@@ -552,6 +554,7 @@ pub fn decide<'t, H: Head + ?Sized>(
     match route.pick() {
         Pick::Endpoint {
             addr,
+            endpoint,
             backend,
             cluster,
         } => {
@@ -562,6 +565,7 @@ pub fn decide<'t, H: Head + ?Sized>(
             Decision::Forward(Forward {
                 route,
                 addr,
+                endpoint,
                 backend,
                 cluster,
                 mirrors,

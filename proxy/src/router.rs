@@ -53,6 +53,8 @@ pub struct ResolvedBackend {
 pub enum Pick<'a> {
     Endpoint {
         addr: SocketAddr,
+        /// The endpoint's index in its cluster (to record how the request went).
+        endpoint: usize,
         backend: &'a ResolvedBackend,
         cluster: &'a Arc<ClusterState>,
     },
@@ -169,9 +171,10 @@ impl CompiledRoute {
                 let Some(cluster) = &b.cluster else {
                     return Pick::InvalidBackend;
                 };
-                return match cluster.pick() {
-                    Some(addr) => Pick::Endpoint {
-                        addr,
+                return match cluster.pick_endpoint() {
+                    Some(endpoint) => Pick::Endpoint {
+                        addr: cluster.addr(endpoint),
+                        endpoint,
                         backend: b,
                         cluster,
                     },
@@ -280,7 +283,12 @@ impl Router {
         let clusters: HashMap<Box<str>, Arc<ClusterState>> = snapshot
             .clusters
             .iter()
-            .map(|c| (c.name.as_str().into(), Arc::new(ClusterState::new(c))))
+            .map(|c| {
+                (
+                    c.name.as_str().into(),
+                    Arc::new(ClusterState::new(c, &metrics.outliers)),
+                )
+            })
             .collect();
         let mut ports = HashMap::new();
         for l in &snapshot.listeners {

@@ -1,6 +1,7 @@
 //! Upstreams: clusters with their endpoints, TLS to backends, and the fast path's pool of
 //! idle upstream connections.
 
+use crate::outlier::{self, ClusterHealth, EndpointHealth};
 use coxswain_api::snapshot as snap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -14,11 +15,15 @@ pub struct ClusterState {
     /// SNI for TLS to this cluster: the Service's DNS name ("svc.ns.svc") for a
     /// "ns/svc:port" cluster.
     pub tls_name: Box<str>,
-    /// Ready endpoints.
-    ready: Vec<SocketAddr>,
+    endpoints: Vec<SocketAddr>,
+    /// Each endpoint's outlier record, by the same index.
+    health: Vec<Arc<EndpointHealth>>,
+    /// Indices of ready endpoints.
+    ready: Vec<usize>,
     /// Serving but terminating: used only when nothing is ready (EndpointSlice semantics).
-    fallback: Vec<SocketAddr>,
+    fallback: Vec<usize>,
     next: AtomicUsize,
+    outliers: Arc<ClusterHealth>,
     /// BackendTLSPolicy: verified TLS to this cluster.
     pub backend_tls: Option<Arc<BackendTls>>,
 }
@@ -125,7 +130,9 @@ impl BackendTls {
 pub const CONNECT_ATTEMPTS: usize = 3;
 
 impl ClusterState {
-    pub(crate) fn new(c: &snap::Cluster) -> Self {
+    pub(crate) fn new(c: &snap::Cluster, registry: &outlier::Registry) -> Self {
+        let outliers = registry.cluster(&c.name);
+        let mut endpoints = Vec::new();
         let mut ready = Vec::new();
         let mut fallback = Vec::new();
         for e in &c.endpoints {
@@ -135,13 +142,18 @@ impl ClusterState {
             let Ok(port) = u16::try_from(e.port) else {
                 continue;
             };
-            let addr = SocketAddr::new(ip, port);
             if e.ready {
-                ready.push(addr);
+                ready.push(endpoints.len());
             } else if e.serving {
-                fallback.push(addr);
+                fallback.push(endpoints.len());
+            } else {
+                continue;
             }
+            endpoints.push(SocketAddr::new(ip, port));
         }
+        let health: Vec<Arc<EndpointHealth>> =
+            endpoints.iter().map(|a| outliers.endpoint(*a)).collect();
+        outliers.settle(&health);
         Self {
             name: c.name.as_str().into(),
             app_protocol: snap::AppProtocol::try_from(c.app_protocol).unwrap_or_default(),
@@ -154,44 +166,99 @@ impl ClusterState {
                 })
                 .unwrap_or_else(|| "backend".to_owned())
                 .into(),
+            endpoints,
+            health,
             ready,
             fallback,
             next: AtomicUsize::new(0),
+            outliers,
             backend_tls: c.tls.as_ref().map(|t| Arc::new(BackendTls::new(t))),
+        }
+    }
+
+    /// Ready endpoints, else serving ones.
+    fn pool(&self) -> &[usize] {
+        if self.ready.is_empty() {
+            &self.fallback
+        } else {
+            &self.ready
         }
     }
 
     /// Round robin over ready endpoints, else over serving ones.
     pub fn pick(&self) -> Option<SocketAddr> {
-        let pool = if self.ready.is_empty() {
-            &self.fallback
-        } else {
-            &self.ready
-        };
+        self.pick_endpoint().map(|i| self.endpoints[i])
+    }
+
+    /// As [`ClusterState::pick`], as an index for [`ClusterState::addr`] and
+    /// [`ClusterState::record`]. Ejected endpoints are passed over; if every candidate is
+    /// ejected, the rotation's own pick is served anyway.
+    pub fn pick_endpoint(&self) -> Option<usize> {
+        let pool = self.pool();
         if pool.is_empty() {
             return None;
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
-        Some(pool[i % pool.len()])
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        if !self.outliers.any_ejected() {
+            return Some(pool[start % pool.len()]);
+        }
+        let now = outlier::now_ms();
+        let first = pool[start % pool.len()];
+        if self.outliers.available(&self.health[first], now) {
+            return Some(first);
+        }
+        // The rotation fell on an ejected endpoint: its turns are spread over the available
+        // ones (taking the next one each time would give it all of them).
+        let available = || {
+            pool.iter()
+                .copied()
+                .filter(move |&i| self.outliers.available(&self.health[i], now))
+        };
+        let count = available().count();
+        if count == 0 {
+            return Some(first);
+        }
+        available()
+            .nth((start / pool.len()) % count)
+            .or(Some(first))
     }
 
-    /// The next endpoint in the rotation that is not in `tried` (a retry after a connection
-    /// failed goes elsewhere); None when every endpoint was tried.
-    pub fn pick_excluding(&self, tried: &[SocketAddr]) -> Option<SocketAddr> {
-        let pool = if self.ready.is_empty() {
-            &self.fallback
-        } else {
-            &self.ready
-        };
-        // The endpoints after the last one tried, in rotation order; the shared rotation is
-        // not advanced, so an endpoint that refuses does not shift the others' shares.
+    pub fn addr(&self, endpoint: usize) -> SocketAddr {
+        self.endpoints[endpoint]
+    }
+
+    /// The next endpoint in the rotation after the last one in `tried`, not in `tried` and
+    /// not ejected (a retry after a connection failed goes elsewhere); None when every
+    /// endpoint was tried. The shared rotation is not advanced, so an endpoint that refuses
+    /// does not shift the others' shares.
+    pub fn pick_excluding(&self, tried: &[usize]) -> Option<usize> {
+        let pool = self.pool();
         let start = tried
             .last()
-            .and_then(|t| pool.iter().position(|a| a == t))
+            .and_then(|t| pool.iter().position(|i| i == t))
             .map_or(0, |i| i + 1);
-        (0..pool.len())
-            .map(|i| pool[(start + i) % pool.len()])
-            .find(|a| !tried.contains(a))
+        let now = outlier::now_ms();
+        let untried = |i: &usize| !tried.contains(i);
+        let candidates = || (0..pool.len()).map(|k| pool[(start + k) % pool.len()]);
+        candidates()
+            .filter(untried)
+            .find(|&i| self.outliers.available(&self.health[i], now))
+            .or_else(|| candidates().find(untried))
+    }
+
+    /// How a request to `endpoint` went: a refused connection or a 5xx answer is a failure,
+    /// and enough of them in a row eject it (see `outlier`).
+    pub fn record(&self, endpoint: usize, failed: bool, settings: &outlier::Settings) {
+        let Some(h) = self.health.get(endpoint) else {
+            return;
+        };
+        if self.outliers.record(h, failed, &self.health, settings) {
+            tracing::warn!(
+                cluster = %self.name,
+                endpoint = %self.endpoints[endpoint],
+                "endpoint ejected after consecutive failures"
+            );
+        }
     }
 
     pub fn has_endpoints(&self) -> bool {

@@ -1,5 +1,6 @@
-//! Retries on both engines: a request whose backend connection cannot be opened has sent
-//! nothing, so it goes to another endpoint, whatever its method.
+//! Retries and outlier ejection on both engines: a request whose backend connection cannot be
+//! opened has sent nothing, so it goes to another endpoint, whatever its method; an endpoint
+//! that keeps failing is taken out of rotation for a while.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
 mod support;
@@ -72,12 +73,10 @@ async fn an_endpoint_whose_port_is_closed_fails_no_request() {
         eprintln!("{engine}: {failed} of 1000 failed; a {a_n}, b {b_n}, {retries} connect retries");
         assert_eq!(failed, 0, "{engine}");
         assert_eq!(a_n + b_n, 1000, "{engine}");
-        // The closed endpoint kept its share of picks and each was retried elsewhere.
-        assert!(
-            (250..=420).contains(&retries),
-            "{engine}: {retries} retries"
-        );
-        assert!(a_n > 300 && b_n > 300, "{engine}: a {a_n}, b {b_n}");
+        // Each pick of the closed endpoint was retried elsewhere until five refusals in a row
+        // ejected it (see `outlier`); then the two others shared the load.
+        assert!((5..50).contains(&retries), "{engine}: {retries} retries");
+        assert!(a_n > 400 && b_n > 400, "{engine}: a {a_n}, b {b_n}");
         proxy.stop().await;
     }
 }
@@ -128,6 +127,139 @@ clusters:
                 .await,
             1,
             "fast path {fast_path}"
+        );
+        proxy.stop().await;
+    }
+}
+
+/// A backend that answers every request 500, and how many it got.
+async fn failing_backend() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = hits.clone();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                continue;
+            };
+            let counter = counter.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req| {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    async {
+                        Ok::<_, std::convert::Infallible>(
+                            hyper::Response::builder()
+                                .status(500)
+                                .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                                    b"broken",
+                                )))
+                                .unwrap(),
+                        )
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+    (addr, hits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_answering_500s_is_ejected_then_tried_again_after_the_back_off() {
+    for fast_path in [true, false] {
+        let engine = if fast_path { "fast path" } else { "pingora" };
+        let (a, _) = echo_backend_with_hits("a").await;
+        let (b, _) = echo_backend_with_hits("b").await;
+        let (bad, bad_hits) = failing_backend().await;
+        let port = free_port();
+        let snap = snapshot(
+            SNAPSHOT,
+            &[
+                ("PORT", port.to_string()),
+                ("A", a.port().to_string()),
+                ("B", b.port().to_string()),
+                ("CLOSED", bad.port().to_string()),
+            ],
+        );
+        let proxy = Proxy::start_with(
+            &snap,
+            Limits {
+                fast_path,
+                outlier: coxswain_proxy::outlier::Settings {
+                    consecutive_failures: 5,
+                    base_ejection: std::time::Duration::from_secs(2),
+                    max_ejected_percent: 50,
+                },
+                ..Limits::default()
+            },
+        )
+        .await;
+        let client = shared_client();
+        let url = format!("http://127.0.0.1:{port}/");
+        let ejections = || async {
+            let r = get(&format!("http://{}/metrics", proxy.admin), &[])
+                .await
+                .unwrap();
+            r.body
+                .lines()
+                .find(|l| {
+                    l.starts_with("coxswain_proxy_upstream_ejections_total{cluster=\"t/three:80\"}")
+                })
+                .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        // Until the bad endpoint has failed five times in a row, it gets its third.
+        let mut sent = 0;
+        while ejections().await == 0 {
+            request(&client, "GET", &url, &[]).await.unwrap();
+            sent += 1;
+            assert!(sent < 100, "{engine}: not ejected after {sent} requests");
+        }
+        let before = bad_hits.load(Ordering::Relaxed);
+        let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
+        for _ in 0..1000 {
+            let r = request(&client, "GET", &url, &[]).await.unwrap();
+            *statuses.entry(r.status).or_default() += 1;
+        }
+        let during = bad_hits.load(Ordering::Relaxed) - before;
+        eprintln!(
+            "{engine}: ejected after {sent} requests; then the ejected endpoint got {during} of 1000 ({statuses:?})"
+        );
+        assert!(
+            during < 50,
+            "{engine}: {during} of 1000 reached the ejected endpoint"
+        );
+        // After the back-off it is tried again (and, still failing, ejected again).
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+        let seen = bad_hits.load(Ordering::Relaxed);
+        while bad_hits.load(Ordering::Relaxed) == seen {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{engine}: never tried again"
+            );
+            request(&client, "GET", &url, &[]).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        while ejections().await < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{engine}: not ejected again"
+            );
+            request(&client, "GET", &url, &[]).await.unwrap();
+        }
+        let metrics = get(&format!("http://{}/metrics", proxy.admin), &[])
+            .await
+            .unwrap()
+            .body;
+        assert!(
+            metrics.contains("coxswain_proxy_upstream_ejected_endpoints{cluster=\"t/three:80\"} 1"),
+            "{engine}"
         );
         proxy.stop().await;
     }
