@@ -16,7 +16,7 @@ use coxswain_api::snapshot as snap;
 use coxswain_operator::controller;
 use coxswain_proxy::discovery::DiscoveryConfig;
 use coxswain_testenv::{TestEnv, eventually};
-use gateway_api::apis::standard::httproutes::HttpRoute;
+use gateway_api::apis::experimental::httproutes::HttpRoute;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Api;
 use kube::api::PostParams;

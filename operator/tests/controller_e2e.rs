@@ -160,7 +160,7 @@ spec:
         .unwrap();
     assert_eq!(listener_programmed.status, "True");
 
-    let routes: Api<gateway_api::apis::standard::httproutes::HttpRoute> = env.api();
+    let routes: Api<gateway_api::apis::experimental::httproutes::HttpRoute> = env.api();
     let route = routes.get("app").await.unwrap();
     let parents = route.status.unwrap().parents;
     assert_eq!(parents.len(), 1);

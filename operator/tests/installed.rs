@@ -8,8 +8,8 @@ mod support;
 
 use coxswain_api::names;
 use coxswain_testenv::{TestEnv, eventually};
+use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::standard::gateways::Gateway;
-use gateway_api::apis::standard::httproutes::HttpRoute;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::networking::v1::Ingress;

@@ -7,11 +7,12 @@ use crate::filters::{self, EditHeaders};
 use crate::forwarded;
 use crate::limits::Limits;
 use crate::mirror;
-use crate::policy::{CorsPolicy, RoutePolicy};
+use crate::policy::RoutePolicy;
 use crate::request::{self, Decision, Head, Version};
 use crate::router::Headers;
 use crate::table::SharedTable;
 use crate::workers;
+use answers::{content_length, respond, respond_preflight};
 use async_trait::async_trait;
 use coxswain_api::snapshot::{self as snap, filter};
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -200,8 +201,14 @@ pub struct Ctx {
     cluster: Option<Arc<crate::upstream::ClusterState>>,
     /// `upstream`'s index in `cluster`.
     endpoint: usize,
-    /// Endpoints (indices) that could not be connected to for this request.
-    refused: Vec<usize>,
+    /// Endpoints (indices) this request was sent to, or could not be sent to.
+    tried: Vec<usize>,
+    /// Connections to the backend that could not be opened, for this request.
+    connect_failures: usize,
+    /// Retries on the backend's answer (the route's retry policy) so far.
+    status_retries: u32,
+    /// The next attempt starts no earlier than this (the retry policy's backoff).
+    retry_not_before: Option<std::time::Instant>,
     h2c: bool,
     /// Some: TLS to the backend, with this SNI name.
     tls: Option<Box<str>>,
@@ -255,66 +262,6 @@ impl EditHeaders for ResponseHeader {
     fn remove(&mut self, name: &str) {
         let _ = self.remove_header(name);
     }
-}
-
-/// The answer to a preflight: 204, with the Access-Control-* headers when the origin is
-/// allowed and without them otherwise (the browser then refuses the real request).
-async fn respond_preflight(
-    session: &mut Session,
-    cors: &CorsPolicy,
-    origin: Option<&str>,
-) -> pingora::Result<bool> {
-    let mut resp = ResponseHeader::build(204, Some(8))?;
-    if let Some(allowed) = origin.and_then(|o| cors.allow_origin(o)) {
-        let req = session.req_header();
-        let asked = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
-        resp.insert_header("access-control-allow-origin", allowed)?;
-        if allowed != "*" {
-            resp.append_header("vary", "Origin")?;
-        }
-        if cors.allow_credentials {
-            resp.insert_header("access-control-allow-credentials", "true")?;
-        }
-        let methods = cors.preflight_methods(asked("access-control-request-method"));
-        if !methods.is_empty() {
-            resp.insert_header("access-control-allow-methods", methods)?;
-        }
-        let headers = cors.preflight_headers(asked("access-control-request-headers"));
-        if !headers.is_empty() {
-            resp.insert_header("access-control-allow-headers", headers)?;
-        }
-        if !cors.expose_headers.is_empty() {
-            resp.insert_header("access-control-expose-headers", &*cors.expose_headers)?;
-        }
-        if !cors.max_age.is_empty() {
-            resp.insert_header("access-control-max-age", &*cors.max_age)?;
-        }
-    }
-    resp.insert_header("content-length", "0")?;
-    session.write_response_header(Box::new(resp), true).await?;
-    Ok(true)
-}
-
-/// Content-Length, when present and a number.
-fn content_length(req: &RequestHeader) -> Option<u64> {
-    req.headers
-        .get("content-length")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse().ok())
-}
-
-async fn respond(
-    session: &mut Session,
-    status: u16,
-    location: Option<&str>,
-) -> pingora::Result<bool> {
-    let mut resp = ResponseHeader::build(status, Some(2))?;
-    if let Some(l) = location {
-        resp.insert_header("location", l)?;
-    }
-    resp.insert_header("content-length", "0")?;
-    session.write_response_header(Box::new(resp), true).await?;
-    Ok(true)
 }
 
 #[async_trait]
@@ -461,6 +408,33 @@ impl ProxyHttp for Gateway {
         }
     }
 
+    /// Pingora's rule for sending a request again after an error (idempotent methods only,
+    /// and only while the body is still in the retry buffer), except that a route whose retry
+    /// policy allows it retries other methods too.
+    fn error_while_proxy(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<pingora::Error>,
+        ctx: &mut Ctx,
+        client_reused: bool,
+    ) -> Box<pingora::Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        let method = session.req_header().method.as_str();
+        let allowed = request::idempotent(method)
+            || ctx
+                .policy
+                .as_ref()
+                .and_then(|p| p.retry.as_ref())
+                .is_some_and(|r| r.allows(method));
+        if !allowed || session.as_ref().retry_buffer_truncated() {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+        e
+    }
+
     /// A client that goes away mid-request is routine, not an error to log at ERROR.
     fn suppress_error_log(&self, _session: &Session, _ctx: &Ctx, error: &pingora::Error) -> bool {
         matches!(error.esource(), pingora::ErrorSource::Downstream)
@@ -486,9 +460,10 @@ impl ProxyHttp for Gateway {
             return e;
         };
         cluster.record(ctx.endpoint, true, &self.limits.outlier);
-        ctx.refused.push(ctx.endpoint);
-        let next = (ctx.refused.len() < crate::upstream::CONNECT_ATTEMPTS)
-            .then(|| cluster.pick_excluding(&ctx.refused))
+        ctx.tried.push(ctx.endpoint);
+        ctx.connect_failures += 1;
+        let next = (ctx.connect_failures < crate::upstream::CONNECT_ATTEMPTS)
+            .then(|| cluster.pick_excluding(&ctx.tried))
             .flatten();
         match next {
             Some(next) => {
@@ -511,6 +486,11 @@ impl ProxyHttp for Gateway {
         let Some(addr) = ctx.upstream else {
             return Err(pingora::Error::new_str("no upstream chosen"));
         };
+        // A retry's backoff, cut short by the request's deadline (checked below).
+        if let Some(at) = ctx.retry_not_before.take() {
+            let wake = ctx.deadline.map_or(at, |d| d.min(at));
+            tokio::time::sleep_until(wake.into()).await;
+        }
         let mut peer = match &ctx.backend_tls {
             // BackendTLSPolicy: the certificate must chain to the policy's CA (or the built-in
             // roots) and be valid for its hostname, which is also the SNI.
@@ -655,20 +635,45 @@ impl ProxyHttp for Gateway {
     /// connection that broke them is not used again, as with any error.
     async fn upstream_response_filter(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         response: &mut ResponseHeader,
         ctx: &mut Ctx,
     ) -> pingora::Result<()> {
         // A 5xx answer counts toward the endpoint's ejection; anything else clears its streak
         // (1xx heads are interim: the final one decides).
+        let status = response.status.as_u16();
         if let Some(cluster) = &ctx.cluster
-            && response.status.as_u16() >= 200
+            && status >= 200
         {
-            cluster.record(
-                ctx.endpoint,
-                response.status.as_u16() >= 500,
-                &self.limits.outlier,
-            );
+            cluster.record(ctx.endpoint, status >= 500, &self.limits.outlier);
+        }
+        // The route's retry policy: this answer is dropped (nothing of it went out) and the
+        // request goes to another endpoint, while attempts remain.
+        if let Some(retry) = ctx.policy.as_ref().and_then(|p| p.retry.clone())
+            && retry.retries(status)
+            && ctx.status_retries < retry.attempts
+            && retry.allows(session.req_header().method.as_str())
+            && let Some(cluster) = ctx.cluster.clone()
+        {
+            ctx.tried.push(ctx.endpoint);
+            // Another endpoint when there is one; else the same again.
+            let next = cluster
+                .pick_excluding(&ctx.tried)
+                .or_else(|| cluster.pick_endpoint());
+            if let Some(next) = next {
+                ctx.status_retries += 1;
+                ctx.endpoint = next;
+                ctx.upstream = Some(cluster.addr(next));
+                ctx.retry_not_before =
+                    (!retry.backoff.is_zero()).then(|| std::time::Instant::now() + retry.backoff);
+                crate::metrics::Metrics::count(&self.table.metrics().status_retries);
+                let mut e = pingora::Error::explain(
+                    pingora::ErrorType::HTTPStatus(status),
+                    "the backend's answer is retried",
+                );
+                e.set_retry(true);
+                return Err(e);
+            }
         }
         // The client hears this proxy's version, as on the fast path (RFC 9110 6.2).
         if response.version == pingora::http::Version::HTTP_10 {
@@ -760,3 +765,5 @@ fn access_log(session: &Session, ctx: &Ctx) {
         duration_ms: ctx.started.map_or(0, |s| s.elapsed().as_millis() as u64),
     });
 }
+
+mod answers;

@@ -50,6 +50,8 @@ pub struct Metrics {
     pub proxy_protocol_refused: AtomicU64,
     /// Requests sent to another endpoint because connecting to the one picked failed.
     pub connect_retries: AtomicU64,
+    /// Requests sent again because the backend's answer is one the route retries.
+    pub status_retries: AtomicU64,
     /// Endpoint health per cluster (outlier ejection); kept here so it outlives tables.
     pub outliers: crate::outlier::Registry,
 }
@@ -206,6 +208,11 @@ impl Metrics {
                 "coxswain_proxy_upstream_connect_retries_total",
                 "Requests sent to another endpoint because connecting to the one picked failed.",
                 &self.connect_retries,
+            ),
+            (
+                "coxswain_proxy_upstream_retries_total",
+                "Requests sent again because the backend's answer is one the route's retry policy retries.",
+                &self.status_retries,
             ),
         ];
         for (name, help, value) in counters {

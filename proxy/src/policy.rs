@@ -17,6 +17,52 @@ pub struct RoutePolicy {
     pub rewrite: Option<Template>,
     pub access_log: bool,
     pub upstream_protocol: snap::UpstreamProtocol,
+    /// Answers retried on another endpoint.
+    pub retry: Option<RetryPolicy>,
+}
+
+/// RFC 9110 9.2.2: a proxy may send these again on its own after a connection failed.
+pub fn idempotent(method: &str) -> bool {
+    matches!(
+        method,
+        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
+    )
+}
+
+/// A route's retries on backend answers (GEP-1731, Ingress retry annotations).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// Ascending.
+    pub codes: Vec<u16>,
+    pub attempts: u32,
+    pub backoff: std::time::Duration,
+    /// Methods that are not idempotent are retried too.
+    pub non_idempotent: bool,
+}
+
+impl RetryPolicy {
+    fn new(r: &snap::Retry) -> Self {
+        Self {
+            codes: r
+                .codes
+                .iter()
+                .filter_map(|c| u16::try_from(*c).ok())
+                .collect(),
+            attempts: r.attempts,
+            backoff: std::time::Duration::from_millis(r.backoff_ms),
+            non_idempotent: r.non_idempotent,
+        }
+    }
+
+    /// Whether an answer with `status` is retried.
+    pub fn retries(&self, status: u16) -> bool {
+        self.codes.binary_search(&status).is_ok()
+    }
+
+    /// Whether a request of `method` may be sent again at all.
+    pub fn allows(&self, method: &str) -> bool {
+        self.non_idempotent || idempotent(method)
+    }
 }
 
 impl RoutePolicy {
@@ -45,6 +91,7 @@ impl RoutePolicy {
             access_log: !route.access_log_off,
             upstream_protocol: snap::UpstreamProtocol::try_from(route.upstream_protocol)
                 .unwrap_or_default(),
+            retry: route.retry.as_ref().map(RetryPolicy::new),
         }
     }
 }

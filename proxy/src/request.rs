@@ -20,6 +20,7 @@ use crate::forwarded::Forwarded;
 pub use crate::head::{Head, Version};
 use crate::limits::Limits;
 use crate::policy::RoutePolicy;
+pub use crate::policy::idempotent;
 use crate::router::{CompiledRoute, Pick, Request as RouteQuery, ResolvedBackend};
 use crate::table::Table;
 use crate::upstream::ClusterState;
@@ -412,14 +413,6 @@ pub fn route<'t, H: Head + ?Sized>(
             method: head.method(),
             headers: head,
         },
-    )
-}
-
-/// RFC 9110 9.2.2: a proxy may send these again on its own after a connection failed.
-pub fn idempotent(method: &str) -> bool {
-    matches!(
-        method,
-        "GET" | "HEAD" | "OPTIONS" | "TRACE" | "PUT" | "DELETE"
     )
 }
 

@@ -548,6 +548,7 @@ fn compile_route(
         && r.direct_status == 0
         && r.client_allowlist.is_none()
         && r.timeouts.is_none_or(|t| t == snap::Timeouts::default())
+        && r.retry.is_none()
         && policy.cors.is_none()
         && policy.rewrite.is_none()
         && !backends.is_empty()

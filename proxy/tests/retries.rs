@@ -264,3 +264,132 @@ async fn an_endpoint_answering_500s_is_ejected_then_tried_again_after_the_back_o
         proxy.stop().await;
     }
 }
+
+const RETRIED: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: retried, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /retried}}
+      retry: {codes: [503], attempts: 2, backoffMs: 10}
+      backends: [{cluster: "t/mixed:80", weight: 1}]
+    - source: {kind: Ingress, namespace: t, name: posts, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /posts}}
+      retry: {codes: [503], attempts: 2, nonIdempotent: true}
+      backends: [{cluster: "t/mixed:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: plain, rule: 0}
+      backends: [{cluster: "t/mixed:80", weight: 1}]
+clusters:
+- name: t/mixed:80
+  endpoints:
+  - {address: 127.0.0.1, port: {GOOD}, ready: true}
+  - {address: 127.0.0.1, port: {BAD}, ready: true}
+"#;
+
+/// A backend that answers every request 503, and how many it got.
+async fn unavailable_backend() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<()>();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let (addr, _seen, _) = raw_backend(move |_r| {
+        let _ = tx.send(());
+        RawAnswer::Send(
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 4\r\n\r\nbusy".to_vec(),
+        )
+    })
+    .await;
+    let counter = hits.clone();
+    tokio::spawn(async move {
+        while rx.recv().await.is_some() {
+            counter.fetch_add(1, Ordering::Relaxed);
+        }
+    });
+    (addr, hits)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_the_route_retries_go_to_another_endpoint_and_posts_only_when_allowed() {
+    for fast_path in [true, false] {
+        let engine = if fast_path { "fast path" } else { "pingora" };
+        let (good, good_hits) = echo_backend_with_hits("good").await;
+        let (bad, bad_hits) = unavailable_backend().await;
+        let port = free_port();
+        let snap = snapshot(
+            RETRIED,
+            &[
+                ("PORT", port.to_string()),
+                ("GOOD", good.port().to_string()),
+                ("BAD", bad.port().to_string()),
+            ],
+        );
+        let proxy = Proxy::start_with(
+            &snap,
+            Limits {
+                fast_path,
+                // Ejection would hide the retries this test counts.
+                outlier: coxswain_proxy::outlier::Settings {
+                    consecutive_failures: 0,
+                    ..Default::default()
+                },
+                ..Limits::default()
+            },
+        )
+        .await;
+        let client = shared_client();
+        let base = format!("http://127.0.0.1:{port}");
+        let count = |path: &'static str, method: &'static str| {
+            let client = client.clone();
+            let base = base.clone();
+            async move {
+                let mut failed = 0;
+                for _ in 0..200 {
+                    let r = request(&client, method, &format!("{base}{path}"), &[])
+                        .await
+                        .unwrap();
+                    if r.status != 200 {
+                        failed += 1;
+                    }
+                }
+                failed
+            }
+        };
+        // Half the picks land on the 503 endpoint; each is retried on the other.
+        let before = bad_hits.load(Ordering::Relaxed);
+        assert_eq!(
+            count("/retried", "GET").await,
+            0,
+            "{engine}: GET with a retry policy"
+        );
+        assert!(bad_hits.load(Ordering::Relaxed) - before >= 50, "{engine}");
+        // POST is not idempotent: not retried unless the policy says so.
+        let posts_failed = count("/retried", "POST").await;
+        assert!(
+            (50..=150).contains(&posts_failed),
+            "{engine}: {posts_failed} of 200 POSTs failed; the 503s must reach the client"
+        );
+        assert_eq!(
+            count("/posts", "POST").await,
+            0,
+            "{engine}: POST allowed by policy"
+        );
+        // Without a policy, a 503 is the answer.
+        let plain_failed = count("/plain", "GET").await;
+        assert!(
+            (50..=150).contains(&plain_failed),
+            "{engine}: {plain_failed}"
+        );
+        let retries = proxy.metric("coxswain_proxy_upstream_retries_total").await;
+        assert!(retries >= 100, "{engine}: {retries}");
+        eprintln!(
+            "{engine}: good {} bad {} retries {retries}; POST without policy: {posts_failed} of 200 failed",
+            good_hits.load(Ordering::Relaxed),
+            bad_hits.load(Ordering::Relaxed)
+        );
+        proxy.stop().await;
+    }
+}

@@ -6,10 +6,10 @@
 
 use super::httproute::{Problem, equivalent_route};
 use super::status::reason;
+use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::standard::grpcroutes::{
     GrpcRoute, GrpcRouteRules, GrpcRouteRulesMatches, GrpcRouteRulesMatchesMethodType,
 };
-use gateway_api::apis::standard::httproutes::HttpRoute;
 use serde_json::{Value, json};
 
 /// The HTTPRoute serving what `route` asks for, and a problem when part of it has no HTTPRoute

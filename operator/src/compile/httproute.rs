@@ -13,7 +13,7 @@ use coxswain_api::snapshot::{
     self as snap, Filter, HeaderMatch, PathMatch, QueryParamMatch, RouteMatch, RouteSource,
     WeightedBackend, filter,
 };
-use gateway_api::apis::standard::httproutes::{
+use gateway_api::apis::experimental::httproutes::{
     HttpRoute, HttpRouteParentRefs, HttpRouteRules, HttpRouteRulesFilters, HttpRouteRulesMatches,
     HttpRouteRulesMatchesHeadersType, HttpRouteRulesMatchesPathType,
     HttpRouteRulesMatchesQueryParamsType, HttpRouteSpec,
@@ -68,6 +68,7 @@ struct CompiledRule {
     filters: Vec<Filter>,
     backends: Vec<WeightedBackend>,
     timeouts: Option<snap::Timeouts>,
+    retry: Option<snap::Retry>,
     direct_status: u32,
 }
 
@@ -407,6 +408,7 @@ fn compile_route(
                                     filters: rule.filters.clone(),
                                     backends: rule.backends.clone(),
                                     timeouts: rule.timeouts,
+                                    retry: rule.retry.clone(),
                                     direct_status: rule.direct_status,
                                     ..Default::default()
                                 },
@@ -537,7 +539,15 @@ fn compile_rules(
     for (i, rule) in spec_rules.iter().enumerate() {
         let index_u32 = i as u32;
         match compile_rule(store, index, kind, rule, key, clusters) {
-            Ok((compiled_matches, filters, backends, timeouts, direct_status, rule_resolved)) => {
+            Ok(RuleParts {
+                matches: compiled_matches,
+                filters,
+                backends,
+                timeouts,
+                retry,
+                direct_status,
+                resolved: rule_resolved,
+            }) => {
                 if let (Ok(()), Err(e)) = (&resolved, rule_resolved) {
                     resolved = Err(e);
                 }
@@ -548,6 +558,7 @@ fn compile_rules(
                     filters,
                     backends,
                     timeouts,
+                    retry,
                     direct_status,
                 });
             }
@@ -559,14 +570,68 @@ fn compile_rules(
     (rules, resolved, problem)
 }
 
-type RuleParts = (
-    Vec<RouteMatch>,
-    Vec<Filter>,
-    Vec<WeightedBackend>,
-    Option<snap::Timeouts>,
-    u32,
-    Result<(), Problem>,
-);
+/// One rule, compiled.
+struct RuleParts {
+    matches: Vec<RouteMatch>,
+    filters: Vec<Filter>,
+    backends: Vec<WeightedBackend>,
+    timeouts: Option<snap::Timeouts>,
+    retry: Option<snap::Retry>,
+    direct_status: u32,
+    resolved: Result<(), Problem>,
+}
+
+/// Retries a rule asks for at most (GEP-1731 leaves the bound to implementations); more
+/// would multiply load on a failing backend.
+pub const MAX_RETRY_ATTEMPTS: i64 = 10;
+/// Retries when `retry` gives no `attempts` (ingress-nginx's 3 tries in all).
+pub const DEFAULT_RETRY_ATTEMPTS: u32 = 2;
+
+/// rules[].retry (GEP-1731): idempotent requests answered with one of `codes` are sent to
+/// another endpoint, at most `attempts` times, `backoff` apart.
+fn compile_retry(
+    r: &gateway_api::apis::experimental::httproutes::HttpRouteRulesRetry,
+) -> Result<snap::Retry, Problem> {
+    let attempts = match r.attempts {
+        None => DEFAULT_RETRY_ATTEMPTS,
+        Some(n) if (0..=MAX_RETRY_ATTEMPTS).contains(&n) => n as u32,
+        Some(n) => {
+            return Err((
+                reason::UNSUPPORTED_VALUE,
+                format!("retry.attempts {n} is outside 0-{MAX_RETRY_ATTEMPTS}"),
+            ));
+        }
+    };
+    let mut codes = Vec::new();
+    for c in r.codes.iter().flatten() {
+        match u32::try_from(*c) {
+            Ok(c) if (400..=599).contains(&c) => codes.push(c),
+            _ => {
+                return Err((
+                    reason::UNSUPPORTED_VALUE,
+                    format!("retry.codes: {c} is not an HTTP status from 400 to 599"),
+                ));
+            }
+        }
+    }
+    codes.sort_unstable();
+    codes.dedup();
+    let backoff_ms = match r.backoff.as_deref() {
+        None => 0,
+        Some(b) => parse_duration_ms(b).ok_or_else(|| {
+            (
+                reason::UNSUPPORTED_VALUE,
+                format!("retry.backoff: {b:?} is not a Gateway API duration"),
+            )
+        })?,
+    };
+    Ok(snap::Retry {
+        codes,
+        attempts,
+        backoff_ms,
+        non_idempotent: false,
+    })
+}
 
 fn compile_rule(
     store: &Store,
@@ -672,14 +737,16 @@ fn compile_rule(
             })
         }
     };
-    Ok((
+    let retry = rule.retry.as_ref().map(compile_retry).transpose()?;
+    Ok(RuleParts {
         matches,
         filters,
         backends,
         timeouts,
+        retry,
         direct_status,
         resolved,
-    ))
+    })
 }
 
 fn default_match() -> RouteMatch {
@@ -897,6 +964,11 @@ fn compile_filter(
         return Err((
             reason::UNSUPPORTED_VALUE,
             "ExtensionRef filters are not supported".into(),
+        ));
+    } else if f.external_auth.is_some() {
+        return Err((
+            reason::UNSUPPORTED_VALUE,
+            "ExternalAuth filters are not supported yet".into(),
         ));
     } else {
         return Err((reason::UNSUPPORTED_VALUE, "a filter of unknown type".into()));

@@ -831,6 +831,68 @@ fn rule_timeouts_compile_and_zero_disables() {
 }
 
 #[test]
+fn rule_retries_compile_and_bad_values_make_the_route_unacceptable() {
+    // HTTPRouteRetry (GEP-1731, the experimental channel's field).
+    let retried = route(
+        "retried",
+        r#"  parentRefs: [{name: edge}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /full}}]
+    backendRefs: [{name: echo, port: 8080}]
+    retry: {codes: [503, 500, 503], attempts: 3, backoff: 100ms}
+  - matches: [{path: {type: PathPrefix, value: /defaults}}]
+    backendRefs: [{name: echo, port: 8080}]
+    retry: {}
+  - matches: [{path: {type: PathPrefix, value: /none}}]
+    backendRefs: [{name: echo, port: 8080}]
+"#,
+    );
+    let too_many = route(
+        "too-many",
+        "  parentRefs: [{name: edge}]
+  rules: [{backendRefs: [{name: echo, port: 8080}], retry: {attempts: 11}}]
+",
+    );
+    let bad_code = route(
+        "bad-code",
+        "  parentRefs: [{name: edge}]
+  rules: [{backendRefs: [{name: echo, port: 8080}], retry: {codes: [200]}}]
+",
+    );
+    let c = compile_yaml(&[BASE, GATEWAY, &retried, &too_many, &bad_code]);
+    assert!(route_condition(&c, "retried", "Accepted").is_true());
+    for (name, says) in [
+        ("too-many", "retry.attempts 11"),
+        ("bad-code", "retry.codes: 200"),
+    ] {
+        let cond = route_condition(&c, name, "Accepted");
+        assert_eq!(
+            (cond.status, cond.reason),
+            (ConditionStatus::False, "UnsupportedValue"),
+            "{name}"
+        );
+        assert!(cond.message.contains(says), "{name}: {}", cond.message);
+    }
+    let routes = &shared(&c).listeners[0].virtual_hosts[0].routes;
+    let retry = |rule: u32| {
+        routes
+            .iter()
+            .find(|r| {
+                r.source.as_ref().unwrap().rule == rule
+                    && r.source.as_ref().unwrap().name == "retried"
+            })
+            .and_then(|r| r.retry.clone())
+            .map(|r| (r.codes, r.attempts, r.backoff_ms, r.non_idempotent))
+    };
+    assert_eq!(retry(0), Some((vec![500, 503], 3, 100, false)));
+    assert_eq!(
+        retry(1),
+        Some((vec![], super::httproute::DEFAULT_RETRY_ATTEMPTS, 0, false))
+    );
+    assert_eq!(retry(2), None);
+}
+
+#[test]
 fn request_mirrors_compile_with_their_share() {
     // HTTPRequestMirrorFilter: several mirrors per rule; percent and fraction (denominator
     // defaulting to 100) become a fraction, neither means every request; a mirror backend that

@@ -5,7 +5,7 @@
 //! listeners and names them in status and ReferenceGrants.
 
 use super::httproute::{Problem, equivalent_route};
-use gateway_api::apis::standard::httproutes::HttpRoute;
+use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::standard::tlsroutes::TlsRoute;
 use serde_json::json;
 

@@ -1,0 +1,65 @@
+//! The answers the Pingora engine writes itself: statuses, redirects and CORS preflights.
+
+use crate::policy::CorsPolicy;
+use pingora::http::{RequestHeader, ResponseHeader};
+use pingora::prelude::Session;
+
+/// The answer to a preflight: 204, with the Access-Control-* headers when the origin is
+/// allowed and without them otherwise (the browser then refuses the real request).
+pub(super) async fn respond_preflight(
+    session: &mut Session,
+    cors: &CorsPolicy,
+    origin: Option<&str>,
+) -> pingora::Result<bool> {
+    let mut resp = ResponseHeader::build(204, Some(8))?;
+    if let Some(allowed) = origin.and_then(|o| cors.allow_origin(o)) {
+        let req = session.req_header();
+        let asked = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
+        resp.insert_header("access-control-allow-origin", allowed)?;
+        if allowed != "*" {
+            resp.append_header("vary", "Origin")?;
+        }
+        if cors.allow_credentials {
+            resp.insert_header("access-control-allow-credentials", "true")?;
+        }
+        let methods = cors.preflight_methods(asked("access-control-request-method"));
+        if !methods.is_empty() {
+            resp.insert_header("access-control-allow-methods", methods)?;
+        }
+        let headers = cors.preflight_headers(asked("access-control-request-headers"));
+        if !headers.is_empty() {
+            resp.insert_header("access-control-allow-headers", headers)?;
+        }
+        if !cors.expose_headers.is_empty() {
+            resp.insert_header("access-control-expose-headers", &*cors.expose_headers)?;
+        }
+        if !cors.max_age.is_empty() {
+            resp.insert_header("access-control-max-age", &*cors.max_age)?;
+        }
+    }
+    resp.insert_header("content-length", "0")?;
+    session.write_response_header(Box::new(resp), true).await?;
+    Ok(true)
+}
+
+/// Content-Length, when present and a number.
+pub(super) fn content_length(req: &RequestHeader) -> Option<u64> {
+    req.headers
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse().ok())
+}
+
+pub(super) async fn respond(
+    session: &mut Session,
+    status: u16,
+    location: Option<&str>,
+) -> pingora::Result<bool> {
+    let mut resp = ResponseHeader::build(status, Some(2))?;
+    if let Some(l) = location {
+        resp.insert_header("location", l)?;
+    }
+    resp.insert_header("content-length", "0")?;
+    session.write_response_header(Box::new(resp), true).await?;
+    Ok(true)
+}
