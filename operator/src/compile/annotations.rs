@@ -57,6 +57,8 @@ const KNOWN: &[(&str, &[&str])] = &[
     ("canary-by-header", &["canary-by-header"]),
     ("canary-by-header-value", &["canary-by-header-value"]),
     ("access-log", &[]),
+    ("retry-on", &["proxy-next-upstream"]),
+    ("retry-tries", &["proxy-next-upstream-tries"]),
 ];
 
 /// ingress-nginx's access-log switch: a boolean where ours accepts only "off".
@@ -118,6 +120,8 @@ pub struct IngressAnnotations {
     /// Some when canary is true: this Ingress takes a share of another's traffic.
     pub canary: Option<Canary>,
     pub access_log: bool,
+    /// Answers retried on another endpoint (retry-on, retry-tries).
+    pub retry: Option<Retry>,
     /// An access-control annotation was invalid or is unsupported: every path answers 403.
     pub deny_all: bool,
 }
@@ -141,6 +145,7 @@ impl Default for IngressAnnotations {
             cors: None,
             canary: None,
             access_log: true,
+            retry: None,
             deny_all: false,
         }
     }
@@ -211,6 +216,22 @@ pub struct Cors {
     pub allow_credentials: bool,
     pub max_age: Duration,
 }
+
+/// What `retry-on` (ingress-nginx's `proxy-next-upstream`) lists, and `retry-tries`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Retry {
+    /// From `http_NNN` conditions, ascending.
+    pub codes: Vec<u16>,
+    /// `non_idempotent`: POST, PATCH and the like are retried too.
+    pub non_idempotent: bool,
+    /// Tries in all, the first included (ingress-nginx's meaning); 0: as many as allowed.
+    pub tries: u32,
+}
+
+/// ingress-nginx's default for proxy-next-upstream-tries.
+pub const DEFAULT_RETRY_TRIES: u32 = 3;
+/// Most tries a request gets (0, "unlimited" for ingress-nginx, means this).
+pub const MAX_RETRY_TRIES: u32 = 11;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Canary {
@@ -339,6 +360,23 @@ pub fn parse(
             by_header,
             by_header_value,
         });
+    }
+
+    if let Some((codes, non_idempotent)) = r.get("retry-on", parse_retry_on) {
+        let tries = r
+            .get("retry-tries", parse_retry_tries)
+            .unwrap_or(DEFAULT_RETRY_TRIES);
+        a.retry = (!codes.is_empty() || non_idempotent).then_some(Retry {
+            codes,
+            non_idempotent,
+            tries,
+        });
+    } else if r.get("retry-tries", parse_retry_tries).is_some() {
+        // Tries alone change nothing: refused connections are retried up to 3 tries anyway.
+        r.note(
+            "retry-tries",
+            "has no effect without retry-on listing http_NNN codes or non_idempotent",
+        );
     }
 
     a.access_log = r.get("access-log", parse_access_log).unwrap_or(true);
@@ -887,6 +925,53 @@ fn parse_canary_weight(v: &str, total: u32) -> Result<u32, String> {
     match v.trim().parse::<u32>() {
         Ok(w) if w <= total => Ok(w),
         _ => Err(format!("expected a whole number from 0 to {total}")),
+    }
+}
+
+/// ingress-nginx's proxy-next-upstream: space-separated conditions. `error` and `timeout`
+/// (connections that cannot be opened) are always retried, so they add nothing; `off` lists
+/// nothing; `http_NNN` and `non_idempotent` are what a route's retry policy holds.
+fn parse_retry_on(v: &str) -> Result<(Vec<u16>, bool), String> {
+    let mut codes = Vec::new();
+    let mut non_idempotent = false;
+    let words: Vec<&str> = v.split_whitespace().collect();
+    if words.is_empty() {
+        return Err("empty; list conditions such as \"error timeout http_503\"".into());
+    }
+    for w in &words {
+        match *w {
+            "error" | "timeout" => {}
+            "off" if words.len() == 1 => {}
+            "non_idempotent" => non_idempotent = true,
+            "invalid_header" => {
+                return Err("invalid_header is not supported (a malformed answer is a 502)".into());
+            }
+            other => match other
+                .strip_prefix("http_")
+                .and_then(|c| c.parse::<u16>().ok())
+            {
+                Some(c @ (403 | 404 | 429 | 500 | 502 | 503 | 504)) => codes.push(c),
+                _ => {
+                    return Err(format!(
+                        "{other:?} is not one of error, timeout, http_403, http_404, http_429, \
+                         http_500, http_502, http_503, http_504, non_idempotent, off"
+                    ));
+                }
+            },
+        }
+    }
+    codes.sort_unstable();
+    codes.dedup();
+    Ok((codes, non_idempotent))
+}
+
+fn parse_retry_tries(v: &str) -> Result<u32, String> {
+    match v.trim().parse::<u32>() {
+        Ok(0) => Ok(MAX_RETRY_TRIES),
+        Ok(n) if n <= MAX_RETRY_TRIES => Ok(n),
+        _ => Err(format!(
+            "a number of tries from 1 to {MAX_RETRY_TRIES} (0: {MAX_RETRY_TRIES})"
+        )),
     }
 }
 

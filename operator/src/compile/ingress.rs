@@ -525,6 +525,7 @@ struct RoutePolicy {
     max_body: u64,
     upstream_protocol: snap::UpstreamProtocol,
     access_log_off: bool,
+    retry: Option<snap::Retry>,
     deny_all: bool,
 }
 
@@ -619,6 +620,12 @@ impl RoutePolicy {
                 Some(BackendProtocol::Grpcs) => snap::UpstreamProtocol::TlsH2,
             },
             access_log_off: class_access_log_off || !a.access_log,
+            retry: a.retry.as_ref().map(|r| snap::Retry {
+                codes: r.codes.iter().map(|c| u32::from(*c)).collect(),
+                attempts: r.tries.saturating_sub(1),
+                backoff_ms: 0,
+                non_idempotent: r.non_idempotent,
+            }),
             deny_all: a.deny_all,
         }
     }
@@ -661,6 +668,7 @@ impl RoutePolicy {
         route.timeouts = self.timeouts;
         route.max_request_body_bytes = self.max_body;
         route.upstream_protocol = self.upstream_protocol as i32;
+        route.retry = self.retry.clone();
     }
 }
 

@@ -1310,6 +1310,8 @@ fn typed_annotations_become_route_fields() {
     ingress.coxswain-labs.dev/enable-cors: "true"
     ingress.coxswain-labs.dev/cors-allow-origin: https://app.example
     ingress.coxswain-labs.dev/access-log: "off"
+    ingress.coxswain-labs.dev/retry-on: error timeout http_503 non_idempotent
+    ingress.coxswain-labs.dev/retry-tries: "4"
     ingress.coxswain-labs.dev/rewrite-target: /$2"#,
         "      - {path: \"/api(/|$)(.*)\", pathType: ImplementationSpecific, backend: {service: {name: echo, port: {number: 8080}}}}\n      - {path: /exact, pathType: Exact, backend: {service: {name: echo, port: {number: 8080}}}}\n",
     );
@@ -1348,6 +1350,16 @@ fn typed_annotations_become_route_fields() {
     );
     assert_eq!(r.max_request_body_bytes, 1 << 20);
     assert_eq!(r.upstream_protocol, snap::UpstreamProtocol::H2c as i32);
+    // Four tries in all: three retries.
+    assert_eq!(
+        r.retry,
+        Some(snap::Retry {
+            codes: vec![503],
+            attempts: 3,
+            backoff_ms: 0,
+            non_idempotent: true
+        })
+    );
     assert!(r.access_log_off);
     assert_eq!(r.backends.len(), 1);
     let kinds: Vec<&snap::filter::Kind> =

@@ -632,3 +632,48 @@ fn unsupported_nginx_access_control_fails_closed_under_compat() {
         assert!(!a.deny_all, "{key}");
     }
 }
+
+#[test]
+fn retries_list_codes_and_tries_as_ingress_nginx_does() {
+    let (a, w) = own(&[
+        ("retry-on", "error timeout http_503 http_502"),
+        ("retry-tries", "4"),
+    ]);
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(
+        a.retry,
+        Some(Retry {
+            codes: vec![502, 503],
+            non_idempotent: false,
+            tries: 4
+        })
+    );
+    // ingress-nginx's default list, "error timeout": refused connections are always retried,
+    // so there is no retry policy to add.
+    assert_eq!(own(&[("retry-on", "error timeout")]).0.retry, None);
+    assert_eq!(own(&[("retry-on", "off")]).0.retry, None);
+    let (a, _) = own(&[
+        ("retry-on", "http_500 non_idempotent"),
+        ("retry-tries", "0"),
+    ]);
+    let r = a.retry.unwrap();
+    assert!(r.non_idempotent);
+    assert_eq!(r.tries, MAX_RETRY_TRIES, "0 is as many as allowed");
+    assert_eq!(
+        own(&[("retry-on", "http_503")]).0.retry.unwrap().tries,
+        DEFAULT_RETRY_TRIES
+    );
+    refused("retry-on", "http_418");
+    refused("retry-on", "invalid_header");
+    refused("retry-tries", "12");
+    let (_, w) = own(&[("retry-tries", "2")]);
+    assert!(w.len() == 1 && w[0].reason.contains("no effect"), "{w:?}");
+    // ingress-nginx's names under compatibility.
+    let nginx_ann = map(&[
+        (&nginx("proxy-next-upstream"), "error timeout http_504"),
+        (&nginx("proxy-next-upstream-tries"), "2"),
+    ]);
+    let (a, w) = parse(&nginx_ann, &BTreeMap::new(), true);
+    assert!(w.is_empty(), "{w:?}");
+    assert_eq!(a.retry.unwrap().codes, vec![504]);
+}
