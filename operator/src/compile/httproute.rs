@@ -380,6 +380,7 @@ fn compile_route(
                                 protocol: listener.protocol,
                                 listener_hostname: listener.hostname.clone(),
                                 vhost: host.clone(),
+                                single_label: false,
                                 key: {
                                     let k = PrecedenceKey::new(
                                         &host,

@@ -243,27 +243,58 @@ fn assemble(
                 else {
                     continue;
                 };
-                let mut chosen: Vec<&Entry> = Vec::new();
-                for name in covering_names(&vhost) {
-                    if let Some(list) = by_host.get(&(owner.clone(), name.as_str())) {
-                        chosen.extend(list.iter().copied());
+                let is_wildcard = vhost.starts_with("*.");
+                let own = by_host.get(&(owner.clone(), vhost.as_str()));
+                // A wildcard with single-label (Ingress) entries of its own becomes two virtual
+                // hosts: the multi-label one for deeper hosts, when it has entries of its own
+                // (without, deeper hosts fall through to what covers them), then the
+                // single-label one for hosts one label above the suffix.
+                let variants: &[bool] =
+                    if is_wildcard && own.is_some_and(|l| l.iter().any(|e| e.single_label)) {
+                        if own.is_some_and(|l| l.iter().any(|e| !e.single_label)) {
+                            &[false, true]
+                        } else {
+                            &[true]
+                        }
+                    } else {
+                        &[false]
+                    };
+                for &single_label in variants {
+                    let mut chosen: Vec<&Entry> = Vec::new();
+                    for (i, name) in covering_names(&vhost).iter().enumerate() {
+                        // A single-label entry on "*.P" covers only hosts one label above P:
+                        // an exact host's first covering wildcard, or a single-label virtual
+                        // host's own name; never a multi-label one.
+                        let one_label_above = if is_wildcard {
+                            single_label && i == 0
+                        } else {
+                            i == 1
+                        };
+                        if let Some(list) = by_host.get(&(owner.clone(), name.as_str())) {
+                            chosen.extend(
+                                list.iter()
+                                    .copied()
+                                    .filter(|e| !e.single_label || one_label_above),
+                            );
+                        }
                     }
+                    chosen.sort_by(|a, b| a.key.cmp(&b.key));
+                    let routes: Vec<snap::Route> = chosen.iter().map(|e| e.route.clone()).collect();
+                    for r in &routes {
+                        for b in &r.backends {
+                            used_clusters.insert(b.cluster.clone());
+                        }
+                        collect_filter_clusters(&r.filters, &mut used_clusters);
+                        for b in &r.backends {
+                            collect_filter_clusters(&b.filters, &mut used_clusters);
+                        }
+                    }
+                    virtual_hosts.push(snap::VirtualHost {
+                        hostname: vhost.clone(),
+                        routes,
+                        single_label,
+                    });
                 }
-                chosen.sort_by(|a, b| a.key.cmp(&b.key));
-                let routes: Vec<snap::Route> = chosen.iter().map(|e| e.route.clone()).collect();
-                for r in &routes {
-                    for b in &r.backends {
-                        used_clusters.insert(b.cluster.clone());
-                    }
-                    collect_filter_clusters(&r.filters, &mut used_clusters);
-                    for b in &r.backends {
-                        collect_filter_clusters(&b.filters, &mut used_clusters);
-                    }
-                }
-                virtual_hosts.push(snap::VirtualHost {
-                    hostname: vhost,
-                    routes,
-                });
             }
 
             let mut sni: Vec<snap::SniCertificate> = Vec::new();

@@ -96,23 +96,28 @@ fn listener_condition<'a>(c: &'a Compiled, gw: &str, listener: &str, type_: &str
 /// Routes of the vhost a request for `host` lands on, on `port`, as "route/rule" strings.
 fn routes_for(s: &Snapshot, port: u32, host: &str) -> Vec<String> {
     let l = s.listeners.iter().find(|l| l.port == port).unwrap();
-    // The proxy's choice: exact, then the longest covering wildcard, then "".
-    let mut candidates: Vec<&str> = l
+    // The proxy's choice (snapshot.proto, VirtualHost): exact, then the longest covering
+    // wildcard (a single-label one only for a host one label above its suffix, and before the
+    // multi-label one of the same name), then "".
+    let one_label_above = |suffix: &str| {
+        host.split_once('.')
+            .is_some_and(|(_, parent)| parent.eq_ignore_ascii_case(suffix))
+    };
+    let mut candidates: Vec<&snap::VirtualHost> = l
         .virtual_hosts
         .iter()
-        .map(|v| v.hostname.as_str())
-        .filter(|h| h.is_empty() || hostname::covers(h, host))
+        .filter(|v| match v.hostname.strip_prefix("*.") {
+            Some(suffix) if v.single_label => one_label_above(suffix),
+            _ => v.hostname.is_empty() || hostname::covers(&v.hostname, host),
+        })
         .collect();
-    candidates.sort_by(|a, b| hostname::specificity(a, b));
+    candidates.sort_by(|a, b| {
+        hostname::specificity(&a.hostname, &b.hostname).then(b.single_label.cmp(&a.single_label))
+    });
     let Some(chosen) = candidates.first() else {
         return vec![];
     };
-    let vhost = l
-        .virtual_hosts
-        .iter()
-        .find(|v| v.hostname == *chosen)
-        .unwrap();
-    vhost.routes.iter().map(describe).collect()
+    chosen.routes.iter().map(describe).collect()
 }
 
 fn describe(r: &Route) -> String {
@@ -1187,6 +1192,81 @@ fn invalid_regular_expressions_make_the_route_unacceptable() {
 }
 
 // === Ingress annotations compiled into routes ===
+
+// Ingress API, IngressRule.host: "*.foo.com" matches "bar.foo.com" because they share an
+// identical suffix of one DNS label, but not "baz.bar.foo.com" (the Gateway API's wildcards
+// cover one or more labels; an Ingress's exactly one).
+#[test]
+fn ingress_wildcard_host_matches_exactly_one_label() {
+    let wild = ingress(
+        "wild",
+        "",
+        "  ingressClassName: coxswain\n  rules: [{host: '*.foo.com', http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: echo, port: {number: 8080}}}}]}}]\n  defaultBackend: {service: {name: echo, port: {number: 8080}}}\n",
+    );
+    let deep = ingress(
+        "deep",
+        "",
+        "  ingressClassName: coxswain\n  rules: [{host: baz.bar.foo.com, http: {paths: [{path: /deep, pathType: Prefix, backend: {service: {name: echo, port: {number: 8080}}}}]}}, {host: '*.bar.foo.com', http: {paths: [{path: /sub, pathType: Prefix, backend: {service: {name: echo, port: {number: 8080}}}}]}}]\n",
+    );
+    let c = compile_yaml(&[BASE, INGRESS_CLASS, &wild, &deep]);
+    let s = shared(&c);
+    assert_eq!(
+        routes_for(s, 80, "bar.foo.com"),
+        ["wild/0", "wild/4294967295"]
+    );
+    assert_eq!(
+        routes_for(s, 80, "BAR.foo.com"),
+        ["wild/0", "wild/4294967295"]
+    );
+    // Two labels above foo.com: not the wildcard's, so the default backend answers.
+    assert_eq!(routes_for(s, 80, "qux.baz.foo.com"), ["wild/4294967295"]);
+    assert_eq!(routes_for(s, 80, "foo.com"), ["wild/4294967295"]);
+    // A host of its own, or under a deeper wildcard, does not inherit "*.foo.com" rules.
+    assert_eq!(
+        routes_for(s, 80, "baz.bar.foo.com"),
+        ["deep/0", "deep/1000", "wild/4294967295"]
+    );
+    assert_eq!(
+        routes_for(s, 80, "qux.bar.foo.com"),
+        ["deep/1000", "wild/4294967295"]
+    );
+    assert_eq!(routes_for(s, 80, "a.qux.bar.foo.com"), ["wild/4294967295"]);
+    let wildcards: Vec<(&str, bool)> = s.listeners[0]
+        .virtual_hosts
+        .iter()
+        .filter(|v| v.hostname.starts_with("*."))
+        .map(|v| (v.hostname.as_str(), v.single_label))
+        .collect();
+    assert_eq!(wildcards, [("*.bar.foo.com", true), ("*.foo.com", true)]);
+}
+
+// The shared pool's port 80 serves Ingresses and Gateways alike: on one wildcard name, an
+// HTTPRoute keeps the Gateway API rule (one or more labels) while the Ingress beside it
+// covers one label only.
+#[test]
+fn ingress_and_httproute_wildcards_on_one_port_keep_their_own_rules() {
+    let wild = ingress(
+        "wild",
+        "",
+        "  ingressClassName: coxswain\n  rules: [{host: '*.foo.com', http: {paths: [{path: /ing, pathType: Prefix, backend: {service: {name: echo, port: {number: 8080}}}}]}}]\n",
+    );
+    let r = route(
+        "gw",
+        "  parentRefs: [{name: edge}]\n  hostnames: ['*.foo.com']\n  rules:\n  - backendRefs: [{name: echo, port: 8080}]\n",
+    );
+    let c = compile_yaml(&[BASE, INGRESS_CLASS, GATEWAY, &wild, &r]);
+    let s = shared(&c);
+    assert_eq!(routes_for(s, 80, "bar.foo.com"), ["wild/0", "gw/0"]);
+    assert_eq!(routes_for(s, 80, "baz.bar.foo.com"), ["gw/0"]);
+    // Multi-label first: a router that ignores the flag keeps the last one, as before.
+    let wildcards: Vec<(&str, bool)> = s.listeners[0]
+        .virtual_hosts
+        .iter()
+        .filter(|v| v.hostname.starts_with("*."))
+        .map(|v| (v.hostname.as_str(), v.single_label))
+        .collect();
+    assert_eq!(wildcards, [("*.foo.com", false), ("*.foo.com", true)]);
+}
 
 /// Compiles with ingress-nginx compatibility on or off.
 fn compile_with(docs: &[&str], compat: bool) -> Compiled {
