@@ -129,6 +129,96 @@ fn programmed(conditions: &mut [Condition], serving: bool) {
     }
 }
 
+/// A Gateway that cannot have its requested address is not Programmed, whatever its proxy
+/// does (Gateway API: Programmed=False, AddressNotAssigned or AddressNotUsable). A Gateway
+/// already refused for another reason keeps that reason.
+fn not_programmed(conditions: &mut [Condition], why: &'static str, message: String) {
+    for c in conditions.iter_mut() {
+        if c.type_ == reason::PROGRAMMED && (c.reason == reason::PENDING || c.is_true()) {
+            c.status = ConditionStatus::False;
+            c.reason = why;
+            c.message = message.clone();
+        }
+    }
+}
+
+/// Whether the proxy's Service holds the addresses the Gateway asks for: None when it does
+/// (or nothing is asked), else the Programmed=False reason and what to do about it. The
+/// provisioner asks a LoadBalancer Service for one address (`spec.loadBalancerIP`); the load
+/// balancer provider assigns it or not, and its `status.loadBalancer.ingress` says which.
+fn address_problem(
+    requested: &[std::net::IpAddr],
+    service: Option<&k8s_openapi::api::core::v1::Service>,
+    svc_ns: &str,
+    svc_name: &str,
+) -> Option<(&'static str, String)> {
+    let first = requested.first()?;
+    let list = requested
+        .iter()
+        .map(|ip| ip.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let Some(service) = service else {
+        return Some((
+            reason::ADDRESS_NOT_ASSIGNED,
+            format!("waiting for the proxy's Service {svc_ns}/{svc_name} to ask for {list}"),
+        ));
+    };
+    let type_ = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.type_.as_deref())
+        .unwrap_or("ClusterIP");
+    if type_ != "LoadBalancer" {
+        return Some((
+            reason::ADDRESS_NOT_USABLE,
+            format!(
+                "spec.addresses needs a LoadBalancer Service; the proxy's Service {svc_ns}/{svc_name} \
+                 is {type_} (CoxswainGatewayParameters serviceType)"
+            ),
+        ));
+    }
+    if requested.len() > 1 {
+        return Some((
+            reason::ADDRESS_NOT_USABLE,
+            format!(
+                "a LoadBalancer Service is asked for one address (spec.loadBalancerIP); this Gateway \
+                 asks for {} ({list}): keep one",
+                requested.len()
+            ),
+        ));
+    }
+    let assigned: Vec<std::net::IpAddr> = service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.ip.as_deref()?.parse().ok())
+        .collect();
+    if assigned.contains(first) {
+        return None;
+    }
+    let has = if assigned.is_empty() {
+        "no address yet".to_owned()
+    } else {
+        assigned
+            .iter()
+            .map(|ip| ip.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Some((
+        reason::ADDRESS_NOT_ASSIGNED,
+        format!(
+            "the load balancer has not assigned {first} to Service {svc_ns}/{svc_name} \
+             (status.loadBalancer.ingress: {has}); the address must be free and in the \
+             provider's pool"
+        ),
+    ))
+}
+
 /// Events are best effort: when the publisher falls this far behind, new ones are dropped.
 const EVENT_BACKLOG: usize = 1024;
 /// The Events API's limit on a note.
@@ -583,6 +673,29 @@ impl StatusWriter {
                 all_serving && !decision.listeners.is_empty(),
             );
             let proxy = decision.dedicated.then(|| names.get(ns, name)).flatten();
+            // The address clients use: the dedicated proxy's Service, or the shared pool's.
+            let (svc_ns, svc_name) = if decision.dedicated {
+                (
+                    ns,
+                    proxy.map(|p| p.name.clone()).unwrap_or_else(|| {
+                        coxswain_api::names::dedicated_proxy_name(name, &gw.spec.gateway_class_name)
+                    }),
+                )
+            } else {
+                (
+                    self.controller_namespace.as_str(),
+                    coxswain_api::names::SHARED_PROXY_SERVICE.to_owned(),
+                )
+            };
+            let service = store.services.iter().find(|s| {
+                s.metadata.namespace.as_deref() == Some(svc_ns)
+                    && s.metadata.name.as_deref() == Some(svc_name.as_str())
+            });
+            if let Some((why, message)) =
+                address_problem(&decision.requested_addresses, service, svc_ns, &svc_name)
+            {
+                not_programmed(&mut conditions, why, message);
+            }
             if let Some(message) = proxy.and_then(|p| p.conflict_message()) {
                 conditions.push(Condition::new(
                     naming::NAME_CONFLICTED,
@@ -603,20 +716,6 @@ impl StatusWriter {
                 true,
             );
             let rendered = render_conditions(&conditions, &existing, &now);
-            // The address clients use: the dedicated proxy's Service, or the shared pool's.
-            let (svc_ns, svc_name) = if decision.dedicated {
-                (
-                    ns,
-                    proxy.map(|p| p.name.clone()).unwrap_or_else(|| {
-                        coxswain_api::names::dedicated_proxy_name(name, &gw.spec.gateway_class_name)
-                    }),
-                )
-            } else {
-                (
-                    self.controller_namespace.as_str(),
-                    coxswain_api::names::SHARED_PROXY_SERVICE.to_owned(),
-                )
-            };
             let addresses = gateway_addresses(store, svc_ns, &svc_name);
             let unchanged = same_conditions(&rendered, &existing)
                 && current.as_ref().is_some_and(|c| {
@@ -878,6 +977,70 @@ mod tests {
         assert_eq!(event_for(&accepted, true, false), None);
         assert_eq!(event_for(&accepted, false, false), normal);
         assert_eq!(event_for(&accepted, true, true), normal);
+    }
+
+    fn lb_service(type_: &str, assigned: &[&str]) -> k8s_openapi::api::core::v1::Service {
+        let ingress: Vec<Value> = assigned.iter().map(|ip| json!({"ip": ip})).collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": "gw-dedicated", "namespace": "web"},
+            "spec": {"type": type_},
+            "status": {"loadBalancer": {"ingress": ingress}},
+        }))
+        .expect("service")
+    }
+
+    fn problem(
+        requested: &[&str],
+        svc: Option<&k8s_openapi::api::core::v1::Service>,
+    ) -> Option<&'static str> {
+        let requested: Vec<std::net::IpAddr> =
+            requested.iter().map(|ip| ip.parse().expect("ip")).collect();
+        address_problem(&requested, svc, "web", "gw-dedicated").map(|(why, _)| why)
+    }
+
+    // Gateway API, GatewayStatus.addresses and the Programmed condition: a requested address
+    // the Gateway does not get is AddressNotAssigned; one it cannot get, AddressNotUsable.
+    #[test]
+    fn requested_addresses_hold_programmed_until_the_load_balancer_assigns_them() {
+        assert_eq!(problem(&[], None), None);
+        assert_eq!(
+            problem(&["10.97.3.250"], None),
+            Some(reason::ADDRESS_NOT_ASSIGNED)
+        );
+        let pending = lb_service("LoadBalancer", &[]);
+        assert_eq!(
+            problem(&["10.97.3.250"], Some(&pending)),
+            Some(reason::ADDRESS_NOT_ASSIGNED)
+        );
+        let other = lb_service("LoadBalancer", &["10.97.3.2"]);
+        assert_eq!(
+            problem(&["10.97.3.250"], Some(&other)),
+            Some(reason::ADDRESS_NOT_ASSIGNED)
+        );
+        let assigned = lb_service("LoadBalancer", &["10.97.3.250"]);
+        assert_eq!(problem(&["10.97.3.250"], Some(&assigned)), None);
+        assert_eq!(
+            problem(&["10.97.3.250", "10.97.3.251"], Some(&assigned)),
+            Some(reason::ADDRESS_NOT_USABLE)
+        );
+        let cluster_ip = lb_service("ClusterIP", &[]);
+        assert_eq!(
+            problem(&["10.97.3.250"], Some(&cluster_ip)),
+            Some(reason::ADDRESS_NOT_USABLE)
+        );
+    }
+
+    #[test]
+    fn an_address_problem_replaces_pending_or_programmed_but_not_invalid() {
+        for (before, ok) in [(reason::PENDING, false), (reason::PROGRAMMED, true)] {
+            let mut conditions = vec![cond(reason::PROGRAMMED, ok, before)];
+            not_programmed(&mut conditions, reason::ADDRESS_NOT_USABLE, "why".into());
+            assert_eq!(conditions[0].status, ConditionStatus::False);
+            assert_eq!(conditions[0].reason, reason::ADDRESS_NOT_USABLE);
+        }
+        let mut invalid = vec![cond(reason::PROGRAMMED, false, reason::INVALID)];
+        not_programmed(&mut invalid, reason::ADDRESS_NOT_USABLE, "why".into());
+        assert_eq!(invalid[0].reason, reason::INVALID);
     }
 
     #[test]

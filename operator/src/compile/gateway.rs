@@ -211,19 +211,15 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
                 ));
             }
         }
-        if gateway_problem.is_none()
-            && gateway
-                .spec
-                .addresses
-                .as_ref()
-                .is_some_and(|a| !a.is_empty())
-        {
-            gateway_problem = Some((
-                reason::UNSUPPORTED_ADDRESS,
-                "spec.addresses is not supported yet; remove it to let the Service assign addresses"
-                    .into(),
-            ));
-        }
+        let requested_addresses = match requested_addresses(gateway, dedicated) {
+            Ok(addresses) => addresses,
+            Err(problem) => {
+                if gateway_problem.is_none() {
+                    gateway_problem = Some((reason::UNSUPPORTED_ADDRESS, problem));
+                }
+                Vec::new()
+            }
+        };
 
         let (listener_statuses, accepted) = compile_listeners(
             store,
@@ -291,6 +287,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
                 conditions: gw_conditions,
                 listeners: listener_statuses,
                 dedicated,
+                requested_addresses,
             },
         );
         if gateway_problem.is_none() {
@@ -318,6 +315,43 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
         }
     }
     out
+}
+
+/// The IP addresses a Gateway's `spec.addresses` asks for. Only IPAddress entries can be
+/// asked of a Service (type omitted means IPAddress); an entry without a value asks for any
+/// address, which the Service gets anyway. The shared pool's Service belongs to every shared
+/// Gateway, so only a dedicated proxy can take a Gateway's own address.
+pub fn requested_addresses(
+    gateway: &Gateway,
+    dedicated: bool,
+) -> Result<Vec<std::net::IpAddr>, String> {
+    let mut out = Vec::new();
+    for a in gateway.spec.addresses.iter().flatten() {
+        let value = a.value.as_deref().unwrap_or_default();
+        let type_ = a.r#type.as_deref().unwrap_or("IPAddress");
+        if type_ != "IPAddress" {
+            return Err(format!(
+                "address {value:?} has type {type_:?}; Coxswain supports IPAddress addresses only"
+            ));
+        }
+        if value.is_empty() {
+            continue;
+        }
+        let ip: std::net::IpAddr = value
+            .parse()
+            .map_err(|_| format!("address {value:?} is not an IP address"))?;
+        if !dedicated {
+            return Err(format!(
+                "address {value} needs a dedicated proxy: Gateways on the shared pool share its \
+                 Service's address; give the Gateway or its class a CoxswainGatewayParameters \
+                 parametersRef, or remove spec.addresses"
+            ));
+        }
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    Ok(out)
 }
 
 fn params_exist(store: &Store, namespace: &str, name: &str) -> bool {

@@ -99,6 +99,10 @@ pub struct GatewayStatus {
     pub listeners: Vec<ListenerStatus>,
     /// Whether a dedicated proxy serves this Gateway (it or its class has a parametersRef).
     pub dedicated: bool,
+    /// The IP addresses `spec.addresses` asks for, validated and normalised; the status
+    /// writer holds Programmed back until the proxy's Service has them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub requested_addresses: Vec<std::net::IpAddr>,
 }
 
 /// A parentRef as written in `status.parents[].parentRef`, defaults filled in.
@@ -183,6 +187,8 @@ pub mod reason {
     pub const UNSUPPORTED_VERSION: &str = "UnsupportedVersion";
     pub const LISTENERS_NOT_VALID: &str = "ListenersNotValid";
     pub const UNSUPPORTED_ADDRESS: &str = "UnsupportedAddress";
+    pub const ADDRESS_NOT_ASSIGNED: &str = "AddressNotAssigned";
+    pub const ADDRESS_NOT_USABLE: &str = "AddressNotUsable";
     pub const NO_CONFLICTS: &str = "NoConflicts";
     pub const HOSTNAME_CONFLICT: &str = "HostnameConflict";
     pub const PROTOCOL_CONFLICT: &str = "ProtocolConflict";

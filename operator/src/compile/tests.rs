@@ -254,6 +254,99 @@ spec:
     assert!(dedicated.is_sealed() && shared(&c).is_sealed());
 }
 
+fn dedicated_gateway_with_addresses(name: &str, addresses: &str) -> String {
+    format!(
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: {name}, namespace: web, generation: 4}}
+spec:
+  gatewayClassName: coxswain
+  infrastructure:
+    parametersRef: {{group: gateway.coxswain-labs.dev, kind: CoxswainGatewayParameters, name: big}}
+  addresses: {addresses}
+  listeners: [{{name: http, port: 8080, protocol: HTTP}}]
+"#
+    )
+}
+
+// Gateway API, GatewaySpec.addresses: an address of a type the implementation does not
+// support makes the Gateway Accepted=False with reason UnsupportedAddress. Coxswain takes
+// IPAddress entries, on a dedicated proxy only (the shared pool's address is everyone's).
+#[test]
+fn gateway_addresses_are_ip_addresses_on_a_dedicated_proxy() {
+    let params = r#"
+apiVersion: gateway.coxswain-labs.dev/v1alpha1
+kind: CoxswainGatewayParameters
+metadata: {name: big, namespace: web}
+spec: {}
+"#;
+    let fixed = dedicated_gateway_with_addresses(
+        "fixed",
+        "[{type: IPAddress, value: 10.97.3.250}, {value: '2001:db8::1'}, {type: IPAddress}]",
+    );
+    let hostname =
+        dedicated_gateway_with_addresses("hostname", "[{type: Hostname, value: lb.example}]");
+    let fake = dedicated_gateway_with_addresses(
+        "fake",
+        "[{type: test/fake-invalid-type, value: 'fake address'}, {value: 10.97.3.250}]",
+    );
+    let not_ip = dedicated_gateway_with_addresses("not-ip", "[{value: 10.97.3.999}]");
+    let shared_gw = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: shared, namespace: web, generation: 1}
+spec:
+  gatewayClassName: coxswain
+  addresses: [{value: 10.97.3.250}]
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+"#;
+    let c = compile_yaml(&[BASE, params, &fixed, &hostname, &fake, &not_ip, shared_gw]);
+    let status = &c.status.gateways[&key("web", "fixed")];
+    assert!(find(&status.conditions, "Accepted").is_true());
+    let programmed = find(&status.conditions, "Programmed");
+    assert_eq!(programmed.reason, "Pending");
+    assert_eq!(
+        status.requested_addresses,
+        [
+            "10.97.3.250".parse::<std::net::IpAddr>().unwrap(),
+            "2001:db8::1".parse().unwrap()
+        ]
+    );
+    assert!(
+        c.snapshots
+            .contains_key(&ScopeKey::Gateway(key("web", "fixed")))
+    );
+    for (name, says) in [
+        ("hostname", "type \"Hostname\""),
+        ("fake", "type \"test/fake-invalid-type\""),
+        ("not-ip", "not an IP address"),
+        ("shared", "needs a dedicated proxy"),
+    ] {
+        let status = &c.status.gateways[&key("web", name)];
+        let accepted = find(&status.conditions, "Accepted");
+        assert_eq!(
+            (accepted.status, accepted.reason),
+            (ConditionStatus::False, "UnsupportedAddress"),
+            "{name}"
+        );
+        assert!(
+            accepted.message.contains(says),
+            "{name}: {}",
+            accepted.message
+        );
+        assert_eq!(
+            accepted.observed_generation,
+            if name == "shared" { 1 } else { 4 }
+        );
+        assert_eq!(
+            find(&status.conditions, "Programmed").status,
+            ConditionStatus::False
+        );
+        assert!(status.requested_addresses.is_empty());
+    }
+}
+
 #[test]
 fn listeners_sharing_a_port_conflict_on_protocol_or_hostname() {
     // Gateway API Listener: same port needs compatible protocols (ProtocolConflict) and
