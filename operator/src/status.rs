@@ -46,6 +46,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "GatewayHTTPListenerIsolation",
     "GatewayInfrastructurePropagation",
     "GatewayPort8080",
+    "GatewayStaticAddresses",
     "GRPCRouteNamedRouteRule",
     "HTTPRoute303RedirectStatusCode",
     "HTTPRoute307RedirectStatusCode",
@@ -691,10 +692,10 @@ impl StatusWriter {
                 s.metadata.namespace.as_deref() == Some(svc_ns)
                     && s.metadata.name.as_deref() == Some(svc_name.as_str())
             });
-            if let Some((why, message)) =
-                address_problem(&decision.requested_addresses, service, svc_ns, &svc_name)
-            {
-                not_programmed(&mut conditions, why, message);
+            let address_issue =
+                address_problem(&decision.requested_addresses, service, svc_ns, &svc_name);
+            if let Some((why, message)) = &address_issue {
+                not_programmed(&mut conditions, why, message.clone());
             }
             if let Some(message) = proxy.and_then(|p| p.conflict_message()) {
                 conditions.push(Condition::new(
@@ -716,7 +717,17 @@ impl StatusWriter {
                 true,
             );
             let rendered = render_conditions(&conditions, &existing, &now);
-            let addresses = gateway_addresses(store, svc_ns, &svc_name);
+            let addresses = match &address_issue {
+                // The address the Gateway is being given, from the moment it asks: the load
+                // balancer's previous one is on its way out, and Programmed=False says the
+                // new one is not there yet.
+                Some((reason::ADDRESS_NOT_ASSIGNED, _)) => decision
+                    .requested_addresses
+                    .iter()
+                    .map(|ip| json!({"type": "IPAddress", "value": ip.to_string()}))
+                    .collect(),
+                _ => gateway_addresses(store, svc_ns, &svc_name),
+            };
             let unchanged = same_conditions(&rendered, &existing)
                 && current.as_ref().is_some_and(|c| {
                     same_listeners(&listeners, &c["listeners"])
