@@ -19,6 +19,7 @@ use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
 use gateway_api::apis::standard::grpcroutes::GrpcRoute;
 use gateway_api::apis::standard::httproutes::HttpRoute;
+use gateway_api::apis::standard::listenersets::ListenerSet;
 use gateway_api::apis::standard::tlsroutes::TlsRoute;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -71,6 +72,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteRequestTimeout",
     "HTTPRouteResponseHeaderModification",
     "HTTPRouteSchemeRedirect",
+    "ListenerSet",
 ];
 
 /// What `conditions` look like on the object now, for transition times and no-op detection.
@@ -440,6 +442,107 @@ impl StatusWriter {
         }
     }
 
+    /// ListenerSets: their conditions and listeners, Programmed as their Gateway's listeners
+    /// are (the proxy serving the Gateway has bound the port and acknowledged the snapshot).
+    async fn listener_sets(
+        &self,
+        next: &mut HashMap<String, (ConditionStatus, &'static str)>,
+        store: &Store,
+        compiled: &Compiled,
+        hub: &Hub,
+        now: &str,
+    ) {
+        for ls in &store.listener_sets {
+            let key = crate::compile::gateway::listener_set_key(ls);
+            let Some(decision) = compiled.status.listener_sets.get(&key) else {
+                continue;
+            };
+            let version = compiled
+                .snapshots
+                .get(&decision.scope)
+                .map(|s| s.version.clone())
+                .unwrap_or_default();
+            let current = ls
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let object = ls.object_ref(&());
+            let event_scope = format!("ListenerSet/{key}");
+            let mut all_serving = true;
+            let mut listeners = Vec::new();
+            for l in &decision.listeners {
+                let port = ls
+                    .spec
+                    .listeners
+                    .iter()
+                    .find(|x| x.name == l.name)
+                    .map(|x| x.port)
+                    .unwrap_or(0);
+                let serving =
+                    u32::try_from(port).is_ok_and(|p| hub.serving(&decision.scope, &version, p));
+                let mut conditions = l.conditions.clone();
+                programmed(&mut conditions, serving);
+                // Listeners refused for their own reasons do not hold the set back.
+                all_serving &= serving
+                    || conditions.iter().any(|c| {
+                        c.type_ == reason::PROGRAMMED && !c.is_true() && c.reason != reason::PENDING
+                    });
+                let existing = current
+                    .as_ref()
+                    .and_then(|s| s["listeners"].as_array().cloned())
+                    .and_then(|ls| ls.into_iter().find(|x| x["name"] == l.name.as_str()))
+                    .map(|x| existing_conditions(Some(x)))
+                    .unwrap_or_default();
+                self.transitions(
+                    next,
+                    &object,
+                    &event_scope,
+                    &format!("listener {}: ", l.name),
+                    &conditions,
+                    &existing,
+                    false,
+                );
+                listeners.push(json!({
+                    "name": l.name,
+                    "supportedKinds": l.supported_kinds,
+                    "attachedRoutes": l.attached_routes,
+                    "conditions": render_conditions(&conditions, &existing, now),
+                }));
+            }
+            let mut conditions = decision.conditions.clone();
+            programmed(
+                &mut conditions,
+                all_serving && !decision.listeners.is_empty(),
+            );
+            let existing = existing_conditions(current.clone());
+            self.transitions(
+                next,
+                &object,
+                &event_scope,
+                "",
+                &conditions,
+                &existing,
+                true,
+            );
+            let rendered = render_conditions(&conditions, &existing, now);
+            let unchanged = same_conditions(&rendered, &existing)
+                && current
+                    .as_ref()
+                    .is_some_and(|c| same_listeners(&listeners, &c["listeners"]));
+            if unchanged {
+                continue;
+            }
+            let body = json!({
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "ListenerSet",
+                "metadata": {"name": key.name, "namespace": key.namespace},
+                "status": {"conditions": rendered, "listeners": listeners},
+            });
+            let api: Api<ListenerSet> = Api::namespaced(self.client.clone(), &key.namespace);
+            self.apply(api, "ListenerSet", &key.name, body).await;
+        }
+    }
+
     /// `status.parents` of routes (`status.ancestors` of policies): our entries as decided,
     /// other controllers' entries as they are. An object we have nothing to say about any
     /// more (its parentRefs no longer name a Gateway of ours) loses the entries we wrote.
@@ -728,24 +831,36 @@ impl StatusWriter {
                     .collect(),
                 _ => gateway_addresses(store, svc_ns, &svc_name),
             };
+            // Left out when 0, so a cluster whose CRD predates ListenerSets never sees it.
+            let attached_sets =
+                (decision.attached_listener_sets > 0).then_some(decision.attached_listener_sets);
             let unchanged = same_conditions(&rendered, &existing)
                 && current.as_ref().is_some_and(|c| {
                     same_listeners(&listeners, &c["listeners"])
                         && c["addresses"].as_array().cloned().unwrap_or_default() == addresses
+                        && c["attachedListenerSets"].as_i64().filter(|n| *n > 0)
+                            == attached_sets.map(i64::from)
                 });
             if unchanged {
                 continue;
+            }
+            let mut status =
+                json!({"conditions": rendered, "listeners": listeners, "addresses": addresses});
+            if let Some(n) = attached_sets {
+                status["attachedListenerSets"] = json!(n);
             }
             let body = json!({
                 "apiVersion": "gateway.networking.k8s.io/v1",
                 "kind": "Gateway",
                 "metadata": {"name": name, "namespace": ns},
-                "status": {"conditions": rendered, "listeners": listeners, "addresses": addresses},
+                "status": status,
             });
             let api: Api<Gateway> = Api::namespaced(self.client.clone(), ns);
             self.apply(api, "Gateway", name, body).await;
         }
 
+        self.listener_sets(&mut next, store, compiled, hub, &now)
+            .await;
         self.route_parents(&mut next, &store.http_routes, &decisions.http_routes, &now)
             .await;
         self.route_parents(&mut next, &store.grpc_routes, &decisions.grpc_routes, &now)

@@ -107,6 +107,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
     let mut status = StatusDecisions {
         gateway_classes: gateways.class_status,
         gateways: gateways.gateway_status,
+        listener_sets: gateways.listener_set_status,
         http_routes: routes.status,
         grpc_routes: routes.grpc_status,
         tls_routes: routes.tls_status,
@@ -114,12 +115,12 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         ingresses: ingresses.status,
         ingress_classes: ingresses.class_problems,
     };
-    for ((gw, listener), count) in &routes.attached {
-        if let Some(l) = status
-            .gateways
-            .get_mut(gw)
-            .and_then(|g| g.listeners.iter_mut().find(|l| &l.name == listener))
-        {
+    for ((gw, owner, listener), count) in &routes.attached {
+        let listeners = match owner {
+            None => status.gateways.get_mut(gw).map(|g| &mut g.listeners),
+            Some(ls) => status.listener_sets.get_mut(ls).map(|s| &mut s.listeners),
+        };
+        if let Some(l) = listeners.and_then(|ls| ls.iter_mut().find(|l| &l.name == listener)) {
             l.attached_routes = *count;
         }
     }
@@ -134,7 +135,10 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
                 port: l.port,
                 protocol: l.protocol,
                 hostname: l.hostname.clone(),
-                source: format!("Gateway/{}/{}", gw.key, l.name),
+                source: match &l.owner {
+                    Some(ls) => format!("ListenerSet/{ls}/{}", l.name),
+                    None => format!("Gateway/{}/{}", gw.key, l.name),
+                },
                 certificate: l
                     .certificate
                     .clone()
