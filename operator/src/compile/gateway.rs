@@ -81,6 +81,9 @@ pub struct ServedGateway {
     pub all_listener_ports: BTreeSet<u32>,
     /// The accepted ListenerSets attached to this Gateway.
     pub listener_sets: BTreeMap<ObjectKey, ListenerNames>,
+    /// ListenerSets naming this Gateway that it does not take, with why: routes attached to
+    /// them are told.
+    pub refused_listener_sets: BTreeMap<ObjectKey, String>,
 }
 
 pub struct GatewayOutput {
@@ -327,6 +330,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
                 .then_with(|| listener_set_key(a).cmp(&listener_set_key(b)))
         });
         let mut listener_sets = BTreeMap::new();
+        let mut refused_listener_sets = BTreeMap::new();
         for ls in sets {
             let ls_key = listener_set_key(ls);
             let ls_generation = ls.metadata.generation.unwrap_or(0);
@@ -350,6 +354,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
                 continue;
             }
             if let Err(message) = listener_set_allowed(store, gateway, &key, &ls_key) {
+                refused_listener_sets.insert(ls_key.clone(), message.clone());
                 out.listener_set_status
                     .insert(ls_key, refused(reason::NOT_ALLOWED, message));
                 continue;
@@ -431,6 +436,8 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
                     },
                 );
                 accepted.extend(ls_accepted);
+            } else {
+                refused_listener_sets.insert(ls_key.clone(), "no listener is valid".into());
             }
             out.listener_set_status.insert(
                 ls_key,
@@ -474,6 +481,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
                         .filter_map(|l| u32::try_from(l.port).ok())
                         .collect(),
                     listener_sets,
+                    refused_listener_sets,
                 },
             );
         }

@@ -195,9 +195,13 @@ fn served_parents<'r, 's>(
             let target = ObjectKey::new(ns, &p.name);
             match (group, kind) {
                 (GATEWAY_GROUP, "Gateway") => Some((p, served.get(&target)?, None)),
+                // Refused ones too: the route is told why it does not attach.
                 (GATEWAY_GROUP, "ListenerSet") => served
                     .values()
-                    .find(|gw| gw.listener_sets.contains_key(&target))
+                    .find(|gw| {
+                        gw.listener_sets.contains_key(&target)
+                            || gw.refused_listener_sets.contains_key(&target)
+                    })
                     .map(|gw| (p, gw, Some(target))),
                 _ => None,
             }
@@ -478,12 +482,17 @@ fn attach<'g>(
             &gw.all_listener_ports,
         ),
         Some(ls) => {
-            let set = gw.listener_sets.get(ls);
-            (
-                format!("ListenerSet {ls}"),
-                set.map_or(&gw.all_listener_names, |s| &s.names),
-                set.map_or(&gw.all_listener_ports, |s| &s.ports),
-            )
+            let Some(set) = gw.listener_sets.get(ls) else {
+                let why = gw.refused_listener_sets.get(ls).map_or("", String::as_str);
+                return Err((
+                    reason::NO_MATCHING_PARENT,
+                    format!(
+                        "ListenerSet {ls} is not accepted by Gateway {}: {why}",
+                        gw.key
+                    ),
+                ));
+            };
+            (format!("ListenerSet {ls}"), &set.names, &set.ports)
         }
     };
     if let Some(s) = section

@@ -2663,6 +2663,13 @@ metadata: {name: extra, namespace: web}
 spec:
   parentRef: {name: edge}
   listeners: [{name: a, port: 80, protocol: HTTP, hostname: a.example}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: on-refused, namespace: web}
+spec:
+  parentRefs: [{kind: ListenerSet, name: extra}]
+  rules: [{backendRefs: [{name: echo, port: 8080}]}]
 "#,
     ]);
     let status = &c.status.listener_sets[&key("web", "extra")];
@@ -2679,5 +2686,18 @@ spec:
     assert_eq!(
         c.status.gateways[&key("web", "edge")].attached_listener_sets,
         0
+    );
+    // A route attached to it is told, not left without a word.
+    let parent = &c.status.http_routes[&key("web", "on-refused")][0];
+    assert_eq!(parent.parent_ref.kind, "ListenerSet");
+    let accepted = find(&parent.conditions, "Accepted");
+    assert_eq!(
+        (accepted.status, accepted.reason),
+        (ConditionStatus::False, "NoMatchingParent")
+    );
+    assert!(
+        accepted.message.contains("not accepted"),
+        "{}",
+        accepted.message
     );
 }
