@@ -18,6 +18,7 @@ use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
 use gateway_api::apis::standard::grpcroutes::GrpcRoute;
+use gateway_api::apis::standard::listenersets::ListenerSet;
 use gateway_api::apis::standard::referencegrants::ReferenceGrant;
 use gateway_api::apis::standard::tlsroutes::TlsRoute;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
@@ -37,6 +38,7 @@ use tokio::sync::Notify;
 pub struct Reflector {
     gateway_classes: Cache<GatewayClass>,
     gateways: Cache<Gateway>,
+    listener_sets: Cache<ListenerSet>,
     http_routes: Cache<HttpRoute>,
     grpc_routes: Cache<GrpcRoute>,
     tls_routes: Cache<TlsRoute>,
@@ -138,6 +140,7 @@ impl Reflector {
         Self {
             gateway_classes: reflect(client, all.clone(), c.clone(), s),
             gateways: reflect(client, all.clone(), c.clone(), s),
+            listener_sets: reflect(client, all.clone(), c.clone(), s),
             http_routes: reflect(client, all.clone(), c.clone(), s),
             grpc_routes: reflect(client, all.clone(), c.clone(), s),
             tls_routes: reflect(client, all.clone(), c.clone(), s),
@@ -184,6 +187,7 @@ impl Reflector {
         Store {
             gateway_classes: copy(&self.gateway_classes),
             gateways: copy(&self.gateways),
+            listener_sets: copy(&self.listener_sets),
             http_routes: copy(&self.http_routes),
             grpc_routes: copy(&self.grpc_routes),
             tls_routes: copy(&self.tls_routes),

@@ -19,6 +19,7 @@ use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
 use gateway_api::apis::standard::grpcroutes::GrpcRoute;
+use gateway_api::apis::standard::listenersets::ListenerSet;
 use gateway_api::apis::standard::tlsroutes::TlsRoute;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -46,6 +47,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "GatewayHTTPListenerIsolation",
     "GatewayInfrastructurePropagation",
     "GatewayPort8080",
+    "GatewayStaticAddresses",
     "GRPCRouteNamedRouteRule",
     "HTTPRoute303RedirectStatusCode",
     "HTTPRoute307RedirectStatusCode",
@@ -70,6 +72,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteRequestTimeout",
     "HTTPRouteResponseHeaderModification",
     "HTTPRouteSchemeRedirect",
+    "ListenerSet",
 ];
 
 /// What `conditions` look like on the object now, for transition times and no-op detection.
@@ -127,6 +130,96 @@ fn programmed(conditions: &mut [Condition], serving: bool) {
             c.message = String::new();
         }
     }
+}
+
+/// A Gateway that cannot have its requested address is not Programmed, whatever its proxy
+/// does (Gateway API: Programmed=False, AddressNotAssigned or AddressNotUsable). A Gateway
+/// already refused for another reason keeps that reason.
+fn not_programmed(conditions: &mut [Condition], why: &'static str, message: String) {
+    for c in conditions.iter_mut() {
+        if c.type_ == reason::PROGRAMMED && (c.reason == reason::PENDING || c.is_true()) {
+            c.status = ConditionStatus::False;
+            c.reason = why;
+            c.message = message.clone();
+        }
+    }
+}
+
+/// Whether the proxy's Service holds the addresses the Gateway asks for: None when it does
+/// (or nothing is asked), else the Programmed=False reason and what to do about it. The
+/// provisioner asks a LoadBalancer Service for one address (`spec.loadBalancerIP`); the load
+/// balancer provider assigns it or not, and its `status.loadBalancer.ingress` says which.
+fn address_problem(
+    requested: &[std::net::IpAddr],
+    service: Option<&k8s_openapi::api::core::v1::Service>,
+    svc_ns: &str,
+    svc_name: &str,
+) -> Option<(&'static str, String)> {
+    let first = requested.first()?;
+    let list = requested
+        .iter()
+        .map(|ip| ip.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let Some(service) = service else {
+        return Some((
+            reason::ADDRESS_NOT_ASSIGNED,
+            format!("waiting for the proxy's Service {svc_ns}/{svc_name} to ask for {list}"),
+        ));
+    };
+    let type_ = service
+        .spec
+        .as_ref()
+        .and_then(|s| s.type_.as_deref())
+        .unwrap_or("ClusterIP");
+    if type_ != "LoadBalancer" {
+        return Some((
+            reason::ADDRESS_NOT_USABLE,
+            format!(
+                "spec.addresses needs a LoadBalancer Service; the proxy's Service {svc_ns}/{svc_name} \
+                 is {type_} (CoxswainGatewayParameters serviceType)"
+            ),
+        ));
+    }
+    if requested.len() > 1 {
+        return Some((
+            reason::ADDRESS_NOT_USABLE,
+            format!(
+                "a LoadBalancer Service is asked for one address (spec.loadBalancerIP); this Gateway \
+                 asks for {} ({list}): keep one",
+                requested.len()
+            ),
+        ));
+    }
+    let assigned: Vec<std::net::IpAddr> = service
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| i.ip.as_deref()?.parse().ok())
+        .collect();
+    if assigned.contains(first) {
+        return None;
+    }
+    let has = if assigned.is_empty() {
+        "no address yet".to_owned()
+    } else {
+        assigned
+            .iter()
+            .map(|ip| ip.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    Some((
+        reason::ADDRESS_NOT_ASSIGNED,
+        format!(
+            "the load balancer has not assigned {first} to Service {svc_ns}/{svc_name} \
+             (status.loadBalancer.ingress: {has}); the address must be free and in the \
+             provider's pool"
+        ),
+    ))
 }
 
 /// Events are best effort: when the publisher falls this far behind, new ones are dropped.
@@ -346,6 +439,107 @@ impl StatusWriter {
                 tracing::warn!(%kind, %name, error = %e, "status not written");
                 false
             }
+        }
+    }
+
+    /// ListenerSets: their conditions and listeners, Programmed as their Gateway's listeners
+    /// are (the proxy serving the Gateway has bound the port and acknowledged the snapshot).
+    async fn listener_sets(
+        &self,
+        next: &mut HashMap<String, (ConditionStatus, &'static str)>,
+        store: &Store,
+        compiled: &Compiled,
+        hub: &Hub,
+        now: &str,
+    ) {
+        for ls in &store.listener_sets {
+            let key = crate::compile::gateway::listener_set_key(ls);
+            let Some(decision) = compiled.status.listener_sets.get(&key) else {
+                continue;
+            };
+            let version = compiled
+                .snapshots
+                .get(&decision.scope)
+                .map(|s| s.version.clone())
+                .unwrap_or_default();
+            let current = ls
+                .status
+                .as_ref()
+                .and_then(|s| serde_json::to_value(s).ok());
+            let object = ls.object_ref(&());
+            let event_scope = format!("ListenerSet/{key}");
+            let mut all_serving = true;
+            let mut listeners = Vec::new();
+            for l in &decision.listeners {
+                let port = ls
+                    .spec
+                    .listeners
+                    .iter()
+                    .find(|x| x.name == l.name)
+                    .map(|x| x.port)
+                    .unwrap_or(0);
+                let serving =
+                    u32::try_from(port).is_ok_and(|p| hub.serving(&decision.scope, &version, p));
+                let mut conditions = l.conditions.clone();
+                programmed(&mut conditions, serving);
+                // Listeners refused for their own reasons do not hold the set back.
+                all_serving &= serving
+                    || conditions.iter().any(|c| {
+                        c.type_ == reason::PROGRAMMED && !c.is_true() && c.reason != reason::PENDING
+                    });
+                let existing = current
+                    .as_ref()
+                    .and_then(|s| s["listeners"].as_array().cloned())
+                    .and_then(|ls| ls.into_iter().find(|x| x["name"] == l.name.as_str()))
+                    .map(|x| existing_conditions(Some(x)))
+                    .unwrap_or_default();
+                self.transitions(
+                    next,
+                    &object,
+                    &event_scope,
+                    &format!("listener {}: ", l.name),
+                    &conditions,
+                    &existing,
+                    false,
+                );
+                listeners.push(json!({
+                    "name": l.name,
+                    "supportedKinds": l.supported_kinds,
+                    "attachedRoutes": l.attached_routes,
+                    "conditions": render_conditions(&conditions, &existing, now),
+                }));
+            }
+            let mut conditions = decision.conditions.clone();
+            programmed(
+                &mut conditions,
+                all_serving && !decision.listeners.is_empty(),
+            );
+            let existing = existing_conditions(current.clone());
+            self.transitions(
+                next,
+                &object,
+                &event_scope,
+                "",
+                &conditions,
+                &existing,
+                true,
+            );
+            let rendered = render_conditions(&conditions, &existing, now);
+            let unchanged = same_conditions(&rendered, &existing)
+                && current
+                    .as_ref()
+                    .is_some_and(|c| same_listeners(&listeners, &c["listeners"]));
+            if unchanged {
+                continue;
+            }
+            let body = json!({
+                "apiVersion": "gateway.networking.k8s.io/v1",
+                "kind": "ListenerSet",
+                "metadata": {"name": key.name, "namespace": key.namespace},
+                "status": {"conditions": rendered, "listeners": listeners},
+            });
+            let api: Api<ListenerSet> = Api::namespaced(self.client.clone(), &key.namespace);
+            self.apply(api, "ListenerSet", &key.name, body).await;
         }
     }
 
@@ -583,6 +777,29 @@ impl StatusWriter {
                 all_serving && !decision.listeners.is_empty(),
             );
             let proxy = decision.dedicated.then(|| names.get(ns, name)).flatten();
+            // The address clients use: the dedicated proxy's Service, or the shared pool's.
+            let (svc_ns, svc_name) = if decision.dedicated {
+                (
+                    ns,
+                    proxy.map(|p| p.name.clone()).unwrap_or_else(|| {
+                        coxswain_api::names::dedicated_proxy_name(name, &gw.spec.gateway_class_name)
+                    }),
+                )
+            } else {
+                (
+                    self.controller_namespace.as_str(),
+                    coxswain_api::names::SHARED_PROXY_SERVICE.to_owned(),
+                )
+            };
+            let service = store.services.iter().find(|s| {
+                s.metadata.namespace.as_deref() == Some(svc_ns)
+                    && s.metadata.name.as_deref() == Some(svc_name.as_str())
+            });
+            let address_issue =
+                address_problem(&decision.requested_addresses, service, svc_ns, &svc_name);
+            if let Some((why, message)) = &address_issue {
+                not_programmed(&mut conditions, why, message.clone());
+            }
             if let Some(message) = proxy.and_then(|p| p.conflict_message()) {
                 conditions.push(Condition::new(
                     naming::NAME_CONFLICTED,
@@ -603,39 +820,47 @@ impl StatusWriter {
                 true,
             );
             let rendered = render_conditions(&conditions, &existing, &now);
-            // The address clients use: the dedicated proxy's Service, or the shared pool's.
-            let (svc_ns, svc_name) = if decision.dedicated {
-                (
-                    ns,
-                    proxy.map(|p| p.name.clone()).unwrap_or_else(|| {
-                        coxswain_api::names::dedicated_proxy_name(name, &gw.spec.gateway_class_name)
-                    }),
-                )
-            } else {
-                (
-                    self.controller_namespace.as_str(),
-                    coxswain_api::names::SHARED_PROXY_SERVICE.to_owned(),
-                )
+            let addresses = match &address_issue {
+                // The address the Gateway is being given, from the moment it asks: the load
+                // balancer's previous one is on its way out, and Programmed=False says the
+                // new one is not there yet.
+                Some((reason::ADDRESS_NOT_ASSIGNED, _)) => decision
+                    .requested_addresses
+                    .iter()
+                    .map(|ip| json!({"type": "IPAddress", "value": ip.to_string()}))
+                    .collect(),
+                _ => gateway_addresses(store, svc_ns, &svc_name),
             };
-            let addresses = gateway_addresses(store, svc_ns, &svc_name);
+            // Left out when 0, so a cluster whose CRD predates ListenerSets never sees it.
+            let attached_sets =
+                (decision.attached_listener_sets > 0).then_some(decision.attached_listener_sets);
             let unchanged = same_conditions(&rendered, &existing)
                 && current.as_ref().is_some_and(|c| {
                     same_listeners(&listeners, &c["listeners"])
                         && c["addresses"].as_array().cloned().unwrap_or_default() == addresses
+                        && c["attachedListenerSets"].as_i64().filter(|n| *n > 0)
+                            == attached_sets.map(i64::from)
                 });
             if unchanged {
                 continue;
+            }
+            let mut status =
+                json!({"conditions": rendered, "listeners": listeners, "addresses": addresses});
+            if let Some(n) = attached_sets {
+                status["attachedListenerSets"] = json!(n);
             }
             let body = json!({
                 "apiVersion": "gateway.networking.k8s.io/v1",
                 "kind": "Gateway",
                 "metadata": {"name": name, "namespace": ns},
-                "status": {"conditions": rendered, "listeners": listeners, "addresses": addresses},
+                "status": status,
             });
             let api: Api<Gateway> = Api::namespaced(self.client.clone(), ns);
             self.apply(api, "Gateway", name, body).await;
         }
 
+        self.listener_sets(&mut next, store, compiled, hub, &now)
+            .await;
         self.route_parents(&mut next, &store.http_routes, &decisions.http_routes, &now)
             .await;
         self.route_parents(&mut next, &store.grpc_routes, &decisions.grpc_routes, &now)
@@ -878,6 +1103,70 @@ mod tests {
         assert_eq!(event_for(&accepted, true, false), None);
         assert_eq!(event_for(&accepted, false, false), normal);
         assert_eq!(event_for(&accepted, true, true), normal);
+    }
+
+    fn lb_service(type_: &str, assigned: &[&str]) -> k8s_openapi::api::core::v1::Service {
+        let ingress: Vec<Value> = assigned.iter().map(|ip| json!({"ip": ip})).collect();
+        serde_json::from_value(json!({
+            "metadata": {"name": "gw-dedicated", "namespace": "web"},
+            "spec": {"type": type_},
+            "status": {"loadBalancer": {"ingress": ingress}},
+        }))
+        .expect("service")
+    }
+
+    fn problem(
+        requested: &[&str],
+        svc: Option<&k8s_openapi::api::core::v1::Service>,
+    ) -> Option<&'static str> {
+        let requested: Vec<std::net::IpAddr> =
+            requested.iter().map(|ip| ip.parse().expect("ip")).collect();
+        address_problem(&requested, svc, "web", "gw-dedicated").map(|(why, _)| why)
+    }
+
+    // Gateway API, GatewayStatus.addresses and the Programmed condition: a requested address
+    // the Gateway does not get is AddressNotAssigned; one it cannot get, AddressNotUsable.
+    #[test]
+    fn requested_addresses_hold_programmed_until_the_load_balancer_assigns_them() {
+        assert_eq!(problem(&[], None), None);
+        assert_eq!(
+            problem(&["10.97.3.250"], None),
+            Some(reason::ADDRESS_NOT_ASSIGNED)
+        );
+        let pending = lb_service("LoadBalancer", &[]);
+        assert_eq!(
+            problem(&["10.97.3.250"], Some(&pending)),
+            Some(reason::ADDRESS_NOT_ASSIGNED)
+        );
+        let other = lb_service("LoadBalancer", &["10.97.3.2"]);
+        assert_eq!(
+            problem(&["10.97.3.250"], Some(&other)),
+            Some(reason::ADDRESS_NOT_ASSIGNED)
+        );
+        let assigned = lb_service("LoadBalancer", &["10.97.3.250"]);
+        assert_eq!(problem(&["10.97.3.250"], Some(&assigned)), None);
+        assert_eq!(
+            problem(&["10.97.3.250", "10.97.3.251"], Some(&assigned)),
+            Some(reason::ADDRESS_NOT_USABLE)
+        );
+        let cluster_ip = lb_service("ClusterIP", &[]);
+        assert_eq!(
+            problem(&["10.97.3.250"], Some(&cluster_ip)),
+            Some(reason::ADDRESS_NOT_USABLE)
+        );
+    }
+
+    #[test]
+    fn an_address_problem_replaces_pending_or_programmed_but_not_invalid() {
+        for (before, ok) in [(reason::PENDING, false), (reason::PROGRAMMED, true)] {
+            let mut conditions = vec![cond(reason::PROGRAMMED, ok, before)];
+            not_programmed(&mut conditions, reason::ADDRESS_NOT_USABLE, "why".into());
+            assert_eq!(conditions[0].status, ConditionStatus::False);
+            assert_eq!(conditions[0].reason, reason::ADDRESS_NOT_USABLE);
+        }
+        let mut invalid = vec![cond(reason::PROGRAMMED, false, reason::INVALID)];
+        not_programmed(&mut invalid, reason::ADDRESS_NOT_USABLE, "why".into());
+        assert_eq!(invalid[0].reason, reason::INVALID);
     }
 
     #[test]

@@ -776,3 +776,110 @@ spec: {{controllerName: {controller}}}
     })
     .await;
 }
+
+/// The Gateway's `status.addresses` values.
+async fn gateway_addresses(env: &TestEnv, gateway: &str) -> Option<Vec<String>> {
+    let gw = env.api::<Gateway>().get_opt(gateway).await.ok()??;
+    Some(gw.status?.addresses?.into_iter().map(|a| a.value).collect())
+}
+
+// Gateway API, GatewaySpec.addresses: the requested address is asked of the proxy's
+// LoadBalancer Service, and the Gateway is not Programmed until the load balancer assigns it.
+// This test plays the load-balancer provider by writing the Service's status, as one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requested_address_is_asked_of_the_proxy_service_and_reported_once_assigned() {
+    let env = TestEnv::new().await;
+    let ns = env.namespace.clone();
+    let _controller = start_controller(&env);
+    let class = format!("addresses-{ns}");
+    let gateway = |addresses: &str| {
+        format!(
+            r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: fixed, namespace: {ns}}}
+spec:
+  gatewayClassName: {class}
+  infrastructure:
+    parametersRef: {{group: gateway.coxswain-labs.dev, kind: CoxswainGatewayParameters, name: params}}
+  addresses: {addresses}
+  listeners: [{{name: http, port: {port}, protocol: HTTP}}]
+"#,
+            port = 8080
+        )
+    };
+    apply_yaml(
+        &env.client,
+        &format!(
+            "{params}---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: {class}}}
+spec: {{controllerName: {controller}}}
+---{gw}",
+            params = params_yaml(&ns, "params", "replicas: 1"),
+            controller = controller_name(&env),
+            gw = gateway("[{type: IPAddress, value: 203.0.113.10}]"),
+        ),
+    )
+    .await;
+    let name = names::dedicated_proxy_name("fixed", &class);
+    let services = env.api::<Service>();
+    eventually("spec.loadBalancerIP on the proxy's Service", WAIT, || {
+        let (services, name) = (services.clone(), name.clone());
+        async move {
+            let svc = services.get_opt(&name).await.ok()??;
+            (svc.spec?.load_balancer_ip.as_deref() == Some("203.0.113.10")).then_some(())
+        }
+    })
+    .await;
+    let (status, _, message) = eventually("Programmed=False, AddressNotAssigned", WAIT, || async {
+        gateway_condition(&env, "fixed", "Programmed")
+            .await
+            .filter(|(_, why, _)| why == "AddressNotAssigned")
+    })
+    .await;
+    assert_eq!(status, "False");
+    assert!(message.contains("203.0.113.10"), "{message}");
+    assert_eq!(
+        gateway_addresses(&env, "fixed").await.unwrap_or_default(),
+        ["203.0.113.10"]
+    );
+
+    // The provider assigns it: no address problem is left (no proxy runs here, so the
+    // Gateway waits for one, Pending).
+    let lb = serde_json::json!({"status": {"loadBalancer": {"ingress": [{"ip": "203.0.113.10"}]}}});
+    services
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&lb))
+        .await
+        .unwrap();
+    eventually("Programmed waiting for a proxy only", WAIT, || async {
+        gateway_condition(&env, "fixed", "Programmed")
+            .await
+            .filter(|(_, why, _)| why == "Pending")
+    })
+    .await;
+
+    // Two addresses cannot be asked of one LoadBalancer Service: nothing is asked, and the
+    // Gateway says why.
+    apply_yaml(
+        &env.client,
+        &gateway("[{value: 203.0.113.10}, {value: 203.0.113.11}]"),
+    )
+    .await;
+    let (_, _, message) = eventually("Programmed=False, AddressNotUsable", WAIT, || async {
+        gateway_condition(&env, "fixed", "Programmed")
+            .await
+            .filter(|(_, why, _)| why == "AddressNotUsable")
+    })
+    .await;
+    assert!(message.contains("keep one"), "{message}");
+    eventually("spec.loadBalancerIP withdrawn", WAIT, || {
+        let (services, name) = (services.clone(), name.clone());
+        async move {
+            let svc = services.get_opt(&name).await.ok()??;
+            svc.spec?.load_balancer_ip.is_none().then_some(())
+        }
+    })
+    .await;
+}

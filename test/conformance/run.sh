@@ -26,6 +26,9 @@ cargo build --quiet -p coxswain-operator --bin coxswain -p coxswain-testenv --bi
 export COXSWAIN_NODE_BIN="$target/debug/coxswain-node"
 export COXSWAIN_NODE_IMAGES="coxswain=$target/debug/coxswain"
 kubeconfig="$(hack/cluster/up.sh)"
+# GatewayStaticAddresses: the test node's LoadBalancer provider honours a requested address
+# in its pool, 10.97.N.0/24 (N: this instance's network index), and refuses any other.
+net="$(cat "$COXSWAIN_CLUSTER_DIR/run/net-index")"
 # CI stops the cluster when done; by hand it is left running for inspection.
 if [[ "${COXSWAIN_CONFORMANCE_TEARDOWN:-0}" == 1 ]]; then
   trap 'hack/cluster/down.sh >&2 || true' EXIT
@@ -48,6 +51,7 @@ KUBECONFIG="$kubeconfig" "$bin" -test.run TestConformance -test.v -test.timeout 
   --url=https://github.com/coxswain-labs/coxswain --version="$version" \
   --contact=https://github.com/coxswain-labs/coxswain/issues \
   --report-output="$report" \
+  --usable-address="10.97.$net.250" --unusable-address="192.0.2.250" \
   ${COXSWAIN_CONFORMANCE_ARGS:-} 2>&1 | tee "$COXSWAIN_CLUSTER_DIR/logs/conformance.log"
 status=${PIPESTATUS[0]}
 set -e

@@ -16,6 +16,9 @@ pub struct Entry {
     pub listener_hostname: Option<String>,
     /// The hostname the entry serves: route and listener hostnames intersected ("" = any).
     pub vhost: String,
+    /// A "*.suffix" vhost that covers exactly one label (Ingress hosts) instead of one or
+    /// more (Gateway API hostnames).
+    pub single_label: bool,
     pub key: PrecedenceKey,
     pub route: snap::Route,
 }

@@ -3,12 +3,16 @@
 use super::Config;
 use super::httproute::RouteKind;
 use super::refs::{self, GATEWAY_GROUP, Index};
+use super::status::ListenerSetStatus;
 use super::status::{Condition, GatewayStatus, ListenerStatus, ObjectKey, RouteGroupKind, reason};
 use super::store::Store;
 use coxswain_api::snapshot::Protocol;
 use gateway_api::apis::standard::gateways::{
-    Gateway, GatewayListeners, GatewayListenersAllowedRoutesNamespacesFrom, GatewayListenersTlsMode,
+    Gateway, GatewayAllowedListenersNamespacesFrom, GatewayListeners,
+    GatewayListenersAllowedRoutesNamespacesFrom, GatewayListenersTlsMode,
 };
+use gateway_api::apis::standard::listenersets::ListenerSet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::collections::{BTreeMap, BTreeSet};
 
 /// Which proxies serve a Gateway.
@@ -34,6 +38,26 @@ pub struct AcceptedListener {
     /// unreadable certificate): routes still attach to it and are counted in attachedRoutes,
     /// as the spec asks, but it serves nothing.
     pub programmable: bool,
+    /// The ListenerSet that adds this listener to the Gateway; None: the Gateway's own.
+    /// Routes reach a listener only through a parentRef to its owner.
+    pub owner: Option<ObjectKey>,
+}
+
+impl AcceptedListener {
+    /// The namespace `allowedRoutes.namespaces.from: Same` means: the owner's.
+    pub fn owner_namespace<'a>(&'a self, gateway: &'a ObjectKey) -> &'a str {
+        self.owner
+            .as_ref()
+            .map_or(&gateway.namespace, |o| &o.namespace)
+    }
+}
+
+/// The listener names and ports of one accepted ListenerSet, so a parentRef's sectionName or
+/// port can be told apart from one that does not exist.
+#[derive(Debug, Clone, Default)]
+pub struct ListenerNames {
+    pub names: BTreeSet<String>,
+    pub ports: BTreeSet<u32>,
 }
 
 #[derive(Debug, Clone)]
@@ -55,6 +79,11 @@ pub struct ServedGateway {
     /// a name that does not exist.
     pub all_listener_names: BTreeSet<String>,
     pub all_listener_ports: BTreeSet<u32>,
+    /// The accepted ListenerSets attached to this Gateway.
+    pub listener_sets: BTreeMap<ObjectKey, ListenerNames>,
+    /// ListenerSets naming this Gateway that it does not take, with why: routes attached to
+    /// them are told.
+    pub refused_listener_sets: BTreeMap<ObjectKey, String>,
 }
 
 pub struct GatewayOutput {
@@ -63,6 +92,8 @@ pub struct GatewayOutput {
     pub served: BTreeMap<ObjectKey, ServedGateway>,
     /// (name of the certificate, chain PEM, key PEM) for HTTPS listeners.
     pub certificates: BTreeMap<String, (String, String)>,
+    /// Every ListenerSet whose parent is a Gateway of ours.
+    pub listener_set_status: BTreeMap<ObjectKey, ListenerSetStatus>,
 }
 
 fn is_our_params_ref(group: &str, kind: &str) -> bool {
@@ -75,6 +106,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
         gateway_status: BTreeMap::new(),
         served: BTreeMap::new(),
         certificates: BTreeMap::new(),
+        listener_set_status: BTreeMap::new(),
     };
     // GatewayClass: ours when spec.controllerName is our controller name.
     let mut accepted_classes: BTreeMap<&str, bool> = BTreeMap::new();
@@ -211,26 +243,25 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
                 ));
             }
         }
-        if gateway_problem.is_none()
-            && gateway
-                .spec
-                .addresses
-                .as_ref()
-                .is_some_and(|a| !a.is_empty())
-        {
-            gateway_problem = Some((
-                reason::UNSUPPORTED_ADDRESS,
-                "spec.addresses is not supported yet; remove it to let the Service assign addresses"
-                    .into(),
-            ));
-        }
+        let requested_addresses = match requested_addresses(gateway, dedicated) {
+            Ok(addresses) => addresses,
+            Err(problem) => {
+                if gateway_problem.is_none() {
+                    gateway_problem = Some((reason::UNSUPPORTED_ADDRESS, problem));
+                }
+                Vec::new()
+            }
+        };
 
-        let (listener_statuses, accepted) = compile_listeners(
+        let mut taken = Vec::new();
+        let (listener_statuses, mut accepted) = compile_listeners(
             store,
             index,
-            gateway,
+            &gateway.spec.listeners,
             &key,
+            None,
             generation,
+            &mut taken,
             &mut out.certificates,
         );
         let valid = accepted.iter().filter(|l| l.programmable).count();
@@ -283,14 +314,150 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
                 ),
             ),
         };
+        let gateway_accepted = accepted_cond.is_true();
         gw_conditions.push(accepted_cond);
         gw_conditions.push(programmed_cond);
+
+        // ListenerSets after the Gateway's own listeners, oldest first: each listener that
+        // conflicts with one taken before it is the one turned away.
+        let mut sets: Vec<&ListenerSet> = store
+            .listener_sets
+            .iter()
+            .filter(|ls| listener_set_parent(ls) == key)
+            .collect();
+        sets.sort_by(|a, b| {
+            super::store::oldest_first(&a.metadata, &b.metadata)
+                .then_with(|| listener_set_key(a).cmp(&listener_set_key(b)))
+        });
+        let mut listener_sets = BTreeMap::new();
+        let mut refused_listener_sets = BTreeMap::new();
+        for ls in sets {
+            let ls_key = listener_set_key(ls);
+            let ls_generation = ls.metadata.generation.unwrap_or(0);
+            let refused = |why: &'static str, message: String| ListenerSetStatus {
+                conditions: vec![
+                    Condition::new(reason::ACCEPTED, false, why, message.clone(), ls_generation),
+                    Condition::new(reason::PROGRAMMED, false, why, message, ls_generation),
+                ],
+                listeners: Vec::new(),
+                gateway: key.clone(),
+                scope: scope.clone(),
+            };
+            if !gateway_accepted {
+                out.listener_set_status.insert(
+                    ls_key,
+                    refused(
+                        reason::PARENT_NOT_ACCEPTED,
+                        format!("Gateway {key} is not accepted"),
+                    ),
+                );
+                continue;
+            }
+            if let Err(message) = listener_set_allowed(store, gateway, &key, &ls_key) {
+                refused_listener_sets.insert(ls_key.clone(), message.clone());
+                out.listener_set_status
+                    .insert(ls_key, refused(reason::NOT_ALLOWED, message));
+                continue;
+            }
+            let listeners: Result<Vec<GatewayListeners>, _> = ls
+                .spec
+                .listeners
+                .iter()
+                .map(|l| serde_json::to_value(l).and_then(serde_json::from_value))
+                .collect();
+            let Ok(listeners) = listeners else {
+                out.listener_set_status.insert(
+                    ls_key,
+                    refused(reason::INVALID, "its listeners cannot be read".into()),
+                );
+                continue;
+            };
+            let (statuses, ls_accepted) = compile_listeners(
+                store,
+                index,
+                &listeners,
+                &key,
+                Some(&ls_key),
+                ls_generation,
+                &mut taken,
+                &mut out.certificates,
+            );
+            let valid = ls_accepted.iter().filter(|l| l.programmable).count();
+            let total = listeners.len();
+            let conditions = if valid == 0 {
+                let message = "no listener is valid".to_owned();
+                vec![
+                    Condition::new(
+                        reason::ACCEPTED,
+                        false,
+                        reason::LISTENERS_NOT_VALID,
+                        message.clone(),
+                        ls_generation,
+                    ),
+                    Condition::new(
+                        reason::PROGRAMMED,
+                        false,
+                        reason::LISTENERS_NOT_VALID,
+                        message,
+                        ls_generation,
+                    ),
+                ]
+            } else {
+                vec![
+                    if valid < total {
+                        Condition::new(
+                            reason::ACCEPTED,
+                            true,
+                            reason::LISTENERS_NOT_VALID,
+                            format!("{} of {total} listeners are not valid", total - valid),
+                            ls_generation,
+                        )
+                    } else {
+                        Condition::new(reason::ACCEPTED, true, reason::ACCEPTED, "", ls_generation)
+                    },
+                    Condition::new(
+                        reason::PROGRAMMED,
+                        false,
+                        reason::PENDING,
+                        "waiting for a proxy to bind the listeners and acknowledge the configuration",
+                        ls_generation,
+                    ),
+                ]
+            };
+            if valid > 0 {
+                listener_sets.insert(
+                    ls_key.clone(),
+                    ListenerNames {
+                        names: listeners.iter().map(|l| l.name.clone()).collect(),
+                        ports: listeners
+                            .iter()
+                            .filter_map(|l| u32::try_from(l.port).ok())
+                            .collect(),
+                    },
+                );
+                accepted.extend(ls_accepted);
+            } else {
+                refused_listener_sets.insert(ls_key.clone(), "no listener is valid".into());
+            }
+            out.listener_set_status.insert(
+                ls_key,
+                ListenerSetStatus {
+                    conditions,
+                    listeners: statuses,
+                    gateway: key.clone(),
+                    scope: scope.clone(),
+                },
+            );
+        }
+
         out.gateway_status.insert(
             key.clone(),
             GatewayStatus {
                 conditions: gw_conditions,
                 listeners: listener_statuses,
                 dedicated,
+                requested_addresses,
+                attached_listener_sets: listener_sets.len() as i32,
             },
         );
         if gateway_problem.is_none() {
@@ -313,11 +480,142 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
                         .iter()
                         .filter_map(|l| u32::try_from(l.port).ok())
                         .collect(),
+                    listener_sets,
+                    refused_listener_sets,
                 },
             );
         }
     }
     out
+}
+
+/// namespace/name of a ListenerSet.
+pub fn listener_set_key(ls: &ListenerSet) -> ObjectKey {
+    ObjectKey::new(
+        ls.metadata.namespace.as_deref().unwrap_or("default"),
+        ls.metadata.name.as_deref().unwrap_or_default(),
+    )
+}
+
+/// The Gateway a ListenerSet names as its parent (the namespace defaults to its own).
+fn listener_set_parent(ls: &ListenerSet) -> ObjectKey {
+    let p = &ls.spec.parent_ref;
+    let ns = ls.metadata.namespace.as_deref().unwrap_or("default");
+    if p.group.as_deref().unwrap_or(GATEWAY_GROUP) != GATEWAY_GROUP
+        || p.kind.as_deref().unwrap_or("Gateway") != "Gateway"
+    {
+        // Not a Gateway: no Gateway of ours is its parent.
+        return ObjectKey::new("", "");
+    }
+    ObjectKey::new(p.namespace.as_deref().unwrap_or(ns), &p.name)
+}
+
+/// Gateway `spec.allowedListeners`: which namespaces' ListenerSets may attach (none by
+/// default).
+fn listener_set_allowed(
+    store: &Store,
+    gateway: &Gateway,
+    gw: &ObjectKey,
+    ls: &ObjectKey,
+) -> Result<(), String> {
+    let namespaces = gateway
+        .spec
+        .allowed_listeners
+        .as_ref()
+        .and_then(|a| a.namespaces.as_ref());
+    let from = namespaces.and_then(|n| n.from.clone());
+    let allowed = match from {
+        None | Some(GatewayAllowedListenersNamespacesFrom::None) => {
+            return Err(format!(
+                "Gateway {gw} does not allow ListenerSets (spec.allowedListeners.namespaces.from \
+                 is None, the default)"
+            ));
+        }
+        Some(GatewayAllowedListenersNamespacesFrom::Same) => ls.namespace == gw.namespace,
+        Some(GatewayAllowedListenersNamespacesFrom::All) => true,
+        Some(GatewayAllowedListenersNamespacesFrom::Selector) => namespaces
+            .and_then(|n| n.selector.as_ref())
+            .and_then(|s| serde_json::to_value(s).ok())
+            .and_then(|s| serde_json::from_value::<LabelSelector>(s).ok())
+            .is_some_and(|s| namespace_selected(store, &ls.namespace, &s)),
+    };
+    if allowed {
+        Ok(())
+    } else {
+        Err(format!(
+            "Gateway {gw} does not allow ListenerSets from namespace {} \
+             (spec.allowedListeners)",
+            ls.namespace
+        ))
+    }
+}
+
+/// Whether the namespace's labels match a label selector.
+fn namespace_selected(store: &Store, namespace: &str, selector: &LabelSelector) -> bool {
+    store
+        .namespaces
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some(namespace))
+        .is_some_and(|n| {
+            let labels = n.metadata.labels.clone().unwrap_or_default();
+            labels_match(selector, &labels)
+        })
+}
+
+fn labels_match(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+    selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(k, v)| labels.get(k) == Some(v))
+        && selector.match_expressions.iter().flatten().all(|e| {
+            let value = labels.get(&e.key);
+            let values = e.values.clone().unwrap_or_default();
+            match e.operator.as_str() {
+                "In" => value.is_some_and(|v| values.contains(v)),
+                "NotIn" => value.is_none_or(|v| !values.contains(v)),
+                "Exists" => value.is_some(),
+                "DoesNotExist" => value.is_none(),
+                _ => false,
+            }
+        })
+}
+
+/// The IP addresses a Gateway's `spec.addresses` asks for. Only IPAddress entries can be
+/// asked of a Service (type omitted means IPAddress); an entry without a value asks for any
+/// address, which the Service gets anyway. The shared pool's Service belongs to every shared
+/// Gateway, so only a dedicated proxy can take a Gateway's own address.
+pub fn requested_addresses(
+    gateway: &Gateway,
+    dedicated: bool,
+) -> Result<Vec<std::net::IpAddr>, String> {
+    let mut out = Vec::new();
+    for a in gateway.spec.addresses.iter().flatten() {
+        let value = a.value.as_deref().unwrap_or_default();
+        let type_ = a.r#type.as_deref().unwrap_or("IPAddress");
+        if type_ != "IPAddress" {
+            return Err(format!(
+                "address {value:?} has type {type_:?}; Coxswain supports IPAddress addresses only"
+            ));
+        }
+        if value.is_empty() {
+            continue;
+        }
+        let ip: std::net::IpAddr = value
+            .parse()
+            .map_err(|_| format!("address {value:?} is not an IP address"))?;
+        if !dedicated {
+            return Err(format!(
+                "address {value} needs a dedicated proxy: Gateways on the shared pool share its \
+                 Service's address; give the Gateway or its class a CoxswainGatewayParameters \
+                 parametersRef, or remove spec.addresses"
+            ));
+        }
+        if !out.contains(&ip) {
+            out.push(ip);
+        }
+    }
+    Ok(out)
 }
 
 fn params_exist(store: &Store, namespace: &str, name: &str) -> bool {
@@ -345,20 +643,91 @@ fn route_group_kind(kind: RouteKind) -> RouteGroupKind {
 
 /// Validates each listener and finds conflicts between them (Gateway API: listeners on one
 /// port must agree on protocol, and HTTP(S) listeners sharing a port need distinct hostnames).
+/// A listener that holds its port and hostname, for the conflict checks of the ListenerSets
+/// after it.
+pub struct Taken {
+    port: i32,
+    protocol: (String, Option<GatewayListenersTlsMode>),
+    hostname: String,
+    /// "listener N of Gateway/ListenerSet ns/name", for messages.
+    what: String,
+}
+
+/// `(protocol, TLS mode)` as conflicts compare them.
+fn protocol_of(l: &GatewayListeners) -> (String, Option<GatewayListenersTlsMode>) {
+    (
+        normalized_protocol(&l.protocol),
+        l.tls.as_ref().and_then(|t| t.mode.clone()),
+    )
+}
+
+/// Why two listeners on one port cannot both be served, if they cannot: another protocol
+/// (TLS listeners that terminate and TLS listeners that pass through cannot share a port
+/// either: the first bytes of a connection cannot tell them apart), or the same hostname.
+fn conflict_between(
+    a: (&(String, Option<GatewayListenersTlsMode>), &str),
+    b: (&(String, Option<GatewayListenersTlsMode>), &str),
+) -> Option<&'static str> {
+    let (pa, ha) = a;
+    let (pb, hb) = b;
+    let tls_modes_differ = pa.0 == "TLS" && pb.0 == "TLS" && pa.1 != pb.1;
+    if pa.0 != pb.0 || tls_modes_differ {
+        Some(reason::PROTOCOL_CONFLICT)
+    } else if ha == hb {
+        Some(reason::HOSTNAME_CONFLICT)
+    } else {
+        None
+    }
+}
+
+/// Validates `listeners`: a Gateway's own (`owner` None) or one ListenerSet's. A ListenerSet's
+/// listener that conflicts with one in `taken` (the Gateway's, then older ListenerSets') is
+/// refused; those it keeps are added to `taken`.
+#[allow(clippy::too_many_arguments)]
 fn compile_listeners(
     store: &Store,
     index: &Index<'_>,
-    gateway: &Gateway,
+    listeners: &[GatewayListeners],
     key: &ObjectKey,
+    owner: Option<&ObjectKey>,
     generation: i64,
+    taken: &mut Vec<Taken>,
     certificates: &mut BTreeMap<String, (String, String)>,
 ) -> (Vec<ListenerStatus>, Vec<AcceptedListener>) {
-    let listeners = &gateway.spec.listeners;
+    // A ListenerSet's listener that collides with one taken before it.
+    let mut refused: BTreeMap<&str, (&'static str, String)> = BTreeMap::new();
+    if owner.is_some() {
+        for l in listeners {
+            let mine = protocol_of(l);
+            let host = l.hostname.as_deref().unwrap_or("");
+            if let Some((why, t)) = taken.iter().filter(|t| t.port == l.port).find_map(|t| {
+                conflict_between((&mine, host), (&t.protocol, &t.hostname)).map(|why| (why, t))
+            }) {
+                let message = if why == reason::PROTOCOL_CONFLICT {
+                    format!(
+                        "port {} is already used by {} with protocol {}",
+                        l.port, t.what, t.protocol.0
+                    )
+                } else {
+                    format!(
+                        "port {} and hostname {host:?} are already used by {}",
+                        l.port, t.what
+                    )
+                };
+                refused.insert(&l.name, (why, message));
+            }
+        }
+    }
     // Conflicts first: they depend on all listeners together.
     let mut conflicts: BTreeMap<&str, (&'static str, String)> = BTreeMap::new();
     for (i, a) in listeners.iter().enumerate() {
         for (j, b) in listeners.iter().enumerate() {
-            if i == j || a.port != b.port {
+            // Listeners already turned away take no part.
+            if i == j
+                || a.port != b.port
+                || refused.contains_key(a.name.as_str())
+                || refused.contains_key(b.name.as_str())
+            {
                 continue;
             }
             // TLS listeners that terminate and TLS listeners that pass through cannot share a
@@ -468,6 +837,11 @@ fn compile_listeners(
         if let Some((reason::PROTOCOL_CONFLICT, message)) = conflicts.get(l.name.as_str()) {
             accepted_problem = Some((reason::PROTOCOL_CONFLICT, message.clone()));
         }
+        // A ListenerSet's listener turned away by an earlier one is not accepted either.
+        let turned_away = refused.get(l.name.as_str());
+        if let Some((why, message)) = turned_away {
+            accepted_problem = Some((why, message.clone()));
+        }
 
         // ResolvedRefs: route kinds and certificates.
         let mut resolved_problem: Option<(&'static str, String)> = None;
@@ -486,7 +860,11 @@ fn compile_listeners(
         }
         let mut certificate = None;
         if protocol == Some(Protocol::Https) && accepted_problem.is_none() {
-            match resolve_certificate(store, index, l, key) {
+            let from = match owner {
+                Some(ls) => (ls, "ListenerSet"),
+                None => (key, "Gateway"),
+            };
+            match resolve_certificate(store, index, l, from) {
                 Ok((name, pair)) => {
                     certificates.insert(name.clone(), pair);
                     certificate = Some(name);
@@ -495,7 +873,7 @@ fn compile_listeners(
             }
         }
 
-        let conflict = conflicts.get(l.name.as_str());
+        let conflict = turned_away.or(conflicts.get(l.name.as_str()));
         conditions.push(match &accepted_problem {
             Some((r, m)) => Condition::new(reason::ACCEPTED, false, r, m.clone(), generation),
             None => Condition::new(reason::ACCEPTED, true, reason::ACCEPTED, "", generation),
@@ -529,6 +907,8 @@ fn compile_listeners(
                 "waiting for a proxy to bind the port",
                 generation,
             )
+        } else if let Some((why, message)) = turned_away {
+            Condition::new(reason::PROGRAMMED, false, why, message.clone(), generation)
         } else {
             Condition::new(
                 reason::PROGRAMMED,
@@ -555,6 +935,19 @@ fn compile_listeners(
                 route_kinds,
                 certificate,
                 programmable: usable,
+                owner: owner.cloned(),
+            });
+        }
+        // The Gateway's listeners all hold their place; a ListenerSet's only when kept.
+        if owner.is_none() || conflict.is_none() {
+            taken.push(Taken {
+                port: l.port,
+                protocol: protocol_of(l),
+                hostname: l.hostname.clone().unwrap_or_default(),
+                what: match owner {
+                    Some(ls) => format!("listener {} of ListenerSet {ls}", l.name),
+                    None => format!("listener {} of Gateway {key}", l.name),
+                },
             });
         }
     }
@@ -653,12 +1046,15 @@ impl AllowedNamespaces {
 type KeyPair = (String, String);
 
 /// The first certificateRef of an HTTPS listener, resolved to a key pair.
+/// `from`: the object whose listener it is (a Gateway or a ListenerSet) and its kind, which
+/// ReferenceGrants name.
 fn resolve_certificate(
     store: &Store,
     index: &Index<'_>,
     l: &GatewayListeners,
-    gateway: &ObjectKey,
+    from: (&ObjectKey, &str),
 ) -> Result<(String, KeyPair), (&'static str, String)> {
+    let (gateway, from_kind) = from;
     let refs = l.tls.as_ref().and_then(|t| t.certificate_refs.as_ref());
     let Some(r) = refs.and_then(|r| r.first()) else {
         return Err((
@@ -681,7 +1077,7 @@ fn resolve_certificate(
     if !refs::permitted(
         store,
         GATEWAY_GROUP,
-        "Gateway",
+        from_kind,
         &gateway.namespace,
         "",
         "Secret",
@@ -691,7 +1087,7 @@ fn resolve_certificate(
         return Err((
             reason::REF_NOT_PERMITTED,
             format!(
-                "no ReferenceGrant in {ns} allows Gateways in {} to use Secret {}",
+                "no ReferenceGrant in {ns} allows {from_kind}s in {} to use Secret {}",
                 gateway.namespace, r.name
             ),
         ));

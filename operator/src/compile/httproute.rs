@@ -52,8 +52,8 @@ pub struct RouteOutput {
     pub status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     pub grpc_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     pub tls_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
-    /// (gateway, listener name) -> number of attached routes
-    pub attached: BTreeMap<(ObjectKey, String), i32>,
+    /// (gateway, owning ListenerSet, listener name) -> number of attached routes
+    pub attached: BTreeMap<(ObjectKey, Option<ObjectKey>, String), i32>,
     /// (namespace, Service) -> the Gateways whose accepted routes send to it: the ancestors
     /// of the BackendTLSPolicies targeting it.
     pub service_gateways: BTreeMap<(String, String), std::collections::BTreeSet<ObjectKey>>,
@@ -163,7 +163,8 @@ pub(super) fn equivalent_route(
 
 /// (route kind, route, Gateway, listener name) -> the route of the other kind that keeps the
 /// hostnames they share on that listener.
-type Rejections = BTreeMap<(RouteKind, ObjectKey, ObjectKey, String), String>;
+/// (kind, route, Gateway, owning ListenerSet, listener) -> the route that keeps the slot.
+type Rejections = BTreeMap<(RouteKind, ObjectKey, ObjectKey, Option<ObjectKey>, String), String>;
 
 fn route_key(route: &HttpRoute) -> ObjectKey {
     ObjectKey::new(
@@ -172,13 +173,17 @@ fn route_key(route: &HttpRoute) -> ObjectKey {
     )
 }
 
-/// The parentRefs of `route` that are Gateways this controller serves: only those are ours to
-/// report on.
+/// The parentRefs of `route` that are Gateways this controller serves, or ListenerSets
+/// accepted onto one (with the ListenerSet's key): only those are ours to report on.
 fn served_parents<'r, 's>(
     route: &'r HttpRoute,
     key: &ObjectKey,
     served: &'s BTreeMap<ObjectKey, ServedGateway>,
-) -> Vec<(&'r HttpRouteParentRefs, &'s ServedGateway)> {
+) -> Vec<(
+    &'r HttpRouteParentRefs,
+    &'s ServedGateway,
+    Option<ObjectKey>,
+)> {
     route
         .spec
         .parent_refs
@@ -187,12 +192,20 @@ fn served_parents<'r, 's>(
         .filter_map(|p| {
             let group = p.group.as_deref().unwrap_or(GATEWAY_GROUP);
             let kind = p.kind.as_deref().unwrap_or("Gateway");
-            if group != GATEWAY_GROUP || kind != "Gateway" {
-                return None;
-            }
             let ns = p.namespace.as_deref().unwrap_or(&key.namespace);
-            let gw = served.get(&ObjectKey::new(ns, &p.name))?;
-            Some((p, gw))
+            let target = ObjectKey::new(ns, &p.name);
+            match (group, kind) {
+                (GATEWAY_GROUP, "Gateway") => Some((p, served.get(&target)?, None)),
+                // Refused ones too: the route is told why it does not attach.
+                (GATEWAY_GROUP, "ListenerSet") => served
+                    .values()
+                    .find(|gw| {
+                        gw.listener_sets.contains_key(&target)
+                            || gw.refused_listener_sets.contains_key(&target)
+                    })
+                    .map(|gw| (p, gw, Some(target))),
+                _ => None,
+            }
         })
         .collect()
 }
@@ -218,14 +231,16 @@ fn cross_kind_conflicts(
     order.sort_by(|a, b| {
         super::store::oldest_first(&a.1.metadata, &b.1.metadata).then_with(|| a.2.cmp(&b.2))
     });
-    // (Gateway, listener) -> the routes taken there: kind, "Kind ns/name", hostnames.
+    // (Gateway, ListenerSet, listener) -> the routes taken there: kind, "Kind ns/name",
+    // hostnames.
     type Taken = Vec<(RouteKind, String, Vec<String>)>;
-    let mut taken: BTreeMap<(ObjectKey, String), Taken> = BTreeMap::new();
+    let mut taken: BTreeMap<(ObjectKey, Option<ObjectKey>, String), Taken> = BTreeMap::new();
     for (kind, route, key) in order {
         let hostnames = route.spec.hostnames.clone().unwrap_or_default();
-        for (p, gw) in served_parents(route, &key, inputs.served) {
+        for (p, gw, owner) in served_parents(route, &key, inputs.served) {
             let Ok(attachments) = attach(
                 gw,
+                owner.as_ref(),
                 kind,
                 p.section_name.as_deref(),
                 p.port,
@@ -235,7 +250,7 @@ fn cross_kind_conflicts(
                 continue;
             };
             for (listener, hosts) in attachments {
-                let slot = (gw.key.clone(), listener.name.clone());
+                let slot = (gw.key.clone(), owner.clone(), listener.name.clone());
                 let there = taken.entry(slot.clone()).or_default();
                 let clash = there.iter().find(|(k, _, theirs)| {
                     matches!(
@@ -246,7 +261,7 @@ fn cross_kind_conflicts(
                         .any(|t| hosts.iter().any(|h| hostnames_intersect(t, h)))
                 });
                 if let Some((_, other, _)) = clash {
-                    rejected.insert((kind, key.clone(), slot.0, slot.1), other.clone());
+                    rejected.insert((kind, key.clone(), slot.0, slot.1, slot.2), other.clone());
                 } else {
                     there.push((kind, format!("{} {key}", kind.name()), hosts));
                 }
@@ -289,17 +304,24 @@ fn compile_route(
     let route_problem = problem.or(rules_problem);
     let hostnames = route.spec.hostnames.clone().unwrap_or_default();
     let mut parents = Vec::new();
-    for (p, gw) in ours {
+    for (p, gw, owner) in ours {
+        let parent = owner.as_ref().unwrap_or(&gw.key);
         let parent_ref = ParentRef {
             group: GATEWAY_GROUP.into(),
-            kind: "Gateway".into(),
-            namespace: gw.key.namespace.clone(),
-            name: gw.key.name.clone(),
+            kind: if owner.is_some() {
+                "ListenerSet"
+            } else {
+                "Gateway"
+            }
+            .into(),
+            namespace: parent.namespace.clone(),
+            name: parent.name.clone(),
             section_name: p.section_name.clone(),
             port: p.port,
         };
         let attach = attach(
             gw,
+            owner.as_ref(),
             kind,
             p.section_name.as_deref(),
             p.port,
@@ -311,7 +333,13 @@ fn compile_route(
             let kept: Vec<_> = attachments
                 .into_iter()
                 .filter(|(l, _)| {
-                    let slot = (kind, key.clone(), gw.key.clone(), l.name.clone());
+                    let slot = (
+                        kind,
+                        key.clone(),
+                        gw.key.clone(),
+                        owner.clone(),
+                        l.name.clone(),
+                    );
                     match rejected.get(&slot) {
                         Some(other) => {
                             turned_away.get_or_insert((l.name.clone(), other.clone()));
@@ -367,7 +395,7 @@ fn compile_route(
             }
             for (listener, hosts) in attachments {
                 *out.attached
-                    .entry((gw.key.clone(), listener.name.clone()))
+                    .entry((gw.key.clone(), owner.clone(), listener.name.clone()))
                     .or_default() += 1;
                 if !listener.programmable {
                     continue;
@@ -381,6 +409,7 @@ fn compile_route(
                                 protocol: listener.protocol,
                                 listener_hostname: listener.hostname.clone(),
                                 vhost: host.clone(),
+                                single_label: false,
                                 key: {
                                     let k = PrecedenceKey::new(
                                         &host,
@@ -437,58 +466,79 @@ pub(super) type Problem = (&'static str, String);
 /// The listeners of `gw` a route attaches to through one parentRef, with the hostnames it
 /// serves on each (Gateway API: sectionName and port narrow the listeners; allowedRoutes and
 /// hostname intersection decide).
+/// The listeners a parentRef selects: the Gateway's own (`owner` None) or one ListenerSet's,
+/// narrowed by sectionName and port.
 fn attach<'g>(
     gw: &'g ServedGateway,
+    owner: Option<&ObjectKey>,
     kind: RouteKind,
     section: Option<&str>,
     port: Option<i32>,
     route_ns: &str,
     hostnames: &[String],
 ) -> Result<Vec<(&'g AcceptedListener, Vec<String>)>, Problem> {
+    let (what, names, ports) = match owner {
+        None => (
+            format!("Gateway {}", gw.key),
+            &gw.all_listener_names,
+            &gw.all_listener_ports,
+        ),
+        Some(ls) => {
+            let Some(set) = gw.listener_sets.get(ls) else {
+                let why = gw.refused_listener_sets.get(ls).map_or("", String::as_str);
+                return Err((
+                    reason::NO_MATCHING_PARENT,
+                    format!(
+                        "ListenerSet {ls} is not accepted by Gateway {}: {why}",
+                        gw.key
+                    ),
+                ));
+            };
+            (format!("ListenerSet {ls}"), &set.names, &set.ports)
+        }
+    };
     if let Some(s) = section
-        && !gw.all_listener_names.contains(s)
+        && !names.contains(s)
     {
         return Err((
             reason::NO_MATCHING_PARENT,
-            format!("Gateway {} has no listener named {s}", gw.key),
+            format!("{what} has no listener named {s}"),
         ));
     }
     if let Some(p) = port
-        && !u32::try_from(p).is_ok_and(|p| gw.all_listener_ports.contains(&p))
+        && !u32::try_from(p).is_ok_and(|p| ports.contains(&p))
     {
         return Err((
             reason::NO_MATCHING_PARENT,
-            format!("Gateway {} has no listener on port {p}", gw.key),
+            format!("{what} has no listener on port {p}"),
         ));
     }
     let candidates: Vec<&AcceptedListener> = gw
         .listeners
         .iter()
+        .filter(|l| l.owner.as_ref() == owner)
         .filter(|l| section.is_none_or(|s| l.name == s))
         .filter(|l| port.is_none_or(|p| i64::from(l.port) == i64::from(p)))
         .collect();
     if candidates.is_empty() {
         return Err((
             reason::NO_MATCHING_PARENT,
-            format!(
-                "no valid listener of Gateway {} matches the parentRef",
-                gw.key
-            ),
+            format!("no valid listener of {what} matches the parentRef"),
         ));
     }
     let allowed: Vec<_> = candidates
         .into_iter()
         .filter(|l| {
             l.route_kinds.contains(&kind)
-                && l.allowed_namespaces.allows(&gw.key.namespace, route_ns)
+                && l.allowed_namespaces
+                    .allows(l.owner_namespace(&gw.key), route_ns)
         })
         .collect();
     if allowed.is_empty() {
         return Err((
             reason::NOT_ALLOWED_BY_LISTENERS,
             format!(
-                "the listeners of Gateway {} do not allow {}s from namespace {route_ns}",
-                gw.key,
+                "the listeners of {what} do not allow {}s from namespace {route_ns}",
                 kind.name()
             ),
         ));

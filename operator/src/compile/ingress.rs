@@ -431,6 +431,8 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
                         protocol: *protocol,
                         listener_hostname: None,
                         vhost: path.host.clone(),
+                        // Ingress: "a wildcard host matches exactly one DNS label".
+                        single_label: path.host.starts_with("*."),
                         key: PrecedenceKey::new(&path.host, &m, created, &key, path.rule, 0),
                         route,
                     });

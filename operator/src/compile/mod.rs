@@ -107,6 +107,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
     let mut status = StatusDecisions {
         gateway_classes: gateways.class_status,
         gateways: gateways.gateway_status,
+        listener_sets: gateways.listener_set_status,
         http_routes: routes.status,
         grpc_routes: routes.grpc_status,
         tls_routes: routes.tls_status,
@@ -114,12 +115,12 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         ingresses: ingresses.status,
         ingress_classes: ingresses.class_problems,
     };
-    for ((gw, listener), count) in &routes.attached {
-        if let Some(l) = status
-            .gateways
-            .get_mut(gw)
-            .and_then(|g| g.listeners.iter_mut().find(|l| &l.name == listener))
-        {
+    for ((gw, owner, listener), count) in &routes.attached {
+        let listeners = match owner {
+            None => status.gateways.get_mut(gw).map(|g| &mut g.listeners),
+            Some(ls) => status.listener_sets.get_mut(ls).map(|s| &mut s.listeners),
+        };
+        if let Some(l) = listeners.and_then(|ls| ls.iter_mut().find(|l| &l.name == listener)) {
             l.attached_routes = *count;
         }
     }
@@ -134,7 +135,10 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
                 port: l.port,
                 protocol: l.protocol,
                 hostname: l.hostname.clone(),
-                source: format!("Gateway/{}/{}", gw.key, l.name),
+                source: match &l.owner {
+                    Some(ls) => format!("ListenerSet/{ls}/{}", l.name),
+                    None => format!("Gateway/{}/{}", gw.key, l.name),
+                },
                 certificate: l
                     .certificate
                     .clone()
@@ -243,27 +247,58 @@ fn assemble(
                 else {
                     continue;
                 };
-                let mut chosen: Vec<&Entry> = Vec::new();
-                for name in covering_names(&vhost) {
-                    if let Some(list) = by_host.get(&(owner.clone(), name.as_str())) {
-                        chosen.extend(list.iter().copied());
+                let is_wildcard = vhost.starts_with("*.");
+                let own = by_host.get(&(owner.clone(), vhost.as_str()));
+                // A wildcard with single-label (Ingress) entries of its own becomes two virtual
+                // hosts: the multi-label one for deeper hosts, when it has entries of its own
+                // (without, deeper hosts fall through to what covers them), then the
+                // single-label one for hosts one label above the suffix.
+                let variants: &[bool] =
+                    if is_wildcard && own.is_some_and(|l| l.iter().any(|e| e.single_label)) {
+                        if own.is_some_and(|l| l.iter().any(|e| !e.single_label)) {
+                            &[false, true]
+                        } else {
+                            &[true]
+                        }
+                    } else {
+                        &[false]
+                    };
+                for &single_label in variants {
+                    let mut chosen: Vec<&Entry> = Vec::new();
+                    for (i, name) in covering_names(&vhost).iter().enumerate() {
+                        // A single-label entry on "*.P" covers only hosts one label above P:
+                        // an exact host's first covering wildcard, or a single-label virtual
+                        // host's own name; never a multi-label one.
+                        let one_label_above = if is_wildcard {
+                            single_label && i == 0
+                        } else {
+                            i == 1
+                        };
+                        if let Some(list) = by_host.get(&(owner.clone(), name.as_str())) {
+                            chosen.extend(
+                                list.iter()
+                                    .copied()
+                                    .filter(|e| !e.single_label || one_label_above),
+                            );
+                        }
                     }
+                    chosen.sort_by(|a, b| a.key.cmp(&b.key));
+                    let routes: Vec<snap::Route> = chosen.iter().map(|e| e.route.clone()).collect();
+                    for r in &routes {
+                        for b in &r.backends {
+                            used_clusters.insert(b.cluster.clone());
+                        }
+                        collect_filter_clusters(&r.filters, &mut used_clusters);
+                        for b in &r.backends {
+                            collect_filter_clusters(&b.filters, &mut used_clusters);
+                        }
+                    }
+                    virtual_hosts.push(snap::VirtualHost {
+                        hostname: vhost.clone(),
+                        routes,
+                        single_label,
+                    });
                 }
-                chosen.sort_by(|a, b| a.key.cmp(&b.key));
-                let routes: Vec<snap::Route> = chosen.iter().map(|e| e.route.clone()).collect();
-                for r in &routes {
-                    for b in &r.backends {
-                        used_clusters.insert(b.cluster.clone());
-                    }
-                    collect_filter_clusters(&r.filters, &mut used_clusters);
-                    for b in &r.backends {
-                        collect_filter_clusters(&b.filters, &mut used_clusters);
-                    }
-                }
-                virtual_hosts.push(snap::VirtualHost {
-                    hostname: vhost,
-                    routes,
-                });
             }
 
             let mut sni: Vec<snap::SniCertificate> = Vec::new();

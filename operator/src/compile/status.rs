@@ -99,6 +99,29 @@ pub struct GatewayStatus {
     pub listeners: Vec<ListenerStatus>,
     /// Whether a dedicated proxy serves this Gateway (it or its class has a parametersRef).
     pub dedicated: bool,
+    /// The IP addresses `spec.addresses` asks for, validated and normalised; the status
+    /// writer holds Programmed back until the proxy's Service has them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub requested_addresses: Vec<std::net::IpAddr>,
+    /// `status.attachedListenerSets`: the ListenerSets accepted onto this Gateway.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub attached_listener_sets: i32,
+}
+
+fn is_zero(n: &i32) -> bool {
+    *n == 0
+}
+
+/// A ListenerSet's status: its own Accepted/Programmed and one entry per listener.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerSetStatus {
+    pub conditions: Vec<Condition>,
+    pub listeners: Vec<ListenerStatus>,
+    /// The parent Gateway, and which proxies serve it (for Programmed).
+    pub gateway: ObjectKey,
+    #[serde(skip)]
+    pub scope: super::gateway::ScopeKey,
 }
 
 /// A parentRef as written in `status.parents[].parentRef`, defaults filled in.
@@ -153,6 +176,8 @@ pub struct AnnotationWarning {
 pub struct StatusDecisions {
     pub gateway_classes: BTreeMap<String, Vec<Condition>>,
     pub gateways: BTreeMap<ObjectKey, GatewayStatus>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub listener_sets: BTreeMap<ObjectKey, ListenerSetStatus>,
     /// Only the parents this controller is responsible for.
     pub http_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -183,6 +208,10 @@ pub mod reason {
     pub const UNSUPPORTED_VERSION: &str = "UnsupportedVersion";
     pub const LISTENERS_NOT_VALID: &str = "ListenersNotValid";
     pub const UNSUPPORTED_ADDRESS: &str = "UnsupportedAddress";
+    pub const ADDRESS_NOT_ASSIGNED: &str = "AddressNotAssigned";
+    pub const ADDRESS_NOT_USABLE: &str = "AddressNotUsable";
+    pub const NOT_ALLOWED: &str = "NotAllowed";
+    pub const PARENT_NOT_ACCEPTED: &str = "ParentNotAccepted";
     pub const NO_CONFLICTS: &str = "NoConflicts";
     pub const HOSTNAME_CONFLICT: &str = "HostnameConflict";
     pub const PROTOCOL_CONFLICT: &str = "ProtocolConflict";

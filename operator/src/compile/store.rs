@@ -7,6 +7,7 @@ use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
 use gateway_api::apis::standard::grpcroutes::GrpcRoute;
+use gateway_api::apis::standard::listenersets::ListenerSet;
 use gateway_api::apis::standard::referencegrants::ReferenceGrant;
 use gateway_api::apis::standard::tlsroutes::TlsRoute;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service};
@@ -19,6 +20,8 @@ use std::path::{Path, PathBuf};
 pub struct Store {
     pub gateway_classes: Vec<GatewayClass>,
     pub gateways: Vec<Gateway>,
+    /// Listeners added to a Gateway by other objects (GEP-1713).
+    pub listener_sets: Vec<ListenerSet>,
     pub http_routes: Vec<HttpRoute>,
     pub grpc_routes: Vec<GrpcRoute>,
     pub tls_routes: Vec<TlsRoute>,
@@ -42,6 +45,7 @@ impl Store {
         std::collections::BTreeMap::from([
             ("GatewayClass", self.gateway_classes.len()),
             ("Gateway", self.gateways.len()),
+            ("ListenerSet", self.listener_sets.len()),
             ("HTTPRoute", self.http_routes.len()),
             ("GRPCRoute", self.grpc_routes.len()),
             ("TLSRoute", self.tls_routes.len()),
@@ -173,6 +177,7 @@ impl Store {
         let result = match (group, kind.as_str()) {
             ("gateway.networking.k8s.io", "GatewayClass") => push(&mut self.gateway_classes, value),
             ("gateway.networking.k8s.io", "Gateway") => push(&mut self.gateways, value),
+            ("gateway.networking.k8s.io", "ListenerSet") => push(&mut self.listener_sets, value),
             ("gateway.networking.k8s.io", "HTTPRoute") => push(&mut self.http_routes, value),
             ("gateway.networking.k8s.io", "GRPCRoute") => push(&mut self.grpc_routes, value),
             ("gateway.networking.k8s.io", "TLSRoute") => push(&mut self.tls_routes, value),

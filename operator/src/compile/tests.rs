@@ -96,23 +96,28 @@ fn listener_condition<'a>(c: &'a Compiled, gw: &str, listener: &str, type_: &str
 /// Routes of the vhost a request for `host` lands on, on `port`, as "route/rule" strings.
 fn routes_for(s: &Snapshot, port: u32, host: &str) -> Vec<String> {
     let l = s.listeners.iter().find(|l| l.port == port).unwrap();
-    // The proxy's choice: exact, then the longest covering wildcard, then "".
-    let mut candidates: Vec<&str> = l
+    // The proxy's choice (snapshot.proto, VirtualHost): exact, then the longest covering
+    // wildcard (a single-label one only for a host one label above its suffix, and before the
+    // multi-label one of the same name), then "".
+    let one_label_above = |suffix: &str| {
+        host.split_once('.')
+            .is_some_and(|(_, parent)| parent.eq_ignore_ascii_case(suffix))
+    };
+    let mut candidates: Vec<&snap::VirtualHost> = l
         .virtual_hosts
         .iter()
-        .map(|v| v.hostname.as_str())
-        .filter(|h| h.is_empty() || hostname::covers(h, host))
+        .filter(|v| match v.hostname.strip_prefix("*.") {
+            Some(suffix) if v.single_label => one_label_above(suffix),
+            _ => v.hostname.is_empty() || hostname::covers(&v.hostname, host),
+        })
         .collect();
-    candidates.sort_by(|a, b| hostname::specificity(a, b));
+    candidates.sort_by(|a, b| {
+        hostname::specificity(&a.hostname, &b.hostname).then(b.single_label.cmp(&a.single_label))
+    });
     let Some(chosen) = candidates.first() else {
         return vec![];
     };
-    let vhost = l
-        .virtual_hosts
-        .iter()
-        .find(|v| v.hostname == *chosen)
-        .unwrap();
-    vhost.routes.iter().map(describe).collect()
+    chosen.routes.iter().map(describe).collect()
 }
 
 fn describe(r: &Route) -> String {
@@ -247,6 +252,99 @@ spec:
     );
     assert!(c.status.gateways[&key("web", "dedicated")].dedicated);
     assert!(dedicated.is_sealed() && shared(&c).is_sealed());
+}
+
+fn dedicated_gateway_with_addresses(name: &str, addresses: &str) -> String {
+    format!(
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: {name}, namespace: web, generation: 4}}
+spec:
+  gatewayClassName: coxswain
+  infrastructure:
+    parametersRef: {{group: gateway.coxswain-labs.dev, kind: CoxswainGatewayParameters, name: big}}
+  addresses: {addresses}
+  listeners: [{{name: http, port: 8080, protocol: HTTP}}]
+"#
+    )
+}
+
+// Gateway API, GatewaySpec.addresses: an address of a type the implementation does not
+// support makes the Gateway Accepted=False with reason UnsupportedAddress. Coxswain takes
+// IPAddress entries, on a dedicated proxy only (the shared pool's address is everyone's).
+#[test]
+fn gateway_addresses_are_ip_addresses_on_a_dedicated_proxy() {
+    let params = r#"
+apiVersion: gateway.coxswain-labs.dev/v1alpha1
+kind: CoxswainGatewayParameters
+metadata: {name: big, namespace: web}
+spec: {}
+"#;
+    let fixed = dedicated_gateway_with_addresses(
+        "fixed",
+        "[{type: IPAddress, value: 10.97.3.250}, {value: '2001:db8::1'}, {type: IPAddress}]",
+    );
+    let hostname =
+        dedicated_gateway_with_addresses("hostname", "[{type: Hostname, value: lb.example}]");
+    let fake = dedicated_gateway_with_addresses(
+        "fake",
+        "[{type: test/fake-invalid-type, value: 'fake address'}, {value: 10.97.3.250}]",
+    );
+    let not_ip = dedicated_gateway_with_addresses("not-ip", "[{value: 10.97.3.999}]");
+    let shared_gw = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: shared, namespace: web, generation: 1}
+spec:
+  gatewayClassName: coxswain
+  addresses: [{value: 10.97.3.250}]
+  listeners: [{name: http, port: 80, protocol: HTTP}]
+"#;
+    let c = compile_yaml(&[BASE, params, &fixed, &hostname, &fake, &not_ip, shared_gw]);
+    let status = &c.status.gateways[&key("web", "fixed")];
+    assert!(find(&status.conditions, "Accepted").is_true());
+    let programmed = find(&status.conditions, "Programmed");
+    assert_eq!(programmed.reason, "Pending");
+    assert_eq!(
+        status.requested_addresses,
+        [
+            "10.97.3.250".parse::<std::net::IpAddr>().unwrap(),
+            "2001:db8::1".parse().unwrap()
+        ]
+    );
+    assert!(
+        c.snapshots
+            .contains_key(&ScopeKey::Gateway(key("web", "fixed")))
+    );
+    for (name, says) in [
+        ("hostname", "type \"Hostname\""),
+        ("fake", "type \"test/fake-invalid-type\""),
+        ("not-ip", "not an IP address"),
+        ("shared", "needs a dedicated proxy"),
+    ] {
+        let status = &c.status.gateways[&key("web", name)];
+        let accepted = find(&status.conditions, "Accepted");
+        assert_eq!(
+            (accepted.status, accepted.reason),
+            (ConditionStatus::False, "UnsupportedAddress"),
+            "{name}"
+        );
+        assert!(
+            accepted.message.contains(says),
+            "{name}: {}",
+            accepted.message
+        );
+        assert_eq!(
+            accepted.observed_generation,
+            if name == "shared" { 1 } else { 4 }
+        );
+        assert_eq!(
+            find(&status.conditions, "Programmed").status,
+            ConditionStatus::False
+        );
+        assert!(status.requested_addresses.is_empty());
+    }
 }
 
 #[test]
@@ -1249,6 +1347,81 @@ fn invalid_regular_expressions_make_the_route_unacceptable() {
 }
 
 // === Ingress annotations compiled into routes ===
+
+// Ingress API, IngressRule.host: "*.foo.com" matches "bar.foo.com" because they share an
+// identical suffix of one DNS label, but not "baz.bar.foo.com" (the Gateway API's wildcards
+// cover one or more labels; an Ingress's exactly one).
+#[test]
+fn ingress_wildcard_host_matches_exactly_one_label() {
+    let wild = ingress(
+        "wild",
+        "",
+        "  ingressClassName: coxswain\n  rules: [{host: '*.foo.com', http: {paths: [{path: /, pathType: Prefix, backend: {service: {name: echo, port: {number: 8080}}}}]}}]\n  defaultBackend: {service: {name: echo, port: {number: 8080}}}\n",
+    );
+    let deep = ingress(
+        "deep",
+        "",
+        "  ingressClassName: coxswain\n  rules: [{host: baz.bar.foo.com, http: {paths: [{path: /deep, pathType: Prefix, backend: {service: {name: echo, port: {number: 8080}}}}]}}, {host: '*.bar.foo.com', http: {paths: [{path: /sub, pathType: Prefix, backend: {service: {name: echo, port: {number: 8080}}}}]}}]\n",
+    );
+    let c = compile_yaml(&[BASE, INGRESS_CLASS, &wild, &deep]);
+    let s = shared(&c);
+    assert_eq!(
+        routes_for(s, 80, "bar.foo.com"),
+        ["wild/0", "wild/4294967295"]
+    );
+    assert_eq!(
+        routes_for(s, 80, "BAR.foo.com"),
+        ["wild/0", "wild/4294967295"]
+    );
+    // Two labels above foo.com: not the wildcard's, so the default backend answers.
+    assert_eq!(routes_for(s, 80, "qux.baz.foo.com"), ["wild/4294967295"]);
+    assert_eq!(routes_for(s, 80, "foo.com"), ["wild/4294967295"]);
+    // A host of its own, or under a deeper wildcard, does not inherit "*.foo.com" rules.
+    assert_eq!(
+        routes_for(s, 80, "baz.bar.foo.com"),
+        ["deep/0", "deep/1000", "wild/4294967295"]
+    );
+    assert_eq!(
+        routes_for(s, 80, "qux.bar.foo.com"),
+        ["deep/1000", "wild/4294967295"]
+    );
+    assert_eq!(routes_for(s, 80, "a.qux.bar.foo.com"), ["wild/4294967295"]);
+    let wildcards: Vec<(&str, bool)> = s.listeners[0]
+        .virtual_hosts
+        .iter()
+        .filter(|v| v.hostname.starts_with("*."))
+        .map(|v| (v.hostname.as_str(), v.single_label))
+        .collect();
+    assert_eq!(wildcards, [("*.bar.foo.com", true), ("*.foo.com", true)]);
+}
+
+// The shared pool's port 80 serves Ingresses and Gateways alike: on one wildcard name, an
+// HTTPRoute keeps the Gateway API rule (one or more labels) while the Ingress beside it
+// covers one label only.
+#[test]
+fn ingress_and_httproute_wildcards_on_one_port_keep_their_own_rules() {
+    let wild = ingress(
+        "wild",
+        "",
+        "  ingressClassName: coxswain\n  rules: [{host: '*.foo.com', http: {paths: [{path: /ing, pathType: Prefix, backend: {service: {name: echo, port: {number: 8080}}}}]}}]\n",
+    );
+    let r = route(
+        "gw",
+        "  parentRefs: [{name: edge}]\n  hostnames: ['*.foo.com']\n  rules:\n  - backendRefs: [{name: echo, port: 8080}]\n",
+    );
+    let c = compile_yaml(&[BASE, INGRESS_CLASS, GATEWAY, &wild, &r]);
+    let s = shared(&c);
+    assert_eq!(routes_for(s, 80, "bar.foo.com"), ["wild/0", "gw/0"]);
+    assert_eq!(routes_for(s, 80, "baz.bar.foo.com"), ["gw/0"]);
+    // Multi-label first: a router that ignores the flag keeps the last one, as before.
+    let wildcards: Vec<(&str, bool)> = s.listeners[0]
+        .virtual_hosts
+        .iter()
+        .filter(|v| v.hostname.starts_with("*."))
+        .map(|v| (v.hostname.as_str(), v.single_label))
+        .collect();
+    assert_eq!(wildcards, [("*.foo.com", false), ("*.foo.com", true)]);
+}
 
 /// Compiles with ingress-nginx compatibility on or off.
 fn compile_with(docs: &[&str], compat: bool) -> Compiled {
@@ -2382,4 +2555,223 @@ spec:
         .map(|r| r.source.as_ref().unwrap().rule)
         .collect();
     assert_eq!(order, [3, 2, 1, 0]);
+}
+
+const LISTENER_SETS: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: parent, namespace: web, generation: 1}
+spec:
+  gatewayClassName: coxswain
+  allowedListeners: {namespaces: {from: Selector, selector: {matchLabels: {team: web}}}}
+  listeners:
+  - {name: main, port: 80, protocol: HTTP, hostname: main.example, allowedRoutes: {namespaces: {from: All}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: extra, namespace: web, generation: 2, creationTimestamp: "2026-01-01T00:00:00Z"}
+spec:
+  parentRef: {name: parent}
+  listeners:
+  - {name: a, port: 80, protocol: HTTP, hostname: a.example}
+  - {name: main, port: 80, protocol: HTTP, hostname: main.example}
+  - {name: tcp, port: 80, protocol: TCP}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: later, namespace: web, generation: 1, creationTimestamp: "2026-01-02T00:00:00Z"}
+spec:
+  parentRef: {name: parent}
+  listeners:
+  - {name: a, port: 80, protocol: HTTP, hostname: a.example}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: elsewhere, namespace: other, generation: 1}
+spec:
+  parentRef: {name: parent, namespace: web}
+  listeners:
+  - {name: b, port: 80, protocol: HTTP, hostname: b.example}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: on-set, namespace: web}
+spec:
+  parentRefs: [{kind: ListenerSet, name: extra}]
+  rules: [{backendRefs: [{name: echo, port: 8080}]}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: on-gateway, namespace: web}
+spec:
+  parentRefs: [{name: parent}]
+  rules: [{backendRefs: [{name: echo, port: 8080}]}]
+"#;
+
+fn set_listener_condition<'a>(
+    listeners: &'a [super::status::ListenerStatus],
+    name: &str,
+    type_: &str,
+) -> &'a Condition {
+    let l = listeners
+        .iter()
+        .find(|l| l.name == name)
+        .unwrap_or_else(|| panic!("no listener {name}"));
+    find(&l.conditions, type_)
+}
+
+// Gateway API ListenerSet (GEP-1713): a Gateway takes ListenerSets only from the namespaces
+// its allowedListeners names; their listeners join its own, which win a conflict, then the
+// older ListenerSet; routes reach a ListenerSet's listeners through a parentRef to it.
+#[test]
+fn listener_sets_add_listeners_to_their_gateway() {
+    let c = compile_yaml(&[BASE, LISTENER_SETS]);
+    let sets = &c.status.listener_sets;
+
+    let refused = &sets[&key("other", "elsewhere")];
+    let accepted = find(&refused.conditions, "Accepted");
+    assert_eq!(
+        (accepted.status, accepted.reason),
+        (ConditionStatus::False, "NotAllowed")
+    );
+    assert!(
+        accepted.message.contains("namespace other"),
+        "{}",
+        accepted.message
+    );
+    assert_eq!(find(&refused.conditions, "Programmed").reason, "NotAllowed");
+
+    let extra = &sets[&key("web", "extra")];
+    let accepted = find(&extra.conditions, "Accepted");
+    assert_eq!(
+        (
+            accepted.status,
+            accepted.reason,
+            accepted.observed_generation
+        ),
+        (ConditionStatus::True, "ListenersNotValid", 2)
+    );
+    assert!(set_listener_condition(&extra.listeners, "a", "Accepted").is_true());
+    for (name, why) in [("main", "HostnameConflict"), ("tcp", "ProtocolConflict")] {
+        for type_ in ["Accepted", "Programmed"] {
+            let cond = set_listener_condition(&extra.listeners, name, type_);
+            assert_eq!(
+                (cond.status, cond.reason),
+                (ConditionStatus::False, why),
+                "{name}"
+            );
+        }
+        let conflicted = set_listener_condition(&extra.listeners, name, "Conflicted");
+        assert_eq!(
+            (conflicted.status, conflicted.reason),
+            (ConditionStatus::True, why)
+        );
+    }
+    // The Gateway's own listener keeps its place.
+    let gw = &c.status.gateways[&key("web", "parent")];
+    assert!(set_listener_condition(&gw.listeners, "main", "Accepted").is_true());
+    assert_eq!(
+        set_listener_condition(&gw.listeners, "main", "Conflicted").status,
+        ConditionStatus::False
+    );
+    // The younger ListenerSet loses a.example to the older one.
+    let later = &sets[&key("web", "later")];
+    let accepted = find(&later.conditions, "Accepted");
+    assert_eq!(
+        (accepted.status, accepted.reason),
+        (ConditionStatus::False, "ListenersNotValid")
+    );
+    assert_eq!(
+        set_listener_condition(&later.listeners, "a", "Conflicted").reason,
+        "HostnameConflict"
+    );
+    assert_eq!(gw.attached_listener_sets, 1);
+
+    // Each route is served only on its parent's listeners, and reported against it.
+    let s = shared(&c);
+    assert_eq!(routes_for(s, 80, "a.example"), ["on-set/0"]);
+    assert_eq!(routes_for(s, 80, "main.example"), ["on-gateway/0"]);
+    let listener = s.listeners.iter().find(|l| l.port == 80).unwrap();
+    assert!(
+        listener
+            .sources
+            .contains(&"ListenerSet/web/extra/a".to_owned()),
+        "{:?}",
+        listener.sources
+    );
+    let parent = &c.status.http_routes[&key("web", "on-set")][0];
+    assert_eq!(
+        (
+            parent.parent_ref.kind.as_str(),
+            parent.parent_ref.name.as_str()
+        ),
+        ("ListenerSet", "extra")
+    );
+    assert!(find(&parent.conditions, "Accepted").is_true());
+    assert_eq!(
+        set_listener_condition(&extra.listeners, "a", "Accepted").observed_generation,
+        2
+    );
+    assert_eq!(
+        extra
+            .listeners
+            .iter()
+            .find(|l| l.name == "a")
+            .unwrap()
+            .attached_routes,
+        1
+    );
+    assert_eq!(gw.listeners[0].attached_routes, 1);
+}
+
+// A Gateway takes no ListenerSet unless spec.allowedListeners says so.
+#[test]
+fn listener_sets_are_refused_by_default() {
+    let c = compile_yaml(&[
+        BASE,
+        GATEWAY,
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {name: extra, namespace: web}
+spec:
+  parentRef: {name: edge}
+  listeners: [{name: a, port: 80, protocol: HTTP, hostname: a.example}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: on-refused, namespace: web}
+spec:
+  parentRefs: [{kind: ListenerSet, name: extra}]
+  rules: [{backendRefs: [{name: echo, port: 8080}]}]
+"#,
+    ]);
+    let status = &c.status.listener_sets[&key("web", "extra")];
+    let accepted = find(&status.conditions, "Accepted");
+    assert_eq!(
+        (accepted.status, accepted.reason),
+        (ConditionStatus::False, "NotAllowed")
+    );
+    assert!(
+        accepted.message.contains("allowedListeners"),
+        "{}",
+        accepted.message
+    );
+    assert_eq!(
+        c.status.gateways[&key("web", "edge")].attached_listener_sets,
+        0
+    );
+    // A route attached to it is told, not left without a word.
+    let parent = &c.status.http_routes[&key("web", "on-refused")][0];
+    assert_eq!(parent.parent_ref.kind, "ListenerSet");
+    let accepted = find(&parent.conditions, "Accepted");
+    assert_eq!(
+        (accepted.status, accepted.reason),
+        (ConditionStatus::False, "NoMatchingParent")
+    );
+    assert!(
+        accepted.message.contains("not accepted"),
+        "{}",
+        accepted.message
+    );
 }

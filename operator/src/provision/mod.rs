@@ -12,6 +12,7 @@
 //! The objects' name comes from [`naming`], assigned by the controller loop over every
 //! dedicated Gateway at once (two Gateways can want the same GEP-1762 name).
 
+pub mod addresses;
 pub mod naming;
 pub mod render;
 
@@ -277,7 +278,7 @@ async fn reconcile(gw: Arc<Gateway>, ctx: Arc<Context>) -> Result<Action, Provis
         trust_bundle_pem: &ctx.trust_bundle_pem,
         proxy_name: &proxy.name,
     };
-    let rendered = match render::render(&inputs) {
+    let mut rendered = match render::render(&inputs) {
         Ok(r) => r,
         Err(e) => {
             publish(
@@ -291,6 +292,7 @@ async fn reconcile(gw: Arc<Gateway>, ctx: Arc<Context>) -> Result<Action, Provis
             return Err(e.into());
         }
     };
+    addresses::request(&mut rendered.service, &gw);
     if !ctx.leader.load(Ordering::Acquire) {
         return Ok(Action::requeue(Duration::from_secs(5)));
     }

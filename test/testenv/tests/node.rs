@@ -7,7 +7,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -271,6 +271,75 @@ async fn load_balancer_service_gets_an_address_that_forwards_to_its_pods() {
         seen, names,
         "both Pods answer through the LoadBalancer address"
     );
+}
+
+async fn load_balancer_ip(services: &Api<Service>, name: &str) -> Option<std::net::IpAddr> {
+    let svc = services.get(name).await.ok()?;
+    let ip = svc.status?.load_balancer?.ingress?.first()?.ip.clone()?;
+    ip.parse().ok()
+}
+
+async fn request_load_balancer_ip(services: &Api<Service>, name: &str, ip: &str) {
+    let patch = serde_json::json!({"spec": {"loadBalancerIP": ip}});
+    services
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap_or_else(|e| panic!("requesting {ip} for Service {name}: {e}"));
+}
+
+// A LoadBalancer provider honours `spec.loadBalancerIP` when it can (the Gateway API's
+// static addresses rely on it) and leaves the Service without an address when it cannot.
+#[tokio::test]
+async fn load_balancer_honours_a_requested_address_in_its_pool_only() {
+    let env = TestEnv::new().await;
+    node(&env).await;
+    let pp = PostParams::default();
+    env.api::<Deployment>()
+        .create(&pp, &echo_deployment("lbip", 1))
+        .await
+        .expect("deployment");
+    let services: Api<Service> = env.api();
+    services
+        .create(&pp, &service("lbip", "LoadBalancer", 8080))
+        .await
+        .expect("service");
+    ready_pods(&env, "lbip", 1).await;
+    let assigned = eventually("a pool address", WAIT, || {
+        load_balancer_ip(&services, "lbip")
+    })
+    .await;
+    // The pool is 10.97.N.0/24: ask for its .250.
+    let pool = assigned.to_string();
+    let wanted: std::net::IpAddr = format!("{}.250", &pool[..pool.rfind('.').expect("IPv4")])
+        .parse()
+        .expect("address");
+
+    request_load_balancer_ip(&services, "lbip", &wanted.to_string()).await;
+    eventually("the requested address", WAIT, || async {
+        (load_balancer_ip(&services, "lbip").await == Some(wanted)).then_some(())
+    })
+    .await;
+    eventually("an answer through the requested address", WAIT, || {
+        get_json(SocketAddr::new(wanted, 8080), "/lbip")
+    })
+    .await;
+
+    // Outside the pool: refused, so the Service has no address at all.
+    request_load_balancer_ip(&services, "lbip", "192.0.2.250").await;
+    eventually(
+        "no address for a request outside the pool",
+        WAIT,
+        || async {
+            let svc = services.get("lbip").await.ok()?;
+            let ingress = svc
+                .status
+                .and_then(|s| s.load_balancer)
+                .and_then(|lb| lb.ingress)
+                .unwrap_or_default();
+            ingress.is_empty().then_some(())
+        },
+    )
+    .await;
 }
 
 fn shell_pod(name: &str, script: &str, restart_policy: &str) -> Pod {

@@ -268,8 +268,11 @@ impl Proxy {
         *table = ready;
     }
 
-    /// The Service's LoadBalancer address: the one already in its status when it is ours,
-    /// else the lowest free one in the pool, written to status.loadBalancer.ingress.
+    /// The Service's LoadBalancer address. A requested one (`spec.loadBalancerIP`) is
+    /// honoured when it is in the pool and no other Service has it, and refused otherwise (no
+    /// address, as a real provider leaves it pending). Without a request: the one already in
+    /// its status when it is ours, else the lowest free one in the pool. Written to
+    /// status.loadBalancer.ingress.
     async fn load_balancer_address(
         &mut self,
         svc: &Service,
@@ -278,6 +281,7 @@ impl Proxy {
     ) -> Option<Ipv4Addr> {
         let key = (ns.to_owned(), name.to_owned());
         let network = &self.shared.network;
+        let in_pool = |ip: Ipv4Addr| (2..=254).any(|h| network.load_balancer_ip(h) == ip);
         let in_status = svc
             .status
             .as_ref()
@@ -286,43 +290,67 @@ impl Proxy {
             .and_then(|i| i.first())
             .and_then(|i| i.ip.as_deref())
             .and_then(|ip| ip.parse::<Ipv4Addr>().ok());
-        let ip = match self.load_balancers.get(&key) {
-            Some(ip) => *ip,
-            None => {
-                let used: HashSet<Ipv4Addr> = self.load_balancers.values().copied().collect();
-                let ip = match in_status {
-                    Some(ip)
-                        if !used.contains(&ip)
-                            && (2..=254).any(|h| network.load_balancer_ip(h) == ip) =>
-                    {
-                        ip
-                    }
-                    _ => (2..=254)
-                        .map(|h| network.load_balancer_ip(h))
-                        .find(|ip| !used.contains(ip))?,
-                };
-                self.load_balancers.insert(key, ip);
+        let requested = svc
+            .spec
+            .as_ref()
+            .and_then(|s| s.load_balancer_ip.as_deref())
+            .filter(|ip| !ip.is_empty());
+        let others: HashSet<Ipv4Addr> = self
+            .load_balancers
+            .iter()
+            .filter(|(k, _)| **k != key)
+            .map(|(_, ip)| *ip)
+            .collect();
+        let ip = match requested {
+            Some(wanted) => {
+                let ip = wanted
+                    .parse::<Ipv4Addr>()
+                    .ok()
+                    .filter(|ip| in_pool(*ip) && !others.contains(ip));
+                if ip.is_none() {
+                    tracing::debug!(
+                        namespace = ns,
+                        service = name,
+                        requested = wanted,
+                        "requested load balancer address is outside the pool or taken; not assigned"
+                    );
+                }
                 ip
             }
+            None => match self.load_balancers.get(&key) {
+                Some(ip) => Some(*ip),
+                None => match in_status {
+                    Some(ip) if !others.contains(&ip) && in_pool(ip) => Some(ip),
+                    _ => (2..=254)
+                        .map(|h| network.load_balancer_ip(h))
+                        .find(|ip| !others.contains(ip)),
+                },
+            },
         };
-        if in_status != Some(ip) {
+        match ip {
+            Some(ip) => self.load_balancers.insert(key, ip),
+            None => self.load_balancers.remove(&key),
+        };
+        if in_status != ip {
+            let ingress = match ip {
+                Some(ip) => serde_json::json!([{"ip": ip.to_string(), "ipMode": "VIP"}]),
+                None => serde_json::Value::Null,
+            };
             let api: Api<Service> = Api::namespaced(self.shared.client.clone(), ns);
-            let patch = serde_json::json!({
-                "status": {"loadBalancer": {"ingress": [{"ip": ip.to_string(), "ipMode": "VIP"}]}}
-            });
+            let patch = serde_json::json!({"status": {"loadBalancer": {"ingress": ingress}}});
             match api
                 .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
             {
                 Ok(_) => {
-                    tracing::info!(namespace = ns, service = name, %ip, "load balancer address assigned")
+                    tracing::info!(namespace = ns, service = name, ip = ?ip, "load balancer address assigned")
                 }
                 Err(e) => {
                     tracing::warn!(namespace = ns, service = name, error = %e, "writing load balancer status failed")
                 }
             }
         }
-        Some(ip)
+        ip
     }
 
     async fn apply_listeners(&mut self, wanted: HashMap<SocketAddrV4, Backend>) {
