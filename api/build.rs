@@ -40,6 +40,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "Route.upstream_protocol",
             "#[serde(with = \"crate::snapshot::serde_enum::upstream_protocol\")]",
         )
+        .field_attribute(
+            "LoadBalancer.algorithm",
+            "#[serde(with = \"crate::snapshot::serde_enum::lb_algorithm\")]",
+        )
+        .field_attribute(
+            "SessionPersistence.kind",
+            "#[serde(with = \"crate::snapshot::serde_enum::session_kind\")]",
+        )
         .compile_fds(protox::compile([SNAPSHOT], ["proto"])?)?;
     // Discovery: gRPC services; snapshot types come from the module above.
     tonic_prost_build::configure()

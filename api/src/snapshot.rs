@@ -77,6 +77,8 @@ pub(crate) mod serde_enum {
     by_name!(query_kind, super::super::query_param_match::Kind);
     by_name!(app_protocol, super::super::AppProtocol);
     by_name!(upstream_protocol, super::super::UpstreamProtocol);
+    by_name!(lb_algorithm, super::super::load_balancer::Algorithm);
+    by_name!(session_kind, super::super::session_persistence::Kind);
 }
 
 #[cfg(test)]

@@ -350,6 +350,8 @@ struct Plan {
     counters: Arc<crate::metrics::RouteCounters>,
     /// Some when the route logs and the access log target is enabled.
     access_log: Option<AccessFields>,
+    /// The request counted as busy on `endpoint` (least-request clusters only).
+    in_flight: Option<crate::upstream::InFlight>,
 }
 
 /// What the access log line needs once the request buffer has moved on.
@@ -436,6 +438,7 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
         idempotent: request::idempotent(method),
         counters: route.counters.clone(),
         access_log,
+        in_flight: forward.cluster.start(forward.endpoint),
     })
 }
 
@@ -527,6 +530,8 @@ async fn exchange(
                             crate::metrics::Metrics::count(&env.table.metrics().connect_retries);
                             plan.endpoint = next;
                             plan.upstream = plan.cluster.addr(next);
+                            plan.in_flight = None;
+                            plan.in_flight = plan.cluster.start(next);
                             continue;
                         }
                         None => return Err(502),

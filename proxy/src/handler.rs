@@ -92,6 +92,7 @@ impl Gateway {
         ctx.upstream = Some(f.addr);
         ctx.endpoint = f.endpoint;
         ctx.cluster = Some(f.cluster.clone());
+        ctx.session_named = f.session.is_none().then_some(f.endpoint);
         let tls;
         (tls, ctx.h2c) = match policy.upstream_protocol {
             snap::UpstreamProtocol::Unspecified => {
@@ -201,6 +202,11 @@ pub struct Ctx {
     cluster: Option<Arc<crate::upstream::ClusterState>>,
     /// `upstream`'s index in `cluster`.
     endpoint: usize,
+    /// The attempt under way, while its cluster balances by least request.
+    in_flight: Option<crate::upstream::InFlight>,
+    /// Session persistence: the endpoint the request named and was sent to (the answer
+    /// names the endpoint again only when it served from another one).
+    session_named: Option<usize>,
     /// Endpoints (indices) this request was sent to, or could not be sent to.
     tried: Vec<usize>,
     /// Connections to the backend that could not be opened, for this request.
@@ -486,6 +492,9 @@ impl ProxyHttp for Gateway {
         let Some(addr) = ctx.upstream else {
             return Err(pingora::Error::new_str("no upstream chosen"));
         };
+        // Each attempt (retries too) counts as busy on its own endpoint.
+        ctx.in_flight = None;
+        ctx.in_flight = ctx.cluster.as_ref().and_then(|c| c.start(ctx.endpoint));
         // A retry's backoff, cut short by the request's deadline (checked below).
         if let Some(at) = ctx.retry_not_before.take() {
             let wake = ctx.deadline.map_or(at, |d| d.min(at));
@@ -721,6 +730,13 @@ impl ProxyHttp for Gateway {
             if !cors.expose_headers.is_empty() {
                 response.insert_header("access-control-expose-headers", &*cors.expose_headers)?;
             }
+        }
+        if let Some(session) = ctx.policy.as_ref().and_then(|p| p.session.as_ref())
+            && ctx.session_named != Some(ctx.endpoint)
+            && let Some(cluster) = &ctx.cluster
+        {
+            let (name, value) = session.answer(cluster.endpoint_id(ctx.endpoint));
+            response.append_header(name.to_owned(), value)?;
         }
         let Some(route) = ctx.route.clone() else {
             return Ok(());

@@ -10,6 +10,7 @@
 
 pub mod access_log;
 pub mod admin;
+pub mod balance;
 mod conn;
 pub mod discovery;
 pub mod fastpath;

@@ -19,6 +19,70 @@ pub struct RoutePolicy {
     pub upstream_protocol: snap::UpstreamProtocol,
     /// Answers retried on another endpoint.
     pub retry: Option<RetryPolicy>,
+    /// Some: a client's requests stay on one endpoint.
+    pub session: Option<SessionPolicy>,
+}
+
+/// Session persistence (GEP-1619, Ingress cookie affinity): the answer names its endpoint in a
+/// cookie or header; a request bringing that name back goes to the same endpoint.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionPolicy {
+    pub kind: SessionKind,
+    /// The cookie's name, or the header's in lowercase.
+    pub name: Box<str>,
+    /// What follows the cookie's value: "; Path=/; HttpOnly" and Max-Age when it has one.
+    cookie_attributes: Box<str>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionKind {
+    Cookie,
+    Header,
+}
+
+impl SessionPolicy {
+    fn new(s: &snap::SessionPersistence) -> Option<Self> {
+        if s.name.is_empty() {
+            return None;
+        }
+        let kind = match snap::session_persistence::Kind::try_from(s.kind) {
+            Ok(snap::session_persistence::Kind::Header) => SessionKind::Header,
+            _ => SessionKind::Cookie,
+        };
+        let path = if s.path.is_empty() { "/" } else { &s.path };
+        let mut cookie_attributes = format!("; Path={path}; HttpOnly");
+        if s.max_age_s > 0 {
+            cookie_attributes.push_str(&format!("; Max-Age={}", s.max_age_s));
+        }
+        Some(Self {
+            kind,
+            name: match kind {
+                SessionKind::Header => s.name.to_ascii_lowercase().into(),
+                SessionKind::Cookie => s.name.as_str().into(),
+            },
+            cookie_attributes: cookie_attributes.into(),
+        })
+    }
+
+    /// The endpoint name in a request's cookie value or header value (16 hex digits, as
+    /// `answer` writes them).
+    pub fn endpoint_named(value: &[u8]) -> Option<u64> {
+        if value.len() != 16 {
+            return None;
+        }
+        u64::from_str_radix(std::str::from_utf8(value).ok()?, 16).ok()
+    }
+
+    /// The response field that names endpoint `id` to the client.
+    pub fn answer(&self, id: u64) -> (&str, String) {
+        match self.kind {
+            SessionKind::Cookie => (
+                "set-cookie",
+                format!("{}={id:016x}{}", self.name, self.cookie_attributes),
+            ),
+            SessionKind::Header => (&self.name, format!("{id:016x}")),
+        }
+    }
 }
 
 /// RFC 9110 9.2.2: a proxy may send these again on its own after a connection failed.
@@ -92,6 +156,10 @@ impl RoutePolicy {
             upstream_protocol: snap::UpstreamProtocol::try_from(route.upstream_protocol)
                 .unwrap_or_default(),
             retry: route.retry.as_ref().map(RetryPolicy::new),
+            session: route
+                .session_persistence
+                .as_ref()
+                .and_then(SessionPolicy::new),
         }
     }
 }

@@ -16,11 +16,12 @@
 //!
 //! and the query string is left as it came.
 
+use crate::balance::{self, HashSource};
 use crate::forwarded::Forwarded;
 pub use crate::head::{Head, Version};
 use crate::limits::Limits;
-use crate::policy::RoutePolicy;
 pub use crate::policy::idempotent;
+use crate::policy::{RoutePolicy, SessionKind, SessionPolicy};
 use crate::router::{CompiledRoute, Pick, Request as RouteQuery, ResolvedBackend};
 use crate::table::Table;
 use crate::upstream::ClusterState;
@@ -472,6 +473,9 @@ pub struct Forward<'t> {
     pub cluster: &'t Arc<ClusterState>,
     /// Mirror targets this request was sampled for, with their verified TLS if any.
     pub mirrors: Vec<(SocketAddr, Option<crate::mirror::TlsTo>)>,
+    /// Session persistence: the answer names this endpoint to the client (None when the
+    /// request already named it, or the route has no persistence).
+    pub session: Option<(&'t crate::policy::SessionPolicy, u64)>,
 }
 
 /// Applies the route's policies and picks the backend. Counts toward the route's
@@ -544,7 +548,48 @@ pub fn decide<'t, H: Head + ?Sized>(
             mirrors.push((target, tls));
         }
     }
-    match route.pick() {
+    // A session the request names goes back to its endpoint while that endpoint is in one
+    // of the route's backends and takes requests; otherwise the balancer picks, and the
+    // answer names the new endpoint.
+    if let Some(session) = &policy.session
+        && let Some(id) = session_requested(session, head)
+    {
+        for backend in &route.backends {
+            if let Some(cluster) = &backend.cluster
+                && let Some(endpoint) = cluster.session_endpoint(id)
+            {
+                if cluster.backend_tls.as_ref().is_some_and(|t| t.refuse) {
+                    return Decision::Status(502);
+                }
+                return Decision::Forward(Forward {
+                    route,
+                    addr: cluster.addr(endpoint),
+                    endpoint,
+                    backend,
+                    cluster,
+                    mirrors,
+                    session: None,
+                });
+            }
+        }
+    }
+    let mut key = |source: &HashSource| match source {
+        HashSource::Header(name) => head.get(name).map(|v| balance::key_hash(v.as_bytes())),
+        HashSource::Cookie(name) => {
+            let mut hash = None;
+            head.each_header(&mut |n, v| {
+                if hash.is_none()
+                    && n.eq_ignore_ascii_case(b"cookie")
+                    && let Some(value) = balance::cookie_value(v, name)
+                {
+                    hash = Some(balance::key_hash(value));
+                }
+            });
+            hash
+        }
+        HashSource::ClientAddress => arrival.client.map(balance::address_hash),
+    };
+    match route.pick(&mut key) {
         Pick::Endpoint {
             addr,
             endpoint,
@@ -562,11 +607,35 @@ pub fn decide<'t, H: Head + ?Sized>(
                 backend,
                 cluster,
                 mirrors,
+                session: policy
+                    .session
+                    .as_ref()
+                    .map(|s| (s, cluster.endpoint_id(endpoint))),
             })
         }
         Pick::InvalidBackend => Decision::Status(500),
         Pick::NoEndpoints => Decision::Status(503),
     }
+}
+
+/// The endpoint a request's session cookie or header names, if any.
+fn session_requested<H: Head + ?Sized>(session: &SessionPolicy, head: &H) -> Option<u64> {
+    let mut found = None;
+    head.each_header(&mut |name, value| {
+        if found.is_some() {
+            return;
+        }
+        found = match session.kind {
+            SessionKind::Header if name.eq_ignore_ascii_case(session.name.as_bytes()) => {
+                Some(value.trim_ascii())
+            }
+            SessionKind::Cookie if name.eq_ignore_ascii_case(b"cookie") => {
+                balance::cookie_value(value, &session.name)
+            }
+            _ => None,
+        };
+    });
+    SessionPolicy::endpoint_named(found?)
 }
 
 /// A CORS preflight: OPTIONS naming the method it asks about, from a page with an Origin.

@@ -158,8 +158,12 @@ impl Mirror {
 
 impl CompiledRoute {
     /// Weighted choice among the backends (a rotating counter over the cumulative weights:
-    /// exact shares, no randomness, no lock), then an endpoint of that backend.
-    pub fn pick(&self) -> Pick<'_> {
+    /// exact shares, no randomness, no lock), then an endpoint of that backend by its
+    /// cluster's load balancer; `key` hashes the request's key for a consistent-hash cluster.
+    pub fn pick(
+        &self,
+        key: &mut dyn FnMut(&crate::balance::HashSource) -> Option<u64>,
+    ) -> Pick<'_> {
         if self.total_weight == 0 {
             return Pick::InvalidBackend;
         }
@@ -171,7 +175,7 @@ impl CompiledRoute {
                 let Some(cluster) = &b.cluster else {
                     return Pick::InvalidBackend;
                 };
-                return match cluster.pick_endpoint() {
+                return match cluster.pick_for(key) {
                     Some(endpoint) => Pick::Endpoint {
                         addr: cluster.addr(endpoint),
                         endpoint,
@@ -549,6 +553,7 @@ fn compile_route(
         && r.client_allowlist.is_none()
         && r.timeouts.is_none_or(|t| t == snap::Timeouts::default())
         && r.retry.is_none()
+        && r.session_persistence.is_none()
         && policy.cors.is_none()
         && policy.rewrite.is_none()
         && !backends.is_empty()

@@ -150,7 +150,8 @@ pub async fn serve(mut client: TcpStream, table: &SharedTable, port: u16, peer: 
             return;
         }
     };
-    let (addr, counters) = {
+    // Held while the connection is relayed: a least-request cluster counts it as busy.
+    let (addr, counters, _in_flight) = {
         let metrics = table.metrics().clone();
         let table = table.load();
         let Some(route) = table
@@ -163,8 +164,19 @@ pub async fn serve(mut client: TcpStream, table: &SharedTable, port: u16, peer: 
             return;
         };
         let counters = route.counters.clone();
-        match route.pick() {
-            Pick::Endpoint { addr, .. } => (addr, counters),
+        // Only the client address is known before the backend is chosen: a cluster hashing
+        // on a header or cookie is balanced round robin here.
+        let mut key = |source: &crate::balance::HashSource| {
+            (*source == crate::balance::HashSource::ClientAddress)
+                .then(|| crate::balance::address_hash(peer.ip()))
+        };
+        match route.pick(&mut key) {
+            Pick::Endpoint {
+                addr,
+                endpoint,
+                cluster,
+                ..
+            } => (addr, counters, cluster.start(endpoint)),
             Pick::InvalidBackend => {
                 counters.record(500);
                 return;

@@ -1,6 +1,7 @@
 //! Upstreams: clusters with their endpoints, TLS to backends, and the fast path's pool of
 //! idle upstream connections.
 
+use crate::balance::{self, Balance, HashSource};
 use crate::outlier::{self, ClusterHealth, EndpointHealth};
 use coxswain_api::snapshot as snap;
 use std::net::{IpAddr, SocketAddr};
@@ -24,6 +25,10 @@ pub struct ClusterState {
     fallback: Vec<usize>,
     next: AtomicUsize,
     outliers: Arc<ClusterHealth>,
+    /// Round robin, least request or a hash ring (the cluster's load balancer).
+    balance: Balance,
+    /// Each endpoint's stable name (`balance::endpoint_id`), for session persistence.
+    ids: Vec<u64>,
     /// BackendTLSPolicy: verified TLS to this cluster.
     pub backend_tls: Option<Arc<BackendTls>>,
 }
@@ -154,6 +159,9 @@ impl ClusterState {
         let health: Vec<Arc<EndpointHealth>> =
             endpoints.iter().map(|a| outliers.endpoint(*a)).collect();
         outliers.settle(&health);
+        let pool = if ready.is_empty() { &fallback } else { &ready };
+        let balance = Balance::new(c.load_balancer.as_ref(), &endpoints, pool);
+        let ids = endpoints.iter().map(|a| balance::endpoint_id(*a)).collect();
         Self {
             name: c.name.as_str().into(),
             app_protocol: snap::AppProtocol::try_from(c.app_protocol).unwrap_or_default(),
@@ -172,6 +180,8 @@ impl ClusterState {
             fallback,
             next: AtomicUsize::new(0),
             outliers,
+            balance,
+            ids,
             backend_tls: c.tls.as_ref().map(|t| Arc::new(BackendTls::new(t))),
         }
     }
@@ -223,6 +233,77 @@ impl ClusterState {
             .or(Some(first))
     }
 
+    /// The cluster's load balancer's pick. `key` gives a consistent-hash cluster the hash of
+    /// the request's key (None: the request has none, and round robin serves it).
+    pub fn pick_for(&self, key: &mut dyn FnMut(&HashSource) -> Option<u64>) -> Option<usize> {
+        match &self.balance {
+            Balance::RoundRobin => self.pick_endpoint(),
+            Balance::LeastRequest(active) => {
+                let pool = self.pool();
+                if pool.len() < 2 {
+                    return self.pick_endpoint();
+                }
+                let now = outlier::now_ms();
+                let usable = |i: usize| {
+                    !self.outliers.any_ejected() || self.outliers.available(&self.health[i], now)
+                };
+                let (a, b) = balance::two_choices(pool.len());
+                let (a, b) = (pool[a], pool[b]);
+                match (usable(a), usable(b)) {
+                    (true, true) => {
+                        let load = |i: usize| active[i].load(Ordering::Relaxed);
+                        Some(if load(b) < load(a) { b } else { a })
+                    }
+                    (true, false) => Some(a),
+                    (false, true) => Some(b),
+                    (false, false) => self.pick_endpoint(),
+                }
+            }
+            Balance::ConsistentHash { source, ring } => match key(source) {
+                Some(hash) => {
+                    let now = outlier::now_ms();
+                    ring.find(hash, |i| {
+                        !self.outliers.any_ejected()
+                            || self.outliers.available(&self.health[i], now)
+                    })
+                }
+                None => self.pick_endpoint(),
+            },
+        }
+    }
+
+    /// Counts a request to `endpoint` as in flight until the guard is dropped (least request
+    /// only: other clusters pay nothing).
+    pub fn start(self: &Arc<Self>, endpoint: usize) -> Option<InFlight> {
+        let Balance::LeastRequest(active) = &self.balance else {
+            return None;
+        };
+        active.get(endpoint)?.fetch_add(1, Ordering::Relaxed);
+        Some(InFlight::new(self.clone(), endpoint))
+    }
+
+    pub(crate) fn finished(&self, endpoint: usize) {
+        if let Balance::LeastRequest(active) = &self.balance
+            && let Some(n) = active.get(endpoint)
+        {
+            n.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The endpoint a session named `id` belongs to, if it still takes requests here.
+    pub fn session_endpoint(&self, id: u64) -> Option<usize> {
+        let now = outlier::now_ms();
+        self.pool().iter().copied().find(|&i| {
+            self.ids[i] == id
+                && (!self.outliers.any_ejected() || self.outliers.available(&self.health[i], now))
+        })
+    }
+
+    /// `endpoint`'s stable name, as session persistence gives it to clients.
+    pub fn endpoint_id(&self, endpoint: usize) -> u64 {
+        self.ids.get(endpoint).copied().unwrap_or_default()
+    }
+
     pub fn addr(&self, endpoint: usize) -> SocketAddr {
         self.endpoints[endpoint]
     }
@@ -263,6 +344,25 @@ impl ClusterState {
 
     pub fn has_endpoints(&self) -> bool {
         !self.ready.is_empty() || !self.fallback.is_empty()
+    }
+}
+
+/// A request in flight to an endpoint of a least-request cluster; dropping it ends it.
+#[derive(Debug)]
+pub struct InFlight {
+    cluster: Arc<ClusterState>,
+    endpoint: usize,
+}
+
+impl InFlight {
+    fn new(cluster: Arc<ClusterState>, endpoint: usize) -> Self {
+        Self { cluster, endpoint }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.cluster.finished(self.endpoint);
     }
 }
 
