@@ -69,6 +69,7 @@ struct CompiledRule {
     backends: Vec<WeightedBackend>,
     timeouts: Option<snap::Timeouts>,
     retry: Option<snap::Retry>,
+    session_persistence: Option<snap::SessionPersistence>,
     direct_status: u32,
 }
 
@@ -438,6 +439,7 @@ fn compile_route(
                                     backends: rule.backends.clone(),
                                     timeouts: rule.timeouts,
                                     retry: rule.retry.clone(),
+                                    session_persistence: rule.session_persistence.clone(),
                                     direct_status: rule.direct_status,
                                     ..Default::default()
                                 },
@@ -595,6 +597,7 @@ fn compile_rules(
                 backends,
                 timeouts,
                 retry,
+                session_persistence,
                 direct_status,
                 resolved: rule_resolved,
             }) => {
@@ -609,6 +612,7 @@ fn compile_rules(
                     backends,
                     timeouts,
                     retry,
+                    session_persistence,
                     direct_status,
                 });
             }
@@ -627,6 +631,7 @@ struct RuleParts {
     backends: Vec<WeightedBackend>,
     timeouts: Option<snap::Timeouts>,
     retry: Option<snap::Retry>,
+    session_persistence: Option<snap::SessionPersistence>,
     direct_status: u32,
     resolved: Result<(), Problem>,
 }
@@ -680,6 +685,79 @@ fn compile_retry(
         attempts,
         backoff_ms,
         non_idempotent: false,
+    })
+}
+
+/// The session name when sessionPersistence gives none.
+pub const DEFAULT_SESSION_NAME: &str = "coxswain-session";
+
+/// rules[].sessionPersistence (GEP-1619): the proxy names the endpoint that served a client
+/// in a cookie (or header) and keeps sending that client there. The cookie's Path is the
+/// rule's path when it has one path match, so a browser sends it only where it matters.
+fn compile_session_persistence(
+    s: &gateway_api::apis::experimental::httproutes::HttpRouteRulesSessionPersistence,
+    matches: &[RouteMatch],
+) -> Result<snap::SessionPersistence, Problem> {
+    use gateway_api::apis::experimental::httproutes::{
+        HttpRouteRulesSessionPersistenceCookieConfigLifetimeType as Lifetime,
+        HttpRouteRulesSessionPersistenceType as Type,
+    };
+    let unsupported = |m: String| (reason::UNSUPPORTED_VALUE, m);
+    if s.idle_timeout.is_some() {
+        // Would need per-session state in every replica; the cookie carries none.
+        return Err(unsupported(
+            "sessionPersistence.idleTimeout is not supported; use absoluteTimeout".into(),
+        ));
+    }
+    let name = s
+        .session_name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| DEFAULT_SESSION_NAME.to_owned());
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+    {
+        return Err(unsupported(format!(
+            "sessionPersistence.sessionName {name:?}: letters, digits, '-', '_' and '.' only"
+        )));
+    }
+    let kind = match s.r#type {
+        Some(Type::Header) => snap::session_persistence::Kind::Header,
+        _ => snap::session_persistence::Kind::Cookie,
+    };
+    let absolute_ms = match s.absolute_timeout.as_deref() {
+        None => 0,
+        Some(t) => parse_duration_ms(t).ok_or_else(|| {
+            unsupported(format!(
+                "sessionPersistence.absoluteTimeout: {t:?} is not a Gateway API duration"
+            ))
+        })?,
+    };
+    let session_cookie = s
+        .cookie_config
+        .as_ref()
+        .and_then(|c| c.lifetime_type.as_ref())
+        .is_some_and(|l| matches!(l, Lifetime::Session));
+    let path = match matches {
+        [m] => m
+            .path
+            .as_ref()
+            .filter(|p| p.kind != snap::path_match::Kind::Regex as i32)
+            .map(|p| p.value.clone())
+            .unwrap_or_default(),
+        _ => String::new(),
+    };
+    Ok(snap::SessionPersistence {
+        kind: kind as i32,
+        name,
+        // Rounded up: a timeout under a second still gets a cookie that lasts.
+        max_age_s: if session_cookie {
+            0
+        } else {
+            absolute_ms.div_ceil(1000)
+        },
+        path,
     })
 }
 
@@ -788,12 +866,18 @@ fn compile_rule(
         }
     };
     let retry = rule.retry.as_ref().map(compile_retry).transpose()?;
+    let session_persistence = rule
+        .session_persistence
+        .as_ref()
+        .map(|s| compile_session_persistence(s, &matches))
+        .transpose()?;
     Ok(RuleParts {
         matches,
         filters,
         backends,
         timeouts,
         retry,
+        session_persistence,
         direct_status,
         resolved,
     })

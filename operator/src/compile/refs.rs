@@ -149,6 +149,8 @@ impl<'a> Index<'a> {
                 .backend_tls
                 .for_port(namespace, name, &port_name)
                 .cloned(),
+            // Set by CoxswainBackendPolicy and the Ingress balancing annotations.
+            load_balancer: None,
         })
     }
 }

@@ -991,6 +991,81 @@ fn rule_retries_compile_and_bad_values_make_the_route_unacceptable() {
 }
 
 #[test]
+fn session_persistence_compiles_and_unsupported_fields_are_refused() {
+    // HTTPRoute rules[].sessionPersistence (GEP-1619, the experimental channel's field).
+    let sticky = route(
+        "sticky",
+        r#"  parentRefs: [{name: edge}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /cart}}]
+    backendRefs: [{name: echo, port: 8080}]
+    sessionPersistence: {sessionName: shop, absoluteTimeout: 1h, cookieConfig: {lifetimeType: Permanent}}
+  - matches: [{path: {type: PathPrefix, value: /api}}, {path: {type: PathPrefix, value: /v2}}]
+    backendRefs: [{name: echo, port: 8080}]
+    sessionPersistence: {type: Header, sessionName: X-Session}
+  - matches: [{path: {type: PathPrefix, value: /browser}}]
+    backendRefs: [{name: echo, port: 8080}]
+    sessionPersistence: {absoluteTimeout: 10m, cookieConfig: {lifetimeType: Session}}
+"#,
+    );
+    let idle = route(
+        "idle",
+        "  parentRefs: [{name: edge}]
+  rules: [{backendRefs: [{name: echo, port: 8080}], sessionPersistence: {idleTimeout: 30m}}]
+",
+    );
+    let bad_name = route(
+        "bad-name",
+        "  parentRefs: [{name: edge}]
+  rules: [{backendRefs: [{name: echo, port: 8080}], sessionPersistence: {sessionName: \"a b\"}}]
+",
+    );
+    let c = compile_yaml(&[BASE, GATEWAY, &sticky, &idle, &bad_name]);
+    assert!(route_condition(&c, "sticky", "Accepted").is_true());
+    for (name, says) in [("idle", "idleTimeout"), ("bad-name", "sessionName")] {
+        let cond = route_condition(&c, name, "Accepted");
+        assert_eq!(
+            (cond.status, cond.reason),
+            (ConditionStatus::False, "UnsupportedValue"),
+            "{name}"
+        );
+        assert!(cond.message.contains(says), "{name}: {}", cond.message);
+    }
+    let routes = &shared(&c).listeners[0].virtual_hosts[0].routes;
+    let session = |rule: u32| {
+        routes
+            .iter()
+            .find(|r| {
+                r.source.as_ref().unwrap().rule == rule
+                    && r.source.as_ref().unwrap().name == "sticky"
+            })
+            .and_then(|r| r.session_persistence.clone())
+            .map(|s| (s.kind, s.name, s.max_age_s, s.path))
+    };
+    let cookie = snap::session_persistence::Kind::Cookie as i32;
+    let header = snap::session_persistence::Kind::Header as i32;
+    assert_eq!(
+        session(0),
+        Some((cookie, "shop".into(), 3600, "/cart".into()))
+    );
+    // Two path matches: the cookie is not narrowed to one of them.
+    assert_eq!(
+        session(1),
+        Some((header, "X-Session".into(), 0, String::new()))
+    );
+    // A session cookie has no Max-Age; the name defaults.
+    assert_eq!(
+        session(2),
+        Some((
+            cookie,
+            super::httproute::DEFAULT_SESSION_NAME.into(),
+            0,
+            "/browser".into()
+        ))
+    );
+}
+
+#[test]
 fn request_mirrors_compile_with_their_share() {
     // HTTPRequestMirrorFilter: several mirrors per rule; percent and fraction (denominator
     // defaulting to 100) become a fraction, neither means every request; a mirror backend that
