@@ -3,6 +3,7 @@
 //! `config/crd/bases/` holds the rendered manifests; [`render`] is their only source and a test
 //! fails when the committed copy drifts.
 
+pub mod backendpolicy;
 pub mod gateway;
 pub mod ingress;
 mod schema;
@@ -26,6 +27,7 @@ pub fn all() -> Vec<CustomResourceDefinition> {
     vec![
         gateway::CoxswainGatewayParameters::crd(),
         ingress::CoxswainIngressClassParameters::crd(),
+        backendpolicy::CoxswainBackendPolicy::crd(),
     ]
 }
 
@@ -168,5 +170,6 @@ mod tests {
         assert_eq!(docs.len(), all().len());
         assert!(docs[0].contains("name: coxswaingatewayparameters.gateway.coxswain-labs.dev"));
         assert!(docs[1].contains("name: coxswainingressclassparameters.ingress.coxswain-labs.dev"));
+        assert!(docs[2].contains("name: coxswainbackendpolicies.gateway.coxswain-labs.dev"));
     }
 }
