@@ -1,6 +1,7 @@
 //! Coxswain's contracts, shared by the controller and the data plane.
 //!
-//! - [`crd`]: the custom resources (`CoxswainGatewayParameters`, `CoxswainIngressClassParameters`)
+//! - [`crd`]: the custom resources (`CoxswainGatewayParameters`, `CoxswainIngressClassParameters`,
+//!   `CoxswainBackendPolicy`)
 //!   and the generated CRD manifests, whose only source is these Rust types.
 //! - [`names`]: every well-known name (controller name, labels, Lease, Services, ports, token
 //!   audience, SPIFFE IDs) so no other crate spells one.
@@ -16,6 +17,11 @@ pub mod discovery;
 pub mod names;
 pub mod snapshot;
 
+pub use crd::backendpolicy::{
+    AncestorRef, BackendPolicyTargetRef, ConsistentHash, CoxswainBackendPolicy,
+    CoxswainBackendPolicySpec, CoxswainBackendPolicyStatus, HashName, LoadBalancer,
+    LoadBalancerType, PolicyAncestorStatus, SourceIp,
+};
 pub use crd::gateway::{
     Autoscaling, CoxswainGatewayParameters, CoxswainGatewayParametersSpec,
     CoxswainGatewayParametersStatus, NamespacedName, ServiceType,

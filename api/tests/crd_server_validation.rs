@@ -168,3 +168,108 @@ async fn ingress_class_parameters_round_trip_and_samples_apply() {
         .unwrap();
     assert_eq!(api.get("edge").await.unwrap().spec, sample.spec);
 }
+
+fn policy_api(env: &TestEnv) -> Api<DynamicObject> {
+    let resource = ApiResource::erase::<coxswain_api::CoxswainBackendPolicy>(&());
+    Api::namespaced_with(env.client.clone(), &env.namespace, &resource)
+}
+
+fn policy(name: &str, spec: serde_json::Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "gateway.coxswain-labs.dev/v1alpha1",
+        "kind": "CoxswainBackendPolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn backend_policy_sample_round_trips_and_sourceip_survives_pruning() {
+    let env = TestEnv::new().await;
+    let samples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/samples");
+    let text = std::fs::read_to_string(samples.join("gateway_v1alpha1_coxswainbackendpolicy.yaml"))
+        .unwrap();
+    let mut sample: coxswain_api::CoxswainBackendPolicy = serde_yaml::from_str(&text).unwrap();
+    sample.meta_mut().namespace = Some(env.namespace.clone());
+    let api: Api<coxswain_api::CoxswainBackendPolicy> = env.api();
+    api.patch(
+        "shop",
+        &PatchParams::apply("coxswain-test").force(),
+        &Patch::Apply(&sample),
+    )
+    .await
+    .unwrap();
+    assert_eq!(api.get("shop").await.unwrap().spec, sample.spec);
+
+    // `sourceIP: {}` has no fields; the server must keep it, or the CEL rule's key is lost.
+    let obj = policy(
+        "by-client",
+        json!({
+            "targetRefs": [{"kind": "Service", "name": "shop"}],
+            "loadBalancer": {"type": "ConsistentHash", "consistentHash": {"sourceIP": {}}},
+        }),
+    );
+    policy_api(&env)
+        .create(&PostParams::default(), &obj)
+        .await
+        .unwrap();
+    let stored = api.get("by-client").await.unwrap();
+    let hash = stored.spec.load_balancer.unwrap().consistent_hash.unwrap();
+    assert!(hash.source_ip.is_some());
+    // group defaults to "" (core).
+    assert_eq!(stored.spec.target_refs[0].group, "");
+}
+
+#[tokio::test]
+async fn backend_policy_mistakes_are_rejected_by_the_server() {
+    let env = TestEnv::new().await;
+    let service = json!([{"group": "", "kind": "Service", "name": "shop"}]);
+    for (name, spec, says) in [
+        (
+            "unknown-type",
+            json!({"targetRefs": service, "loadBalancer": {"type": "Random"}}),
+            "Unsupported value",
+        ),
+        (
+            "hash-without-key",
+            json!({"targetRefs": service, "loadBalancer": {"type": "ConsistentHash"}}),
+            "consistentHash is required with type ConsistentHash",
+        ),
+        (
+            "two-keys",
+            json!({"targetRefs": service, "loadBalancer": {"type": "ConsistentHash",
+                "consistentHash": {"sourceIP": {}, "cookie": {"name": "s"}}}}),
+            "exactly one of header, cookie or sourceIP",
+        ),
+        (
+            "key-without-hash",
+            json!({"targetRefs": service, "loadBalancer": {"type": "RoundRobin",
+                "consistentHash": {"sourceIP": {}}}}),
+            "allowed only with it",
+        ),
+        (
+            "not-a-service",
+            json!({"targetRefs": [{"group": "apps", "kind": "Deployment", "name": "shop"}]}),
+            "only Services can be targeted",
+        ),
+        ("no-targets", json!({"targetRefs": []}), "spec.targetRefs"),
+        (
+            "bad-header",
+            json!({"targetRefs": service, "loadBalancer": {"type": "ConsistentHash",
+                "consistentHash": {"header": {"name": "X User"}}}}),
+            "consistentHash.header.name",
+        ),
+    ] {
+        let obj = policy(name, spec);
+        let msg = match policy_api(&env).create(&PostParams::default(), &obj).await {
+            Ok(_) => panic!("{name}: the API server accepted it"),
+            Err(kube::Error::Api(status)) => {
+                assert_eq!(status.code, 422, "{name}: {status:?}");
+                status.message
+            }
+            Err(e) => panic!("{name}: unexpected error: {e}"),
+        };
+        assert!(msg.contains(says), "{name}: {msg}");
+    }
+}

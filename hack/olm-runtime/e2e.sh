@@ -229,7 +229,8 @@ operator_gone() {
 wait_until "the operator's Deployments, Pods, Services, ServiceAccounts and RBAC removed" 180 operator_gone
 log "removed in $(elapsed): Deployments, Pods, Services, the PodDisruptionBudget, both ServiceAccounts, $rbac_before RBAC objects and every copied CSV"
 for kept in crd/coxswaingatewayparameters.gateway.coxswain-labs.dev \
-  crd/coxswainingressclassparameters.ingress.coxswain-labs.dev gatewayclass/coxswain; do
+  crd/coxswainingressclassparameters.ingress.coxswain-labs.dev \
+  crd/coxswainbackendpolicies.gateway.coxswain-labs.dev gatewayclass/coxswain; do
   kubectl get "$kept" >/dev/null || fail "$kept was removed by the uninstall"
 done
 kubectl -n coxswain-system get coxswaingatewayparameters/edge secret/coxswain-discovery-ca \
@@ -237,6 +238,6 @@ kubectl -n coxswain-system get coxswaingatewayparameters/edge secret/coxswain-di
 kubectl -n demo get gateway/web httproute/app deployment/web-coxswain >/dev/null || fail "the user's objects were removed"
 code="$(curl -s -o /dev/null -w '%{http_code}' --max-time 2 -H 'Host: app.example.com' "$url" || true)"
 [[ "$code" == 200 ]] || fail "the dedicated proxy stopped serving after the uninstall (${code:-no answer})"
-log "kept: both CRDs, GatewayClass, CoxswainGatewayParameters, Gateway, HTTPRoute, CA Secret and trust ConfigMap; the dedicated proxy still answers 200 without the controller"
+log "kept: the three CRDs, GatewayClass, CoxswainGatewayParameters, Gateway, HTTPRoute, CA Secret and trust ConfigMap; the dedicated proxy still answers 200 without the controller"
 
 echo "olm-e2e: passed in $(( $(date +%s) - started ))s; upgrade under traffic: $requests requests, $failed failed" >&2

@@ -11,7 +11,9 @@
 //! write statuses that are wrong for a moment.
 
 use crate::compile::Store;
-use coxswain_api::{CoxswainGatewayParameters, CoxswainIngressClassParameters};
+use coxswain_api::{
+    CoxswainBackendPolicy, CoxswainGatewayParameters, CoxswainIngressClassParameters,
+};
 use futures::StreamExt;
 use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
@@ -53,6 +55,7 @@ pub struct Reflector {
     ingress_classes: Cache<IngressClass>,
     ingress_class_parameters: Cache<CoxswainIngressClassParameters>,
     gateway_parameters: Cache<CoxswainGatewayParameters>,
+    backend_policies: Cache<CoxswainBackendPolicy>,
     /// Notified after any cache changed.
     pub changed: Arc<Notify>,
     /// Per kind: has its initial list completed?
@@ -154,7 +157,8 @@ impl Reflector {
             ingresses: reflect(client, all.clone(), c.clone(), s),
             ingress_classes: reflect(client, all.clone(), c.clone(), s),
             ingress_class_parameters: reflect(client, all.clone(), c.clone(), s),
-            gateway_parameters: reflect(client, all, c.clone(), s),
+            gateway_parameters: reflect(client, all.clone(), c.clone(), s),
+            backend_policies: reflect(client, all, c.clone(), s),
             changed,
             sync,
         }
@@ -202,6 +206,7 @@ impl Reflector {
             ingress_classes: copy(&self.ingress_classes),
             ingress_class_parameters: copy(&self.ingress_class_parameters),
             gateway_parameters: copy(&self.gateway_parameters),
+            backend_policies: copy(&self.backend_policies),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! The status writer: turns the compiler's decisions into server-side applies of `status` on
-//! GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes, TLSRoutes, BackendTLSPolicies and
-//! Ingresses (their addresses: the proxy Service's load balancer). It keeps lastTransitionTime
+//! GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes, TLSRoutes, BackendTLSPolicies,
+//! CoxswainBackendPolicies and Ingresses (their addresses: the proxy Service's load balancer). It keeps lastTransitionTime
 //! when a condition's status did not change, writes only this controller's `status.parents`
 //! entries of a route and `status.ancestors` entries of a policy (other controllers' entries
 //! are kept), skips writes that would change nothing, so its own writes do not make it loop,
@@ -9,11 +9,13 @@
 use crate::admin;
 use crate::compile::ScopeKey;
 use crate::compile::status::{
-    Condition, ConditionStatus, ObjectKey, RouteParentStatus, StatusDecisions, reason,
+    Condition, ConditionStatus, ObjectKey, PolicyAncestorStatus, RouteParentStatus,
+    StatusDecisions, reason,
 };
 use crate::compile::{Compiled, Store};
 use crate::discovery::Hub;
 use crate::provision::naming::{self, ProxyNames};
+use coxswain_api::CoxswainBackendPolicy;
 use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
@@ -546,11 +548,11 @@ impl StatusWriter {
     /// `status.parents` of routes (`status.ancestors` of policies): our entries as decided,
     /// other controllers' entries as they are. An object we have nothing to say about any
     /// more (its parentRefs no longer name a Gateway of ours) loses the entries we wrote.
-    async fn route_parents<K: SharedStatus>(
+    async fn route_parents<K: SharedStatus, D: ParentDecision>(
         &self,
         next: &mut HashMap<String, (ConditionStatus, &'static str)>,
         routes: &[K],
-        decisions: &BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+        decisions: &BTreeMap<ObjectKey, Vec<D>>,
         now: &str,
     ) {
         let (kind, (list, reference)) = (K::KIND, K::FIELDS);
@@ -580,7 +582,7 @@ impl StatusWriter {
                 .cloned()
                 .collect();
             for p in ours {
-                let parent_ref = serde_json::to_value(&p.parent_ref).unwrap_or(Value::Null);
+                let parent_ref = p.reference();
                 let existing = current_parents
                     .iter()
                     .find(|e| {
@@ -589,26 +591,20 @@ impl StatusWriter {
                     })
                     .map(|e| existing_conditions(Some(e.clone())))
                     .unwrap_or_default();
-                let mut subject =
-                    format!("parent {}/{}", p.parent_ref.namespace, p.parent_ref.name);
-                if let Some(section) = &p.parent_ref.section_name {
-                    subject.push('/');
-                    subject.push_str(section);
-                }
-                subject.push_str(": ");
+                let subject = p.subject();
                 // Routes are many: only problems and recoveries are worth an Event.
                 self.transitions(
                     next,
                     &object,
                     &event_scope,
                     &subject,
-                    &p.conditions,
+                    p.conditions(),
                     &existing,
                     false,
                 );
                 let mut entry = json!({
-                    "controllerName": p.controller_name,
-                    "conditions": render_conditions(&p.conditions, &existing, now),
+                    "controllerName": p.controller_name(),
+                    "conditions": render_conditions(p.conditions(), &existing, now),
                 });
                 entry[reference] = parent_ref;
                 parents.push(entry);
@@ -622,7 +618,7 @@ impl StatusWriter {
             let mut status = json!({});
             status[list] = Value::Array(parents);
             let body = json!({
-                "apiVersion": "gateway.networking.k8s.io/v1",
+                "apiVersion": K::API_VERSION,
                 "kind": kind,
                 "metadata": {
                     "name": name,
@@ -874,6 +870,13 @@ impl StatusWriter {
             &now,
         )
         .await;
+        self.route_parents(
+            &mut next,
+            &store.backend_policies,
+            &decisions.backend_policies,
+            &now,
+        )
+        .await;
 
         // Ingresses of our classes are served by the shared pool: its address is theirs.
         let shared = load_balancer_ingress(
@@ -962,6 +965,7 @@ trait SharedStatus:
     + std::fmt::Debug
 {
     const KIND: &'static str;
+    const API_VERSION: &'static str = "gateway.networking.k8s.io/v1";
     /// The list and the reference field of its entries.
     const FIELDS: (&'static str, &'static str);
     /// The entries as the object carries them.
@@ -1003,6 +1007,68 @@ impl SharedStatus for BackendTlsPolicy {
     const FIELDS: (&'static str, &'static str) = ("ancestors", "ancestorRef");
     fn entries(&self) -> Vec<Value> {
         as_values(self.status.as_ref().map(|s| &s.ancestors))
+    }
+}
+
+impl SharedStatus for CoxswainBackendPolicy {
+    const KIND: &'static str = "CoxswainBackendPolicy";
+    const API_VERSION: &'static str = "gateway.coxswain-labs.dev/v1alpha1";
+    const FIELDS: (&'static str, &'static str) = ("ancestors", "ancestorRef");
+    fn entries(&self) -> Vec<Value> {
+        as_values(self.status.as_ref().map(|s| &s.ancestors))
+    }
+}
+
+/// One entry of a shared status list as decided: a route's parent or a policy's ancestor.
+trait ParentDecision {
+    /// The entry's parentRef / ancestorRef.
+    fn reference(&self) -> Value;
+    /// Prefix of Event notes about this entry.
+    fn subject(&self) -> String;
+    fn controller_name(&self) -> &str;
+    fn conditions(&self) -> &[Condition];
+}
+
+impl ParentDecision for RouteParentStatus {
+    fn reference(&self) -> Value {
+        serde_json::to_value(&self.parent_ref).unwrap_or(Value::Null)
+    }
+    fn subject(&self) -> String {
+        let mut subject = format!(
+            "parent {}/{}",
+            self.parent_ref.namespace, self.parent_ref.name
+        );
+        if let Some(section) = &self.parent_ref.section_name {
+            subject.push('/');
+            subject.push_str(section);
+        }
+        subject.push_str(": ");
+        subject
+    }
+    fn controller_name(&self) -> &str {
+        &self.controller_name
+    }
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+}
+
+impl ParentDecision for PolicyAncestorStatus {
+    fn reference(&self) -> Value {
+        serde_json::to_value(&self.ancestor_ref).unwrap_or(Value::Null)
+    }
+    fn subject(&self) -> String {
+        let r = &self.ancestor_ref;
+        match &r.namespace {
+            Some(ns) => format!("{} {ns}/{}: ", r.kind, r.name),
+            None => format!("{} {}: ", r.kind, r.name),
+        }
+    }
+    fn controller_name(&self) -> &str {
+        &self.controller_name
+    }
+    fn conditions(&self) -> &[Condition] {
+        &self.conditions
     }
 }
 
@@ -1068,9 +1134,10 @@ fn same_parents(a: &[Value], b: &[Value]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
 }
 
-/// The same parent: name, namespace, section and port (group and kind are always Gateway's).
+/// The same parent: kind, name, namespace, section and port. A route's parents are Gateways
+/// or ListenerSets; a policy's ancestors may also be IngressClasses or Services.
 fn same_parent_ref(a: &Value, b: &Value) -> bool {
-    ["name", "namespace", "sectionName", "port"]
+    ["kind", "name", "namespace", "sectionName", "port"]
         .iter()
         .all(|k| a.get(k) == b.get(k))
 }

@@ -179,9 +179,10 @@ mod installed {
     use std::time::Duration;
 
     const WAIT: Duration = Duration::from_secs(120);
-    const CRDS: [&str; 2] = [
+    const CRDS: [&str; 3] = [
         "coxswaingatewayparameters.gateway.coxswain-labs.dev",
         "coxswainingressclassparameters.ingress.coxswain-labs.dev",
+        "coxswainbackendpolicies.gateway.coxswain-labs.dev",
     ];
 
     async fn ready_replicas(api: &Api<Deployment>, name: &str, want: i32) {

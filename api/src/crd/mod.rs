@@ -3,6 +3,7 @@
 //! `config/crd/bases/` holds the rendered manifests; [`render`] is their only source and a test
 //! fails when the committed copy drifts.
 
+pub mod backendpolicy;
 pub mod gateway;
 pub mod ingress;
 mod schema;
@@ -21,9 +22,11 @@ pub enum RenderError {
     },
 }
 
-/// Every Coxswain CRD, in a stable order.
+/// Every Coxswain CRD, in the order of their file names (`<group>_<plural>.yaml`), so the
+/// stream `coxswain crd` prints is the files of `config/crd/bases` concatenated.
 pub fn all() -> Vec<CustomResourceDefinition> {
     vec![
+        backendpolicy::CoxswainBackendPolicy::crd(),
         gateway::CoxswainGatewayParameters::crd(),
         ingress::CoxswainIngressClassParameters::crd(),
     ]
@@ -166,7 +169,8 @@ mod tests {
         let stream = render_stream().unwrap();
         let docs: Vec<&str> = stream.split("---\n").filter(|d| !d.is_empty()).collect();
         assert_eq!(docs.len(), all().len());
-        assert!(docs[0].contains("name: coxswaingatewayparameters.gateway.coxswain-labs.dev"));
-        assert!(docs[1].contains("name: coxswainingressclassparameters.ingress.coxswain-labs.dev"));
+        assert!(docs[0].contains("name: coxswainbackendpolicies.gateway.coxswain-labs.dev"));
+        assert!(docs[1].contains("name: coxswaingatewayparameters.gateway.coxswain-labs.dev"));
+        assert!(docs[2].contains("name: coxswainingressclassparameters.ingress.coxswain-labs.dev"));
     }
 }

@@ -59,6 +59,16 @@ const KNOWN: &[(&str, &[&str])] = &[
     ("access-log", &[]),
     ("retry-on", &["proxy-next-upstream"]),
     ("retry-tries", &["proxy-next-upstream-tries"]),
+    ("load-balance", &["load-balance"]),
+    ("upstream-hash-by", &["upstream-hash-by"]),
+    ("affinity", &["affinity"]),
+    ("session-cookie-name", &["session-cookie-name"]),
+    // ingress-nginx sets both Expires and Max-Age from these; Max-Age alone means the same.
+    (
+        "session-cookie-max-age",
+        &["session-cookie-max-age", "session-cookie-expires"],
+    ),
+    ("session-cookie-path", &["session-cookie-path"]),
 ];
 
 /// ingress-nginx's access-log switch: a boolean where ours accepts only "off".
@@ -93,6 +103,8 @@ pub const DEFAULT_TEMPORAL_CODE: u16 = 302;
 pub const DEFAULT_CANARY_TOTAL: u32 = 100;
 /// Longest accepted timeout: anything longer is almost certainly a unit mistake.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+/// ingress-nginx's affinity cookie name.
+pub const DEFAULT_SESSION_COOKIE: &str = "INGRESSCOOKIE";
 
 /// An Ingress's annotations, typed. `Default` is "no annotations": the built-in defaults.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +134,11 @@ pub struct IngressAnnotations {
     pub access_log: bool,
     /// Answers retried on another endpoint (retry-on, retry-tries).
     pub retry: Option<Retry>,
+    /// How the Services this Ingress sends to pick an endpoint (load-balance,
+    /// upstream-hash-by); None: not set, the Service's policy or round robin applies.
+    pub load_balance: Option<LoadBalance>,
+    /// Some with affinity: cookie.
+    pub affinity: Option<CookieAffinity>,
     /// An access-control annotation was invalid or is unsupported: every path answers 403.
     pub deny_all: bool,
 }
@@ -146,6 +163,8 @@ impl Default for IngressAnnotations {
             canary: None,
             access_log: true,
             retry: None,
+            load_balance: None,
+            affinity: None,
             deny_all: false,
         }
     }
@@ -226,6 +245,35 @@ pub struct Retry {
     pub non_idempotent: bool,
     /// Tries in all, the first included (ingress-nginx's meaning); 0: as many as allowed.
     pub tries: u32,
+}
+
+/// An endpoint-choosing algorithm asked for by annotation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoadBalance {
+    RoundRobin,
+    /// `ewma` under ingress-nginx: the nearest algorithm the proxy has.
+    LeastRequest,
+    /// upstream-hash-by: a hash ring on this key.
+    Hash(HashKey),
+}
+
+/// What upstream-hash-by hashes on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HashKey {
+    ClientAddress,
+    /// A lower-case header name.
+    Header(String),
+    Cookie(String),
+}
+
+/// affinity: cookie. The proxy names the endpoint in this cookie and sends the client back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CookieAffinity {
+    pub name: String,
+    /// Seconds; None: a session cookie.
+    pub max_age: Option<u64>,
+    /// None: "/".
+    pub path: Option<String>,
 }
 
 /// ingress-nginx's default for proxy-next-upstream-tries.
@@ -377,6 +425,40 @@ pub fn parse(
             "retry-tries",
             "has no effect without retry-on listing http_NNN codes or non_idempotent",
         );
+    }
+
+    let hash = r.get("upstream-hash-by", parse_hash_by);
+    let algorithm = r.get("load-balance", parse_load_balance);
+    a.load_balance = match (hash, algorithm) {
+        (Some(key), other) => {
+            if other.is_some() {
+                // ingress-nginx does the same: a hash replaces the balancing algorithm.
+                r.note(
+                    "load-balance",
+                    "upstream-hash-by is set too and wins; ignored",
+                );
+            }
+            Some(LoadBalance::Hash(key))
+        }
+        (None, other) => other,
+    };
+
+    if r.get("affinity", parse_affinity).is_some() {
+        a.affinity = Some(CookieAffinity {
+            name: r
+                .get("session-cookie-name", parse_cookie_name)
+                .unwrap_or_else(|| DEFAULT_SESSION_COOKIE.to_owned()),
+            max_age: r.get("session-cookie-max-age", parse_cookie_max_age),
+            path: r.get("session-cookie-path", parse_cookie_path),
+        });
+    } else {
+        for name in [
+            "session-cookie-name",
+            "session-cookie-max-age",
+            "session-cookie-path",
+        ] {
+            r.note(name, "has no effect without affinity: cookie");
+        }
     }
 
     a.access_log = r.get("access-log", parse_access_log).unwrap_or(true);
@@ -973,6 +1055,92 @@ fn parse_retry_tries(v: &str) -> Result<u32, String> {
             "a number of tries from 1 to {MAX_RETRY_TRIES} (0: {MAX_RETRY_TRIES})"
         )),
     }
+}
+
+/// ingress-nginx's `load-balance`: `round_robin` or `ewma`; ours also says `least_request`.
+fn parse_load_balance(v: &str) -> Result<LoadBalance, String> {
+    match v.trim() {
+        "round_robin" => Ok(LoadBalance::RoundRobin),
+        "ewma" | "least_request" => Ok(LoadBalance::LeastRequest),
+        other => Err(format!(
+            "{other:?} is not a load-balancing algorithm; use round_robin, least_request or ewma"
+        )),
+    }
+}
+
+/// ingress-nginx's `upstream-hash-by` takes an NGINX variable. The ones that name a key the
+/// proxy can hash on are accepted; anything else (other variables, text around one, several)
+/// would mean a different key than the one written, so it is refused.
+fn parse_hash_by(v: &str) -> Result<HashKey, String> {
+    let v = v.trim();
+    let refused = || {
+        format!(
+            "{v:?} cannot be hashed on; use $remote_addr (or $binary_remote_addr), \
+             $http_<header> or $cookie_<name>"
+        )
+    };
+    let var = v.strip_prefix('$').ok_or_else(refused)?;
+    let var = var
+        .strip_prefix('{')
+        .and_then(|s| s.strip_suffix('}'))
+        .unwrap_or(var);
+    let word = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    };
+    if var == "remote_addr" || var == "binary_remote_addr" {
+        return Ok(HashKey::ClientAddress);
+    }
+    if let Some(header) = var.strip_prefix("http_").filter(|h| word(h)) {
+        // NGINX spells a header's dashes as underscores in $http_ variables.
+        return Ok(HashKey::Header(
+            header.replace('_', "-").to_ascii_lowercase(),
+        ));
+    }
+    if let Some(cookie) = var.strip_prefix("cookie_").filter(|c| word(c)) {
+        return Ok(HashKey::Cookie(cookie.to_owned()));
+    }
+    Err(refused())
+}
+
+/// ingress-nginx knows one affinity, `cookie`.
+fn parse_affinity(v: &str) -> Result<(), String> {
+    match v.trim() {
+        "cookie" => Ok(()),
+        other => Err(format!("affinity {other:?} is not supported; use cookie")),
+    }
+}
+
+/// A cookie name is an HTTP token.
+fn parse_cookie_name(v: &str) -> Result<String, String> {
+    let name = v.trim();
+    if is_token(name) {
+        Ok(name.to_owned())
+    } else {
+        Err(format!("{name:?} is not a valid cookie name"))
+    }
+}
+
+/// Seconds, as ingress-nginx writes them (a duration with a unit is accepted too).
+fn parse_cookie_max_age(v: &str) -> Result<u64, String> {
+    let d = parse_duration(v)?;
+    if d.is_zero() || d.subsec_nanos() != 0 {
+        return Err("expected a whole number of seconds, more than 0".into());
+    }
+    Ok(d.as_secs())
+}
+
+/// The cookie's Path attribute: an absolute path with nothing that would end the attribute.
+fn parse_cookie_path(v: &str) -> Result<String, String> {
+    let path = v.trim();
+    if !path.starts_with('/') {
+        return Err("the cookie path must start with /".into());
+    }
+    if !no_spaces_or_controls(path) || path.contains(';') {
+        return Err("the cookie path may not hold spaces, controls or ;".into());
+    }
+    Ok(path.to_owned())
 }
 
 fn parse_access_log(v: &str) -> Result<bool, String> {

@@ -3,6 +3,11 @@
 //! pathType ImplementationSpecific is treated as Prefix (element-wise), the same as Prefix.
 //! Host wildcards (`*.example.com`) follow the Gateway API rule (one or more labels), which is
 //! wider than Ingress's single label.
+//!
+//! The load-balance and upstream-hash-by annotations choose for the Service ports an Ingress
+//! sends to, not for the Ingress: the proxy has one cluster per Service port. Where Ingresses
+//! disagree the oldest (creationTimestamp, then namespace/name) decides, and a
+//! CoxswainBackendPolicy on the Service port decides over every annotation.
 
 use super::annotations::{self, BackendProtocol, Canary, IngressAnnotations};
 use super::entries::{Entry, PrecedenceKey};
@@ -14,7 +19,7 @@ use super::{Config, Slot};
 use coxswain_api::CoxswainIngressClassParameters;
 use coxswain_api::snapshot::{self as snap, Protocol};
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
 const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
@@ -27,6 +32,11 @@ pub struct IngressOutput {
     pub status: BTreeMap<ObjectKey, IngressStatus>,
     /// IngressClass name -> why its parameters reference is not used.
     pub class_problems: BTreeMap<String, String>,
+    /// Cluster name -> the algorithm Ingress annotations chose for it (Service ports a
+    /// CoxswainBackendPolicy holds are not here).
+    pub load_balancers: BTreeMap<String, snap::LoadBalancer>,
+    /// (namespace, Service) -> our IngressClasses whose Ingresses send to it.
+    pub service_classes: BTreeMap<(String, String), BTreeSet<String>>,
 }
 
 /// The IngressClass an Ingress belongs to, if it is one of ours.
@@ -131,6 +141,7 @@ struct PathRoute {
 /// An Ingress of ours, parsed.
 struct Prepared {
     key: ObjectKey,
+    class: String,
     created: Option<super::entries::jiff_like::Timestamp>,
     annotations: IngressAnnotations,
     /// The class's parameters say accessLog: false.
@@ -163,6 +174,8 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
         certificates: BTreeMap::new(),
         status: BTreeMap::new(),
         class_problems: BTreeMap::new(),
+        load_balancers: BTreeMap::new(),
+        service_classes: BTreeMap::new(),
     };
     let ours: Vec<&IngressClass> = store
         .ingress_classes
@@ -313,6 +326,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
         }
         prepared.push(Prepared {
             key,
+            class: class.metadata.name.clone().unwrap_or_default(),
             created,
             class_access_log_off: params.is_some_and(|p| p.spec.access_log == Some(false)),
             annotations,
@@ -380,9 +394,22 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
         }
     }
 
+    for p in &prepared {
+        for cluster in p.paths.iter().filter_map(|path| path.backend.as_ref().ok()) {
+            if let Some(service) = service_of(cluster) {
+                out.service_classes
+                    .entry(service)
+                    .or_default()
+                    .insert(p.class.clone());
+            }
+        }
+    }
+    choose_load_balancers(index, &mut prepared, &mut out.load_balancers);
+
     for p in prepared {
         let Prepared {
             key,
+            class: _,
             created,
             annotations: a,
             class_access_log_off,
@@ -528,6 +555,7 @@ struct RoutePolicy {
     upstream_protocol: snap::UpstreamProtocol,
     access_log_off: bool,
     retry: Option<snap::Retry>,
+    session_persistence: Option<snap::SessionPersistence>,
     deny_all: bool,
 }
 
@@ -628,6 +656,12 @@ impl RoutePolicy {
                 backoff_ms: 0,
                 non_idempotent: r.non_idempotent,
             }),
+            session_persistence: a.affinity.as_ref().map(|c| snap::SessionPersistence {
+                kind: snap::session_persistence::Kind::Cookie as i32,
+                name: c.name.clone(),
+                max_age_s: c.max_age.unwrap_or(0),
+                path: c.path.clone().unwrap_or_default(),
+            }),
             deny_all: a.deny_all,
         }
     }
@@ -671,6 +705,111 @@ impl RoutePolicy {
         route.max_request_body_bytes = self.max_body;
         route.upstream_protocol = self.upstream_protocol as i32;
         route.retry = self.retry.clone();
+        route.session_persistence = self.session_persistence.clone();
+    }
+}
+
+/// (namespace, Service) of a cluster name "<namespace>/<service>:<port>[/h2c]".
+pub fn service_of(cluster: &str) -> Option<(String, String)> {
+    let base = cluster
+        .strip_suffix(refs::H2C_CLUSTER_SUFFIX)
+        .unwrap_or(cluster);
+    let (service, _port) = base.rsplit_once(':')?;
+    let (ns, name) = service.split_once('/')?;
+    Some((ns.to_owned(), name.to_owned()))
+}
+
+/// The annotation algorithm for every cluster the Ingresses send to: the oldest Ingress that
+/// sets one decides, so the choice does not flip as Ingresses come and go in between. An
+/// Ingress whose choice is not used (a policy holds the port, an older Ingress chose
+/// otherwise) is told so.
+fn choose_load_balancers(
+    index: &Index<'_>,
+    prepared: &mut [Prepared],
+    chosen: &mut BTreeMap<String, snap::LoadBalancer>,
+) {
+    let mut order: Vec<usize> = (0..prepared.len())
+        .filter(|&i| prepared[i].annotations.canary.is_none())
+        .filter(|&i| prepared[i].annotations.load_balance.is_some())
+        .collect();
+    order.sort_by(|&a, &b| {
+        let (a, b) = (&prepared[a], &prepared[b]);
+        let age = |p: &Prepared| (p.created.is_none(), p.created);
+        age(a).cmp(&age(b)).then_with(|| a.key.cmp(&b.key))
+    });
+    // Cluster -> the Ingress whose choice it got.
+    let mut owner: BTreeMap<String, ObjectKey> = BTreeMap::new();
+    for i in order {
+        let p = &mut prepared[i];
+        let Some(choice) = p.annotations.load_balance.as_ref().map(load_balancer) else {
+            continue;
+        };
+        let clusters: BTreeSet<String> = p
+            .paths
+            .iter()
+            .filter_map(|path| path.backend.clone().ok())
+            .collect();
+        let mut warnings = Vec::new();
+        for cluster in clusters {
+            if let Some((policy, _)) = index.backend_policy.for_cluster(&cluster) {
+                warnings.push(format!(
+                    "CoxswainBackendPolicy {policy} sets the load balancer of {cluster}; the \
+                     annotation is not applied there"
+                ));
+                continue;
+            }
+            match chosen.get(&cluster) {
+                None => {
+                    chosen.insert(cluster.clone(), choice.clone());
+                    owner.insert(cluster, p.key.clone());
+                }
+                Some(existing) if *existing == choice => {}
+                Some(_) => {
+                    let older = owner.get(&cluster).map(ToString::to_string);
+                    warnings.push(format!(
+                        "Ingress {} is older and chose another load balancer for {cluster}; \
+                         this one is not applied there",
+                        older.unwrap_or_default()
+                    ));
+                }
+            }
+        }
+        // Said under the key that was set: upstream-hash-by when it decided, else load-balance.
+        let name = match p.annotations.load_balance {
+            Some(annotations::LoadBalance::Hash(_)) => "upstream-hash-by",
+            _ => "load-balance",
+        };
+        for reason in warnings {
+            p.status.warnings.push(AnnotationWarning {
+                annotation: format!("{}{name}", annotations::PREFIX),
+                reason,
+                fail_closed: false,
+            });
+        }
+    }
+}
+
+fn load_balancer(choice: &annotations::LoadBalance) -> snap::LoadBalancer {
+    use annotations::{HashKey, LoadBalance};
+    use snap::hash_key::Source;
+    use snap::load_balancer::Algorithm;
+    let (algorithm, hash) = match choice {
+        LoadBalance::RoundRobin => (Algorithm::RoundRobin, None),
+        LoadBalance::LeastRequest => (Algorithm::LeastRequest, None),
+        LoadBalance::Hash(key) => (
+            Algorithm::ConsistentHash,
+            Some(snap::HashKey {
+                source: Some(match key {
+                    HashKey::ClientAddress => Source::ClientAddress(true),
+                    HashKey::Header(h) => Source::Header(h.clone()),
+                    HashKey::Cookie(c) => Source::Cookie(c.clone()),
+                }),
+            }),
+        ),
+    };
+    snap::LoadBalancer {
+        algorithm: algorithm as i32,
+        hash,
     }
 }
 

@@ -3,13 +3,15 @@
 //! byte-identical snapshots.
 //!
 //! Pipeline: GatewayClasses and Gateways ([`gateway`]) decide which listeners exist;
-//! BackendTLSPolicies ([`backendtls`]) which Service ports get verified TLS; HTTPRoutes,
+//! BackendTLSPolicies ([`backendtls`]) which Service ports get verified TLS and
+//! CoxswainBackendPolicies ([`backendpolicy`]) which load balancer they get; HTTPRoutes,
 //! GRPCRoutes and TLSRoutes ([`httproute`], [`grpcroute`], [`tlsroute`]) and Ingresses
 //! ([`ingress`]) become route [`entries`] on those listeners; [`assemble`] groups entries into
 //! virtual hosts in precedence order per port and scope, and seals each snapshot with its
 //! content hash.
 
 pub mod annotations;
+pub mod backendpolicy;
 pub mod backendtls;
 pub mod entries;
 pub mod gateway;
@@ -17,6 +19,8 @@ pub mod grpcroute;
 pub mod hostname;
 pub mod httproute;
 pub mod ingress;
+#[cfg(test)]
+mod lb_tests;
 pub mod refs;
 pub mod status;
 pub mod store;
@@ -104,6 +108,12 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
             (!ancestors.is_empty()).then(|| (policy.clone(), ancestors))
         })
         .collect();
+    let backend_policies = backend_policy_ancestors(
+        &index.backend_policy,
+        &routes.service_gateways,
+        &ingresses.service_classes,
+        config,
+    );
     let mut status = StatusDecisions {
         gateway_classes: gateways.class_status,
         gateways: gateways.gateway_status,
@@ -112,6 +122,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         grpc_routes: routes.grpc_status,
         tls_routes: routes.tls_status,
         backend_tls_policies,
+        backend_policies,
         ingresses: ingresses.status,
         ingress_classes: ingresses.class_problems,
     };
@@ -154,9 +165,73 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
     entries.extend(ingresses.entries);
     let mut clusters = routes.clusters;
     clusters.extend(ingresses.clusters);
+    // One cluster per Service port, whichever route sends to it: a policy's choice, else the
+    // Ingress annotations'.
+    for c in &mut clusters {
+        c.load_balancer = match index.backend_policy.for_cluster(&c.name) {
+            Some((_, lb)) => Some(lb.clone()),
+            None => ingresses
+                .load_balancers
+                .get(
+                    c.name
+                        .strip_suffix(refs::H2C_CLUSTER_SUFFIX)
+                        .unwrap_or(&c.name),
+                )
+                .cloned(),
+        };
+    }
 
     let snapshots = assemble(slots, entries, clusters, &certificates, &gateways.served);
     Compiled { snapshots, status }
+}
+
+/// `status.ancestors` of every CoxswainBackendPolicy: the Gateways and IngressClasses whose
+/// routes send to a Service it targets; while there is none, the first targeted Service, so a
+/// policy with a typo in its target still hears about it.
+fn backend_policy_ancestors(
+    policies: &backendpolicy::Output,
+    service_gateways: &BTreeMap<(String, String), BTreeSet<ObjectKey>>,
+    service_classes: &BTreeMap<(String, String), BTreeSet<String>>,
+    config: &Config,
+) -> BTreeMap<ObjectKey, Vec<status::PolicyAncestorStatus>> {
+    let mut out = BTreeMap::new();
+    for (policy, decided) in &policies.decided {
+        let mut found: BTreeSet<status::AncestorRef> = BTreeSet::new();
+        for service in &decided.services {
+            for gw in service_gateways.get(service).into_iter().flatten() {
+                found.insert(status::AncestorRef {
+                    group: refs::GATEWAY_GROUP.into(),
+                    kind: "Gateway".into(),
+                    namespace: Some(gw.namespace.clone()),
+                    name: gw.name.clone(),
+                });
+            }
+            for class in service_classes.get(service).into_iter().flatten() {
+                found.insert(status::AncestorRef {
+                    group: "networking.k8s.io".into(),
+                    kind: "IngressClass".into(),
+                    namespace: None,
+                    name: class.clone(),
+                });
+            }
+        }
+        let mut found: Vec<status::AncestorRef> = found.into_iter().collect();
+        if found.is_empty() {
+            found.extend(decided.first_target.clone());
+        }
+        // The CRD keeps at most 16 entries; the sorted first ones are written.
+        found.truncate(16);
+        let ancestors = found
+            .into_iter()
+            .map(|ancestor_ref| status::PolicyAncestorStatus {
+                ancestor_ref,
+                controller_name: config.controller_name.clone(),
+                conditions: decided.conditions.clone(),
+            })
+            .collect();
+        out.insert(policy.clone(), ancestors);
+    }
+    out
 }
 
 /// A listener as the assembler sees it.

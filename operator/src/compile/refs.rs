@@ -47,6 +47,8 @@ pub struct Index<'a> {
     secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
     /// BackendTLSPolicies, decided once: every cluster of a Service port they hold gets TLS.
     pub backend_tls: super::backendtls::Output,
+    /// CoxswainBackendPolicies, decided once: the load balancer of the Service ports they hold.
+    pub backend_policy: super::backendpolicy::Output,
 }
 
 impl<'a> Index<'a> {
@@ -83,6 +85,7 @@ impl<'a> Index<'a> {
                 .map(|s| (key(&s.metadata), s))
                 .collect(),
             backend_tls: super::backendtls::compile(store),
+            backend_policy: super::backendpolicy::compile(store),
         }
     }
 
@@ -149,7 +152,8 @@ impl<'a> Index<'a> {
                 .backend_tls
                 .for_port(namespace, name, &port_name)
                 .cloned(),
-            // Set by CoxswainBackendPolicy and the Ingress balancing annotations.
+            // Set once every route's clusters are known (compile::compile): policies and
+            // Ingress annotations decide per Service port, whichever route asked.
             load_balancer: None,
         })
     }

@@ -146,6 +146,26 @@ pub struct RouteParentStatus {
     pub conditions: Vec<Condition>,
 }
 
+/// The object a policy's `status.ancestors` entry is about. Unlike a route's parentRef it may
+/// be cluster-scoped (an IngressClass) or of the core group (a Service).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AncestorRef {
+    pub group: String,
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PolicyAncestorStatus {
+    pub ancestor_ref: AncestorRef,
+    pub controller_name: String,
+    pub conditions: Vec<Condition>,
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct IngressStatus {
@@ -188,6 +208,10 @@ pub struct StatusDecisions {
     /// (`status.ancestors`; the entry's parent_ref is the ancestorRef).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub backend_tls_policies: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    /// CoxswainBackendPolicy -> `status.ancestors`: each Gateway and IngressClass whose routes
+    /// send to a Service it targets, or the first targeted Service while there is none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub backend_policies: BTreeMap<ObjectKey, Vec<PolicyAncestorStatus>>,
     pub ingresses: BTreeMap<ObjectKey, IngressStatus>,
     /// IngressClass name -> why its `spec.parameters` is not used (one Warning Event on the
     /// IngressClass); its Ingresses are served without class defaults.
@@ -227,4 +251,5 @@ pub mod reason {
     pub const BACKEND_NOT_FOUND: &str = "BackendNotFound";
     pub const NO_VALID_CA_CERTIFICATE: &str = "NoValidCACertificate";
     pub const INVALID_CA_CERTIFICATE_REF: &str = "InvalidCACertificateRef";
+    pub const TARGET_NOT_FOUND: &str = "TargetNotFound";
 }

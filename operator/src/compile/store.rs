@@ -1,7 +1,9 @@
 //! The compiler's input: plain lists of Kubernetes objects, as the reflector's caches hold
 //! them, or as `coxswain snapshot` reads them from YAML files.
 
-use coxswain_api::{CoxswainGatewayParameters, CoxswainIngressClassParameters};
+use coxswain_api::{
+    CoxswainBackendPolicy, CoxswainGatewayParameters, CoxswainIngressClassParameters,
+};
 use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
@@ -37,6 +39,7 @@ pub struct Store {
     pub ingress_classes: Vec<IngressClass>,
     pub ingress_class_parameters: Vec<CoxswainIngressClassParameters>,
     pub gateway_parameters: Vec<CoxswainGatewayParameters>,
+    pub backend_policies: Vec<CoxswainBackendPolicy>,
 }
 
 impl Store {
@@ -63,6 +66,7 @@ impl Store {
                 self.ingress_class_parameters.len(),
             ),
             ("CoxswainGatewayParameters", self.gateway_parameters.len()),
+            ("CoxswainBackendPolicy", self.backend_policies.len()),
         ])
     }
 }
@@ -199,6 +203,9 @@ impl Store {
             }
             ("gateway.coxswain-labs.dev", "CoxswainGatewayParameters") => {
                 push(&mut self.gateway_parameters, value)
+            }
+            ("gateway.coxswain-labs.dev", "CoxswainBackendPolicy") => {
+                push(&mut self.backend_policies, value)
             }
             _ => Ok(Loaded::Ignored),
         };

@@ -600,7 +600,7 @@ fn snippets_are_never_used_and_always_warned_about() {
 fn unknown_keys_under_our_prefix_and_unsupported_nginx_ones_are_reported() {
     let m = map(&[
         (&ours("read-timout"), "5s"),
-        (&nginx("affinity"), "cookie"),
+        (&nginx("affinity-mode"), "persistent"),
         ("example.com/unrelated", "x"),
     ]);
     let (_, w) = parse(&m, &BTreeMap::new(), false);
@@ -610,7 +610,7 @@ fn unknown_keys_under_our_prefix_and_unsupported_nginx_ones_are_reported() {
 
     let (_, w) = parse(&m, &BTreeMap::new(), true);
     let names: Vec<&str> = w.iter().map(|w| w.annotation.as_str()).collect();
-    assert_eq!(names, [ours("read-timout"), nginx("affinity")]);
+    assert_eq!(names, [ours("read-timout"), nginx("affinity-mode")]);
     assert!(w.iter().all(|w| !w.fail_closed));
 }
 
