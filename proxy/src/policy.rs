@@ -93,6 +93,10 @@ pub fn idempotent(method: &str) -> bool {
     )
 }
 
+/// Request body bytes kept for sending again: a request whose body is larger is not retried
+/// once any of it went upstream (Pingora's retry buffer holds this much).
+pub const RETRY_BODY_LIMIT: usize = 64 * 1024;
+
 /// A route's retries on backend answers (GEP-1731, Ingress retry annotations).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RetryPolicy {

@@ -393,3 +393,62 @@ async fn answers_the_route_retries_go_to_another_endpoint_and_posts_only_when_al
         proxy.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_is_retried_only_while_it_fits_the_retry_buffer() {
+    // Pingora keeps the first 64 KiB of a request body for a retry
+    // (`policy::RETRY_BODY_LIMIT`); a larger body was streamed on and cannot be sent again,
+    // so the backend's answer stands even where the policy would retry it.
+    for fast_path in [true, false] {
+        let engine = if fast_path { "fast path" } else { "pingora" };
+        let (good, _) = echo_backend_with_hits("good").await;
+        let (bad, _) = unavailable_backend().await;
+        let port = free_port();
+        let snap = snapshot(
+            RETRIED,
+            &[
+                ("PORT", port.to_string()),
+                ("GOOD", good.port().to_string()),
+                ("BAD", bad.port().to_string()),
+            ],
+        );
+        let proxy = Proxy::start_with(
+            &snap,
+            Limits {
+                fast_path,
+                outlier: coxswain_proxy::outlier::Settings {
+                    consecutive_failures: 0,
+                    ..Default::default()
+                },
+                ..Limits::default()
+            },
+        )
+        .await;
+        let client = shared_client();
+        let url = format!("http://127.0.0.1:{port}/posts");
+        let mut failed = [0usize; 2];
+        for (i, size) in [
+            1024usize,
+            coxswain_proxy::policy::RETRY_BODY_LIMIT + 36 * 1024,
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            for _ in 0..40 {
+                match request_with_body(&client, "POST", &url, vec![b'x'; size]).await {
+                    Ok(r) if r.status == 200 => {}
+                    _ => failed[i] += 1,
+                }
+            }
+        }
+        eprintln!("{engine}: failed small {} large {}", failed[0], failed[1]);
+        assert_eq!(failed[0], 0, "{engine}: 1 KiB bodies are retried");
+        // Round robin over the two endpoints: about half land on the 503 one first.
+        assert!(
+            (10..=30).contains(&failed[1]),
+            "{engine}: {} of 40 large bodies failed",
+            failed[1]
+        );
+        proxy.stop().await;
+    }
+}

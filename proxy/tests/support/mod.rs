@@ -231,6 +231,34 @@ pub async fn request(
     })
 }
 
+/// As [`request`], with a body.
+pub async fn request_with_body(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    method: &str,
+    url: &str,
+    body: Vec<u8>,
+) -> Result<Reply, String> {
+    let req = Request::builder()
+        .method(method)
+        .uri(url)
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let resp = client.request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok(Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&body).into_owned(),
+    })
+}
+
 pub fn shared_client() -> Client<HttpConnector, Full<Bytes>> {
     client()
 }
