@@ -468,7 +468,12 @@ impl ProxyHttp for Gateway {
         cluster.record(ctx.endpoint, true, &self.limits.outlier);
         ctx.tried.push(ctx.endpoint);
         ctx.connect_failures += 1;
-        let next = (ctx.connect_failures < crate::upstream::CONNECT_ATTEMPTS)
+        let in_time = ctx
+            .policy
+            .as_ref()
+            .and_then(|p| p.retry.as_ref())
+            .is_none_or(|r| r.in_time(ctx.started));
+        let next = (ctx.connect_failures < crate::upstream::CONNECT_ATTEMPTS && in_time)
             .then(|| cluster.pick_excluding(&ctx.tried))
             .flatten();
         match next {
@@ -662,6 +667,7 @@ impl ProxyHttp for Gateway {
             && retry.retries(status)
             && ctx.status_retries < retry.attempts
             && retry.allows(session.req_header().method.as_str())
+            && retry.in_time(ctx.started)
             && let Some(cluster) = ctx.cluster.clone()
         {
             ctx.tried.push(ctx.endpoint);

@@ -106,6 +106,8 @@ pub struct RetryPolicy {
     pub backoff: std::time::Duration,
     /// Methods that are not idempotent are retried too.
     pub non_idempotent: bool,
+    /// No retry starts later than this after the request arrived.
+    pub timeout: Option<std::time::Duration>,
 }
 
 impl RetryPolicy {
@@ -119,6 +121,15 @@ impl RetryPolicy {
             attempts: r.attempts,
             backoff: std::time::Duration::from_millis(r.backoff_ms),
             non_idempotent: r.non_idempotent,
+            timeout: (r.timeout_ms > 0).then(|| std::time::Duration::from_millis(r.timeout_ms)),
+        }
+    }
+
+    /// Whether a retry may still start, for a request that arrived at `started`.
+    pub fn in_time(&self, started: Option<std::time::Instant>) -> bool {
+        match (self.timeout, started) {
+            (Some(limit), Some(at)) => at.elapsed() < limit,
+            _ => true,
         }
     }
 

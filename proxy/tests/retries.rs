@@ -452,3 +452,99 @@ async fn a_body_is_retried_only_while_it_fits_the_retry_buffer() {
         proxy.stop().await;
     }
 }
+
+/// A backend that answers 503 after `delay`.
+async fn slow_unavailable_backend(delay: std::time::Duration) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req| async move {
+                    tokio::time::sleep(delay).await;
+                    hyper::Response::builder()
+                        .status(503)
+                        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                            b"busy",
+                        )))
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_retry_starts_after_the_retry_timeout() {
+    // ingress-nginx's proxy-next-upstream-timeout: an answer that came back after the bound
+    // is the client's answer, not a reason to try again.
+    const TIMED: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: Ingress, namespace: t, name: bounded, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /bounded}}
+      retry: {codes: [503], attempts: 2, timeoutMs: 100}
+      backends: [{cluster: "t/mixed:80", weight: 1}]
+    - source: {kind: Ingress, namespace: t, name: unbounded, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /unbounded}}
+      retry: {codes: [503], attempts: 2}
+      backends: [{cluster: "t/mixed:80", weight: 1}]
+clusters:
+- name: t/mixed:80
+  endpoints:
+  - {address: 127.0.0.1, port: {GOOD}, ready: true}
+  - {address: 127.0.0.1, port: {SLOW}, ready: true}
+"#;
+    for fast_path in [true, false] {
+        let engine = if fast_path { "fast path" } else { "pingora" };
+        let good = echo_backend("good").await;
+        let slow = slow_unavailable_backend(std::time::Duration::from_millis(300)).await;
+        let port = free_port();
+        let snap = snapshot(
+            TIMED,
+            &[
+                ("PORT", port.to_string()),
+                ("GOOD", good.port().to_string()),
+                ("SLOW", slow.port().to_string()),
+            ],
+        );
+        let proxy = Proxy::start_with(
+            &snap,
+            Limits {
+                fast_path,
+                outlier: coxswain_proxy::outlier::Settings {
+                    consecutive_failures: 0,
+                    ..Default::default()
+                },
+                ..Limits::default()
+            },
+        )
+        .await;
+        let client = shared_client();
+        let mut failed = std::collections::HashMap::new();
+        for path in ["/bounded", "/unbounded"] {
+            let url = format!("http://127.0.0.1:{port}{path}");
+            for _ in 0..10 {
+                let r = request(&client, "GET", &url, &[]).await.unwrap();
+                if r.status != 200 {
+                    assert_eq!(r.status, 503, "{engine} {path}");
+                    *failed.entry(path).or_insert(0) += 1;
+                }
+            }
+        }
+        eprintln!("{engine}: {failed:?}");
+        // Round robin: half the requests reach the slow endpoint first.
+        assert_eq!(failed.get("/bounded"), Some(&5), "{engine}");
+        assert_eq!(failed.get("/unbounded"), None, "{engine}");
+        proxy.stop().await;
+    }
+}

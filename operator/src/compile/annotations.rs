@@ -59,6 +59,7 @@ const KNOWN: &[(&str, &[&str])] = &[
     ("access-log", &[]),
     ("retry-on", &["proxy-next-upstream"]),
     ("retry-tries", &["proxy-next-upstream-tries"]),
+    ("retry-timeout", &["proxy-next-upstream-timeout"]),
     ("load-balance", &["load-balance"]),
     ("upstream-hash-by", &["upstream-hash-by"]),
     ("affinity", &["affinity"]),
@@ -245,6 +246,8 @@ pub struct Retry {
     pub non_idempotent: bool,
     /// Tries in all, the first included (ingress-nginx's meaning); 0: as many as allowed.
     pub tries: u32,
+    /// retry-timeout: no retry starts later than this after the request arrived.
+    pub timeout: Option<Duration>,
 }
 
 /// An endpoint-choosing algorithm asked for by annotation.
@@ -414,17 +417,26 @@ pub fn parse(
         let tries = r
             .get("retry-tries", parse_retry_tries)
             .unwrap_or(DEFAULT_RETRY_TRIES);
+        let timeout = r.get("retry-timeout", parse_retry_timeout).flatten();
         a.retry = (!codes.is_empty() || non_idempotent).then_some(Retry {
             codes,
             non_idempotent,
             tries,
+            timeout,
         });
-    } else if r.get("retry-tries", parse_retry_tries).is_some() {
-        // Tries alone change nothing: refused connections are retried up to 3 tries anyway.
-        r.note(
-            "retry-tries",
-            "has no effect without retry-on listing http_NNN codes or non_idempotent",
-        );
+    } else {
+        // Tries or a time bound alone change nothing: refused connections are retried up to 3
+        // tries anyway, and at once.
+        let tries = r.get("retry-tries", parse_retry_tries).is_some();
+        let timeout = r.get("retry-timeout", parse_retry_timeout).is_some();
+        for (name, given) in [("retry-tries", tries), ("retry-timeout", timeout)] {
+            if given {
+                r.note(
+                    name,
+                    "has no effect without retry-on listing http_NNN codes or non_idempotent",
+                );
+            }
+        }
     }
 
     let hash = r.get("upstream-hash-by", parse_hash_by);
@@ -1045,6 +1057,15 @@ fn parse_retry_on(v: &str) -> Result<(Vec<u16>, bool), String> {
     codes.sort_unstable();
     codes.dedup();
     Ok((codes, non_idempotent))
+}
+
+/// ingress-nginx's proxy-next-upstream-timeout: 0 means no bound.
+fn parse_retry_timeout(v: &str) -> Result<Option<Duration>, String> {
+    let d = parse_duration(v)?;
+    if d > MAX_TIMEOUT {
+        return Err("longer than the 24h maximum".into());
+    }
+    Ok((!d.is_zero()).then_some(d))
 }
 
 fn parse_retry_tries(v: &str) -> Result<u32, String> {

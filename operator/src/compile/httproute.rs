@@ -685,6 +685,8 @@ fn compile_retry(
         attempts,
         backoff_ms,
         non_idempotent: false,
+        // GEP-1731 bounds each try (timeouts.backendRequest), not the retries as a whole.
+        timeout_ms: 0,
     })
 }
 

@@ -655,6 +655,9 @@ impl RoutePolicy {
                 attempts: r.tries.saturating_sub(1),
                 backoff_ms: 0,
                 non_idempotent: r.non_idempotent,
+                timeout_ms: r
+                    .timeout
+                    .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
             }),
             session_persistence: a.affinity.as_ref().map(|c| snap::SessionPersistence {
                 kind: snap::session_persistence::Kind::Cookie as i32,

@@ -1560,6 +1560,7 @@ fn typed_annotations_become_route_fields() {
     ingress.coxswain-labs.dev/access-log: "off"
     ingress.coxswain-labs.dev/retry-on: error timeout http_503 non_idempotent
     ingress.coxswain-labs.dev/retry-tries: "4"
+    ingress.coxswain-labs.dev/retry-timeout: 15s
     ingress.coxswain-labs.dev/rewrite-target: /$2"#,
         "      - {path: \"/api(/|$)(.*)\", pathType: ImplementationSpecific, backend: {service: {name: echo, port: {number: 8080}}}}\n      - {path: /exact, pathType: Exact, backend: {service: {name: echo, port: {number: 8080}}}}\n",
     );
@@ -1605,7 +1606,8 @@ fn typed_annotations_become_route_fields() {
             codes: vec![503],
             attempts: 3,
             backoff_ms: 0,
-            non_idempotent: true
+            non_idempotent: true,
+            timeout_ms: 15_000,
         })
     );
     assert!(r.access_log_off);

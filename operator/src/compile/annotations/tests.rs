@@ -645,9 +645,21 @@ fn retries_list_codes_and_tries_as_ingress_nginx_does() {
         Some(Retry {
             codes: vec![502, 503],
             non_idempotent: false,
-            tries: 4
+            tries: 4,
+            timeout: None,
         })
     );
+    let timed = |v: &str| {
+        own(&[("retry-on", "http_503"), ("retry-timeout", v)])
+            .0
+            .retry
+            .unwrap()
+            .timeout
+    };
+    assert_eq!(timed("10"), Some(Duration::from_secs(10)));
+    assert_eq!(timed("500ms"), Some(Duration::from_millis(500)));
+    assert_eq!(timed("0"), None, "0: no bound, as ingress-nginx");
+    refused("retry-timeout", "soon");
     // ingress-nginx's default list, "error timeout": refused connections are always retried,
     // so there is no retry policy to add.
     assert_eq!(own(&[("retry-on", "error timeout")]).0.retry, None);
@@ -667,6 +679,8 @@ fn retries_list_codes_and_tries_as_ingress_nginx_does() {
     refused("retry-on", "invalid_header");
     refused("retry-tries", "12");
     let (_, w) = own(&[("retry-tries", "2")]);
+    assert!(w.len() == 1 && w[0].reason.contains("no effect"), "{w:?}");
+    let (_, w) = own(&[("retry-timeout", "5s")]);
     assert!(w.len() == 1 && w[0].reason.contains("no effect"), "{w:?}");
     // ingress-nginx's names under compatibility.
     let nginx_ann = map(&[
