@@ -47,6 +47,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "BackendTLSPolicy",
     "GatewayAddressEmpty",
     "GatewayHTTPListenerIsolation",
+    "GatewayHTTPSListenerDetectMisdirectedRequests",
     "GatewayInfrastructurePropagation",
     "GatewayPort8080",
     "GatewayStaticAddresses",

@@ -308,6 +308,14 @@ impl ProxyHttp for Gateway {
                 client: forwarded.client,
             };
             let table = self.table.load();
+            let sni = session
+                .digest()
+                .and_then(|d| d.ssl_digest.as_ref())
+                .and_then(|t| t.extension.get::<crate::tls::ConnectionSni>());
+            if self.https && request::misdirected(&table, self.port, sni.map(|s| &*s.0), &checked) {
+                crate::metrics::Metrics::count(&self.table.metrics().misdirected);
+                return respond(session, 421, None).await;
+            }
             let route = request::route(&table, self.port, &head, &checked);
             if let Some(route) = route {
                 ctx.counters = Some(route.counters.clone());

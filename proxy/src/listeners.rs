@@ -256,20 +256,17 @@ impl Listeners {
     }
 
     fn acceptor(&self, port: u16) -> Arc<Acceptor> {
-        let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map(|b| {
-            b.with_no_client_auth()
-                .with_cert_resolver(Arc::new(SniResolver {
-                    port,
-                    table: self.table.clone(),
-                }))
-        })
-        .unwrap_or_else(|e| panic!("ring supports the default TLS versions: {e}"));
-        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Arc::new(Acceptor::from_server_config(Arc::new(config)))
+        // Pingora's settings (TLS 1.2 and 1.3, ring) with our certificate resolver, and a
+        // callback that keeps the connection's SNI for the HTTP layer (misdirected requests).
+        let mut settings =
+            pingora::listeners::tls::TlsSettings::with_callbacks(Box::new(crate::tls::KeepSni))
+                .unwrap_or_else(|e| panic!("TLS settings without files cannot fail: {e}"));
+        settings.set_cert_resolver(Arc::new(SniResolver {
+            port,
+            table: self.table.clone(),
+        }));
+        settings.set_alpn(ALPN::H2H1);
+        Arc::new(settings.build())
     }
 }
 

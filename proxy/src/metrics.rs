@@ -42,6 +42,8 @@ pub struct Metrics {
     pub connection_limit_waits: AtomicU64,
     /// Request heads refused before routing (400, 405, 431).
     pub requests_refused: AtomicU64,
+    /// Requests answered 421: their Host belongs to another listener than their SNI.
+    pub misdirected: AtomicU64,
     /// Request heads not complete within the head deadline.
     pub request_head_timeouts: AtomicU64,
     /// TLS handshakes not complete within their deadline.
@@ -188,6 +190,12 @@ impl Metrics {
                 "coxswain_proxy_requests_refused_total",
                 "Request heads refused before routing (400, 405, 408, 431).",
                 &self.requests_refused,
+            ),
+            (
+                "coxswain_proxy_requests_misdirected_total",
+                "Requests answered 421: their Host belongs to another listener of the port than \
+                 their connection's SNI.",
+                &self.misdirected,
             ),
             (
                 "coxswain_proxy_request_head_timeouts_total",

@@ -417,6 +417,16 @@ pub fn route<'t, H: Head + ?Sized>(
     )
 }
 
+/// Whether the request's Host belongs to another listener of its port than the TLS
+/// connection's SNI (see `PortRouter::misdirected`): answered 421 so the client opens a
+/// connection of its own for that host.
+pub fn misdirected(table: &Table, port: u16, sni: Option<&str>, checked: &Checked<'_>) -> bool {
+    match (sni, table.router.port(port)) {
+        (Some(sni), Some(p)) => p.misdirected(sni, checked.host),
+        _ => false,
+    }
+}
+
 /// The connection the request came on.
 #[derive(Debug, Clone, Copy)]
 pub struct Arrival {

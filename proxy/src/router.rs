@@ -99,6 +99,54 @@ pub struct PortRouter {
     any: Option<usize>,
     hosts: Vec<Vec<CompiledRoute>>,
     pub protocol: snap::Protocol,
+    /// HTTPS: the Gateway listeners' hostnames, to tell a misdirected request.
+    listeners: ListenerNames,
+}
+
+/// The hostnames of a port's Gateway listeners: which listener a name selects (exact, then
+/// the longest wildcard suffix, then the one without a hostname), as the Gateway API picks
+/// a listener for a connection's SNI and for a request's Host.
+#[derive(Debug, Default)]
+struct ListenerNames {
+    exact: HashMap<Box<str>, usize>,
+    /// (".suffix", listener), longest suffix first.
+    wildcards: Vec<(Box<str>, usize)>,
+    any: Option<usize>,
+}
+
+impl ListenerNames {
+    fn new(names: &[String]) -> Self {
+        let mut out = Self::default();
+        for (i, name) in names.iter().enumerate() {
+            let name = name.to_ascii_lowercase();
+            if name.is_empty() {
+                out.any = Some(i);
+            } else if let Some(suffix) = name.strip_prefix('*') {
+                out.wildcards.push((suffix.into(), i));
+            } else {
+                out.exact.insert(name.into(), i);
+            }
+        }
+        out.wildcards
+            .sort_by(|a, b| b.0.len().cmp(&a.0.len()).then(a.0.cmp(&b.0)));
+        out
+    }
+
+    fn is_empty(&self) -> bool {
+        self.exact.is_empty() && self.wildcards.is_empty() && self.any.is_none()
+    }
+
+    /// `name` is lowercase, without port or trailing dot.
+    fn select(&self, name: &str) -> Option<usize> {
+        if let Some(i) = self.exact.get(name) {
+            return Some(*i);
+        }
+        self.wildcards
+            .iter()
+            .find(|(suffix, _)| name.len() > suffix.len() && name.ends_with(&**suffix))
+            .map(|(_, i)| *i)
+            .or(self.any)
+    }
 }
 
 /// A route with its matchers compiled. The action is shared: several hosts may list the same
@@ -299,6 +347,7 @@ impl Router {
             let port = u16::try_from(l.port).map_err(|_| BuildError::Port(l.port))?;
             let mut pr = PortRouter {
                 protocol: snap::Protocol::try_from(l.protocol).unwrap_or(snap::Protocol::Http),
+                listeners: ListenerNames::new(&l.listener_hostnames),
                 ..Default::default()
             };
             // A route listed under several hosts is compiled once per host; that is build
@@ -396,6 +445,28 @@ impl PortRouter {
             None => (req.path_and_query, None),
         };
         routes.iter().find(|r| r.matches(path, query, req))
+    }
+
+    /// Whether a request for `host` on a connection whose SNI was `sni` belongs to another of
+    /// this port's listeners than the connection's (RFC 9110 15.5.20: 421 Misdirected
+    /// Request). Only when both select a listener: a name no listener takes is a plain 404.
+    pub fn misdirected(&self, sni: &str, host: &str) -> bool {
+        if self.listeners.is_empty() {
+            return false;
+        }
+        let host = strip_port(host);
+        let host = host.strip_suffix('.').unwrap_or(host);
+        let lowered;
+        let host = if host.bytes().any(|b| b.is_ascii_uppercase()) {
+            lowered = host.to_ascii_lowercase();
+            lowered.as_str()
+        } else {
+            host
+        };
+        match (self.listeners.select(sni), self.listeners.select(host)) {
+            (Some(a), Some(b)) => a != b,
+            _ => false,
+        }
     }
 
     /// The first route of the host a name lands on: TLS passthrough has only the SNI to go by.

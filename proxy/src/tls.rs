@@ -120,3 +120,21 @@ pub fn certified_key(
     let signing = any_supported_type(&key).map_err(|e| invalid(format!("private key: {e}")))?;
     Ok(CertifiedKey::new(chain, signing))
 }
+
+/// The server name a TLS client asked for, kept with its connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConnectionSni(pub Box<str>);
+
+/// Pingora's post-handshake hook: keeps the SNI in the connection's TLS digest.
+pub struct KeepSni;
+
+#[async_trait::async_trait]
+impl pingora::listeners::TlsAccept for KeepSni {
+    async fn handshake_complete_callback(
+        &self,
+        tls: &pingora::protocols::tls::TlsRef,
+    ) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
+        let name = tls.server_name()?;
+        Some(Arc::new(ConnectionSni(name.to_ascii_lowercase().into())))
+    }
+}

@@ -391,6 +391,19 @@ fn assemble(
                 }
                 sni.sort_by(|a, b| a.sni.cmp(&b.sni));
             }
+            // Gateway listeners only: Ingress hosts are not listeners, and browsers coalesce
+            // connections across them as ingress-nginx lets them.
+            let mut listener_hostnames: Vec<String> = if protocol == snap::Protocol::Https {
+                port_slots
+                    .iter()
+                    .filter(|s| s.source != "Ingress")
+                    .map(|s| s.hostname.clone().unwrap_or_default())
+                    .collect()
+            } else {
+                Vec::new()
+            };
+            listener_hostnames.sort();
+            listener_hostnames.dedup();
             let mut sources: Vec<String> = port_slots.iter().map(|s| s.source.clone()).collect();
             sources.sort();
             sources.dedup();
@@ -400,6 +413,7 @@ fn assemble(
                 sources,
                 virtual_hosts,
                 certificates: sni,
+                listener_hostnames,
             });
         }
         let snapshot = Snapshot {

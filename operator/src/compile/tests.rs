@@ -498,10 +498,9 @@ spec:
     );
 }
 
-#[test]
-fn https_certificate_refs_resolve_only_with_a_reference_grant() {
-    // stringData is what kubectl accepts; the API server turns it into data.
-    let secret = TLS_SECRET
+/// TLS_SECRET as the API server stores it: stringData, which kubectl accepts, becomes data.
+fn tls_secret_as_stored() -> String {
+    TLS_SECRET
         .replace("stringData:", "data:")
         .replace(
             "\"-----BEGIN CERTIFICATE-----\\nMIIB\\n-----END CERTIFICATE-----\\n\"",
@@ -510,7 +509,12 @@ fn https_certificate_refs_resolve_only_with_a_reference_grant() {
         .replace(
             "\"-----BEGIN PRIVATE KEY-----\\nMIIE\\n-----END PRIVATE KEY-----\\n\"",
             "LS0tLS1CRUdJTiBQUklWQVRFIEtFWS0tLS0tCk1JSUUKLS0tLS1FTkQgUFJJVkFURSBLRVktLS0tLQo=",
-        );
+        )
+}
+
+#[test]
+fn https_certificate_refs_resolve_only_with_a_reference_grant() {
+    let secret = tls_secret_as_stored();
     let gw = https_gateway("certs");
     // ReferenceGrant: a Gateway may use a Secret in another namespace only when a grant in the
     // Secret's namespace allows it.
@@ -546,6 +550,39 @@ spec:
     let c = compile_yaml(&[BASE, &https_gateway("web")]);
     let cond = listener_condition(&c, "secure", "https", "ResolvedRefs");
     assert_eq!(cond.reason, "InvalidCertificateRef");
+}
+
+#[test]
+fn https_ports_list_their_gateway_listeners_hostnames_for_misdirected_requests() {
+    // Four listeners on 443 (as the conformance suite's misdirected-requests Gateway): the
+    // proxy answers 421 when a request's Host selects another of them than its SNI did.
+    let secret = tls_secret_as_stored().replace("namespace: certs", "namespace: web");
+    let gw = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: secure, namespace: web}
+spec:
+  gatewayClassName: coxswain
+  listeners:
+  - {name: any, port: 443, protocol: HTTPS, tls: {certificateRefs: [{name: cert}]}}
+  - {name: second, port: 443, protocol: HTTPS, hostname: second.example, tls: {certificateRefs: [{name: cert}]}}
+  - {name: wild, port: 443, protocol: HTTPS, hostname: "*.wild.example", tls: {certificateRefs: [{name: cert}]}}
+  - {name: plain, port: 80, protocol: HTTP}
+"#;
+    let c = compile_yaml(&[BASE, gw, &secret]);
+    let s = shared(&c);
+    let port = |p: u32| s.listeners.iter().find(|l| l.port == p).unwrap();
+    assert_eq!(
+        port(443).listener_hostnames,
+        vec!["", "*.wild.example", "second.example"]
+    );
+    assert!(
+        s.listeners
+            .iter()
+            .filter(|l| l.port != 443)
+            .all(|l| l.listener_hostnames.is_empty()),
+        "HTTP has no SNI"
+    );
 }
 
 #[test]
