@@ -48,6 +48,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "SessionPersistence.kind",
             "#[serde(with = \"crate::snapshot::serde_enum::session_kind\")]",
         )
+        .field_attribute(
+            "RateLimit.key",
+            "#[serde(with = \"crate::snapshot::serde_enum::rate_limit_key\")]",
+        )
         .compile_fds(protox::compile([SNAPSHOT], ["proto"])?)?;
     // Discovery: gRPC services; snapshot types come from the module above.
     tonic_prost_build::configure()

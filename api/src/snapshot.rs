@@ -30,7 +30,21 @@ impl Snapshot {
     }
 }
 
+/// Names in `Snapshot.requires`: features a proxy must implement to serve a snapshot.
+pub mod feature {
+    pub const BASIC_AUTH: &str = "basic-auth";
+    pub const RATE_LIMIT: &str = "rate-limit";
+}
+
 impl Snapshot {
+    /// The first feature `requires` names that is not in `known`, if any.
+    pub fn unknown_requirement(&self, known: &[&str]) -> Option<&str> {
+        self.requires
+            .iter()
+            .map(String::as_str)
+            .find(|r| !known.contains(r))
+    }
+
     /// Parses a snapshot written as JSON or YAML (`coxswain snapshot compile -o json|yaml`).
     /// oneof fields are single-key maps in both (`{requestRedirect: {...}}`), not YAML tags.
     pub fn from_yaml(text: &str) -> Result<Self, serde_yaml::Error> {
@@ -79,6 +93,7 @@ pub(crate) mod serde_enum {
     by_name!(upstream_protocol, super::super::UpstreamProtocol);
     by_name!(lb_algorithm, super::super::load_balancer::Algorithm);
     by_name!(session_kind, super::super::session_persistence::Kind);
+    by_name!(rate_limit_key, super::super::rate_limit::Key);
 }
 
 #[cfg(test)]
