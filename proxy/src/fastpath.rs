@@ -124,25 +124,26 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
                 let _ = conn.flush().await;
                 return Next::Closed;
             }
+            Step::Answer(answer) => {
+                answer.record.done(answer.status, None, started);
+                let head = answer_head(answer.status, answer.field);
+                if conn.write_all(head.as_bytes()).await.is_err()
+                    || conn.flush().await.is_err()
+                    || *env.shutdown.borrow()
+                {
+                    return Next::Closed;
+                }
+                // No body came with it (the fast path takes none): the next request follows.
+                req.drain(..len);
+                continue;
+            }
             Step::Forward(plan) => plan,
         };
         let outcome = exchange(conn, &up_head, &mut plan, &mut resp, env).await;
         let status = match outcome {
             Ok(Exchange { status, .. }) | Err(status) => status,
         };
-        plan.counters.record(status);
-        if let Some(log) = &plan.access_log {
-            access_line(&AccessLine {
-                client: log.client,
-                method: &log.method,
-                host: &log.host,
-                path: &log.path,
-                status,
-                route: log.route.source.as_ref(),
-                upstream: Some(plan.upstream),
-                duration_ms: started.elapsed().as_millis() as u64,
-            });
-        }
+        plan.record.done(status, Some(plan.upstream), started);
         match outcome {
             Ok(Exchange { keep_client, .. }) if keep_client && !*env.shutdown.borrow() => {
                 req.drain(..len);
@@ -334,7 +335,51 @@ fn visible(v: &[u8]) -> Option<&str> {
 enum Step {
     Pingora,
     Reject(u16),
+    /// Answered here without going upstream, and the connection kept (401, 429).
+    Answer(Answered),
     Forward(Plan),
+}
+
+/// An answer the request layer decided, with one header field of its own.
+struct Answered {
+    status: u16,
+    field: (&'static str, String),
+    record: Record,
+}
+
+/// How a request is counted and logged once its status is known.
+struct Record {
+    counters: Arc<crate::metrics::RouteCounters>,
+    /// Some when the route logs and the access log target is enabled.
+    access_log: Option<AccessFields>,
+}
+
+impl Record {
+    fn done(&self, status: u16, upstream: Option<SocketAddr>, started: Instant) {
+        self.counters.record(status);
+        if let Some(log) = &self.access_log {
+            access_line(&AccessLine {
+                client: log.client,
+                method: &log.method,
+                host: &log.host,
+                path: &log.path,
+                status,
+                route: log.route.source.as_ref(),
+                upstream,
+                duration_ms: started.elapsed().as_millis() as u64,
+            });
+        }
+    }
+}
+
+/// The head of an answer with no body that keeps the connection open.
+fn answer_head(status: u16, (name, value): (&str, String)) -> String {
+    let reason = match status {
+        401 => "Unauthorized",
+        429 => "Too Many Requests",
+        _ => "",
+    };
+    format!("HTTP/1.1 {status} {reason}\r\n{name}: {value}\r\ncontent-length: 0\r\n\r\n")
 }
 
 /// A request this path forwards, and what it needs to know afterwards.
@@ -347,11 +392,11 @@ struct Plan {
     head_only: bool,
     /// Sent again on a fresh connection if a pooled one fails (RFC 9110 9.2.2).
     idempotent: bool,
-    counters: Arc<crate::metrics::RouteCounters>,
-    /// Some when the route logs and the access log target is enabled.
-    access_log: Option<AccessFields>,
+    record: Record,
     /// The request counted as busy on `endpoint` (least-request clusters only).
     in_flight: Option<crate::upstream::InFlight>,
+    /// The request counted against its route's limit on requests in progress.
+    _slots: Vec<crate::ratelimit::Slot>,
 }
 
 /// What the access log line needs once the request buffer has moved on.
@@ -397,10 +442,10 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
         }
     }
     let table = env.table.load();
-    let route = request::route(&table, env.port, head, &checked);
-    if !route.is_some_and(|r| r.passthrough) {
+    let Some(route) = request::route(&table, env.port, head, &checked).filter(|r| r.passthrough)
+    else {
         return Step::Pingora;
-    }
+    };
     let forwarded = request::forwarded(
         head,
         &checked,
@@ -414,31 +459,52 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
         https: false,
         client: forwarded.client,
     };
-    let Decision::Forward(forward) = request::decide(route, head, &checked, &arrival) else {
-        // Not reached: a passthrough route has no policy that answers by itself.
-        return Step::Pingora;
-    };
     let method = head.method();
+    let record = |route: &crate::router::CompiledRoute| Record {
+        counters: route.counters.clone(),
+        access_log: (route.policy.access_log
+            && tracing::enabled!(target: "coxswain::access", tracing::Level::INFO))
+        .then(|| AccessFields {
+            client: forwarded.client,
+            method: method.to_owned(),
+            host: checked.host.to_owned(),
+            path: checked.path().to_owned(),
+            route: route.route.clone(),
+        }),
+    };
+    let metrics = env.table.metrics();
+    let forward = match request::decide(Some(route), head, &checked, &arrival) {
+        Decision::Forward(forward) => forward,
+        Decision::Unauthorized(challenge) => {
+            crate::metrics::Metrics::count(&metrics.auth_refused);
+            return Step::Answer(Answered {
+                status: 401,
+                field: ("www-authenticate", challenge.to_owned()),
+                record: record(route),
+            });
+        }
+        Decision::Limited { retry_after } => {
+            crate::metrics::Metrics::count(&metrics.rate_limited);
+            return Step::Answer(Answered {
+                status: 429,
+                field: ("retry-after", retry_after.to_string()),
+                record: record(route),
+            });
+        }
+        // Not reached: a passthrough route has no other policy that answers by itself.
+        _ => return Step::Pingora,
+    };
     write_upstream_head(up_head, head, &checked.path_and_query, &forwarded);
     let route = forward.route;
-    let access_log = (route.policy.access_log
-        && tracing::enabled!(target: "coxswain::access", tracing::Level::INFO))
-    .then(|| AccessFields {
-        client: forwarded.client,
-        method: method.to_owned(),
-        host: checked.host.to_owned(),
-        path: checked.path().to_owned(),
-        route: route.route.clone(),
-    });
     Step::Forward(Plan {
         upstream: forward.addr,
         endpoint: forward.endpoint,
         cluster: forward.cluster.clone(),
         head_only: method == "HEAD",
         idempotent: request::idempotent(method),
-        counters: route.counters.clone(),
-        access_log,
+        record: record(route),
         in_flight: forward.cluster.start(forward.endpoint),
+        _slots: forward.slots,
     })
 }
 

@@ -14,8 +14,8 @@
 //! The peer is the TCP peer, or the source address of a PROXY protocol header when the
 //! listener takes one (`proxy_protocol`).
 
+use crate::addresses::AddressSet;
 use crate::head::Head;
-use crate::policy::AddressSet;
 use std::borrow::Cow;
 use std::fmt::Write as _;
 use std::net::IpAddr;

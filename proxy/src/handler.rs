@@ -8,7 +8,7 @@ use crate::forwarded;
 use crate::limits::Limits;
 use crate::mirror;
 use crate::policy::RoutePolicy;
-use crate::request::{self, Decision, Head, Version};
+use crate::request::{self, Decision};
 use crate::router::Headers;
 use crate::table::SharedTable;
 use crate::workers;
@@ -18,6 +18,7 @@ use coxswain_api::snapshot::{self as snap, filter};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::{HttpPeer, ProxyHttp, Session};
 use pingora::protocols::ALPN;
+use pingora_head::PingoraHead;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,49 +35,12 @@ pub struct Gateway {
 enum Answer {
     Forward,
     Status(u16),
+    /// A status with one header field of its own (401 with its challenge, 429 with
+    /// Retry-After).
+    StatusWith(u16, &'static str, String),
     Redirect(u16, String),
     /// A CORS preflight answered here, with the request's Origin.
     Preflight(Arc<RoutePolicy>, Option<String>),
-}
-
-/// Pingora's parsed request as the request layer reads it.
-struct PingoraHead<'a>(&'a RequestHeader);
-
-impl Headers for PingoraHead<'_> {
-    fn get(&self, name: &str) -> Option<&str> {
-        self.0.headers.get(name).and_then(|v| v.to_str().ok())
-    }
-}
-
-impl Head for PingoraHead<'_> {
-    fn method(&self) -> &str {
-        self.0.method.as_str()
-    }
-
-    fn target(&self) -> &[u8] {
-        self.0.raw_path()
-    }
-
-    fn version(&self) -> Version {
-        match self.0.version {
-            pingora::http::Version::HTTP_10 | pingora::http::Version::HTTP_09 => Version::Http10,
-            pingora::http::Version::HTTP_2 | pingora::http::Version::HTTP_3 => Version::Http2,
-            _ => Version::Http11,
-        }
-    }
-
-    fn authority(&self) -> Option<&[u8]> {
-        // HTTP/1 carries it in the target (absolute-form) or Host; HTTP/2 in :authority.
-        (self.version() == Version::Http2)
-            .then(|| self.0.uri.authority().map(|a| a.as_str().as_bytes()))
-            .flatten()
-    }
-
-    fn each_header<'s>(&'s self, f: &mut dyn FnMut(&'s [u8], &'s [u8])) {
-        for (name, value) in &self.0.headers {
-            f(name.as_str().as_bytes(), value.as_bytes());
-        }
-    }
 }
 
 impl Gateway {
@@ -204,6 +168,8 @@ pub struct Ctx {
     endpoint: usize,
     /// The attempt under way, while its cluster balances by least request.
     in_flight: Option<crate::upstream::InFlight>,
+    /// The request counted against its route's limit on requests in progress.
+    slots: Vec<crate::ratelimit::Slot>,
     /// Session persistence: the endpoint the request named and was sent to (the answer
     /// names the endpoint again only when it served from another one).
     session_named: Option<usize>,
@@ -329,7 +295,16 @@ impl ProxyHttp for Gateway {
                 Decision::Preflight(policy) => {
                     Answer::Preflight(policy.clone(), head.get("origin").map(str::to_owned))
                 }
-                Decision::Forward(f) => {
+                Decision::Unauthorized(challenge) => {
+                    crate::metrics::Metrics::count(&self.table.metrics().auth_refused);
+                    Answer::StatusWith(401, "www-authenticate", challenge.to_owned())
+                }
+                Decision::Limited { retry_after } => {
+                    crate::metrics::Metrics::count(&self.table.metrics().rate_limited);
+                    Answer::StatusWith(429, "retry-after", retry_after.to_string())
+                }
+                Decision::Forward(mut f) => {
+                    ctx.slots = std::mem::take(&mut f.slots);
                     self.prepare(ctx, &f, &checked);
                     Answer::Forward
                 }
@@ -353,7 +328,12 @@ impl ProxyHttp for Gateway {
         match answer {
             Answer::Forward => Ok(false),
             Answer::Status(code) => respond(session, code, None).await,
-            Answer::Redirect(code, location) => respond(session, code, Some(&location)).await,
+            Answer::StatusWith(code, name, value) => {
+                respond(session, code, Some((name, &value))).await
+            }
+            Answer::Redirect(code, location) => {
+                respond(session, code, Some(("location", &location))).await
+            }
             Answer::Preflight(policy, origin) => match &policy.cors {
                 Some(cors) => respond_preflight(session, cors, origin.as_deref()).await,
                 None => respond(session, 204, None).await,
@@ -797,3 +777,4 @@ fn access_log(session: &Session, ctx: &Ctx) {
 }
 
 mod answers;
+mod pingora_head;

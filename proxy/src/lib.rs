@@ -9,7 +9,9 @@
 #![forbid(unsafe_code)]
 
 pub mod access_log;
+pub mod addresses;
 pub mod admin;
+pub mod auth;
 pub mod balance;
 mod conn;
 pub mod discovery;
@@ -27,6 +29,7 @@ pub mod mirror;
 pub mod outlier;
 pub mod policy;
 pub mod proxy_protocol;
+pub mod ratelimit;
 pub mod request;
 pub mod router;
 pub mod standalone;

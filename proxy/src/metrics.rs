@@ -56,6 +56,14 @@ pub struct Metrics {
     pub status_retries: AtomicU64,
     /// Endpoint health per cluster (outlier ejection); kept here so it outlives tables.
     pub outliers: crate::outlier::Registry,
+    /// Rate-limit buckets by limit; kept here so a snapshot swap does not refill them.
+    pub rate_limits: crate::ratelimit::Registry,
+    /// Requests answered 429 by a route's rate limit or in-progress limit.
+    pub rate_limited: AtomicU64,
+    /// Requests answered 401: no or wrong credentials for a route's authentication.
+    pub auth_refused: AtomicU64,
+    /// Snapshots that could not be turned into a table (the previous one kept serving).
+    pub snapshots_rejected: AtomicU64,
 }
 
 impl Metrics {
@@ -221,6 +229,21 @@ impl Metrics {
                 "coxswain_proxy_upstream_retries_total",
                 "Requests sent again because the backend's answer is one the route's retry policy retries.",
                 &self.status_retries,
+            ),
+            (
+                "coxswain_proxy_rate_limited_total",
+                "Requests answered 429 by a route's rate limit or its limit on requests in progress.",
+                &self.rate_limited,
+            ),
+            (
+                "coxswain_proxy_snapshots_rejected_total",
+                "Snapshots refused (invalid, or requiring a feature this proxy lacks); the previous one kept serving.",
+                &self.snapshots_rejected,
+            ),
+            (
+                "coxswain_proxy_auth_refused_total",
+                "Requests answered 401: missing or wrong credentials for a route's authentication.",
+                &self.auth_refused,
             ),
         ];
         for (name, help, value) in counters {

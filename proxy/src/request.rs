@@ -469,6 +469,12 @@ pub enum Decision<'t> {
     },
     /// A CORS preflight the route's policy answers.
     Preflight(&'t Arc<RoutePolicy>),
+    /// 401 with this `WWW-Authenticate` challenge.
+    Unauthorized(&'t str),
+    /// 429: over the route's rate limit; `Retry-After` in seconds.
+    Limited {
+        retry_after: u64,
+    },
     Forward(Forward<'t>),
 }
 
@@ -486,6 +492,8 @@ pub struct Forward<'t> {
     /// Session persistence: the answer names this endpoint to the client (None when the
     /// request already named it, or the route has no persistence).
     pub session: Option<(&'t crate::policy::SessionPolicy, u64)>,
+    /// Held until the request ends when the route limits requests in progress.
+    pub slots: Vec<crate::ratelimit::Slot>,
 }
 
 /// Applies the route's policies and picks the backend. Counts toward the route's
@@ -500,10 +508,31 @@ pub fn decide<'t, H: Head + ?Sized>(
         return Decision::NotFound;
     };
     let policy = &route.policy;
+    // As nginx orders its phases: limits count every request, then access control decides.
+    let mut slots = Vec::new();
+    for limiter in &policy.rate_limits {
+        let key = limiter
+            .header()
+            .and_then(|h| head.get(h))
+            .map(str::as_bytes);
+        match limiter.admit(arrival.client, key) {
+            Ok(slot) => slots.extend(slot),
+            Err(limited) => {
+                return Decision::Limited {
+                    retry_after: limited.retry_after_secs(),
+                };
+            }
+        }
+    }
     if let Some(list) = &policy.allowlist
         && !arrival.client.is_some_and(|ip| list.allows(ip))
     {
         return Decision::Status(403);
+    }
+    if let Some(auth) = &policy.basic_auth
+        && !auth.allows(head.get("authorization").map(str::as_bytes))
+    {
+        return Decision::Unauthorized(&auth.challenge);
     }
     let redirect = route.route.filters.iter().find_map(|f| match &f.kind {
         Some(filter::Kind::RequestRedirect(r)) => Some(r),
@@ -579,6 +608,7 @@ pub fn decide<'t, H: Head + ?Sized>(
                     cluster,
                     mirrors,
                     session: None,
+                    slots,
                 });
             }
         }
@@ -621,6 +651,7 @@ pub fn decide<'t, H: Head + ?Sized>(
                     .session
                     .as_ref()
                     .map(|s| (s, cluster.endpoint_id(endpoint))),
+                slots,
             })
         }
         Pick::InvalidBackend => Decision::Status(500),

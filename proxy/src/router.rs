@@ -613,12 +613,14 @@ fn compile_route(
             filters: b.filters.clone(),
         })
         .collect();
-    let policy = crate::policy::RoutePolicy::new(r);
+    let policy = crate::policy::RoutePolicy::new(r, &metrics.rate_limits);
     let plain_http1 = |c: &ClusterState| match policy.upstream_protocol {
         snap::UpstreamProtocol::Unspecified => c.app_protocol != snap::AppProtocol::H2c,
         snap::UpstreamProtocol::Http1 => true,
         _ => false,
     };
+    // Rate limits and Basic authentication stay on the fast path: `request::decide` decides
+    // them for both engines, and the fast path writes their 401 and 429 itself.
     let passthrough = r.filters.is_empty()
         && r.direct_status == 0
         && r.client_allowlist.is_none()

@@ -5,7 +5,7 @@ use crate::metrics::Metrics;
 use crate::router::{BuildError, Router};
 use crate::tls::{CertError, TlsStore};
 use arc_swap::ArcSwap;
-use coxswain_api::snapshot::Snapshot;
+use coxswain_api::snapshot::{Snapshot, feature};
 use std::sync::Arc;
 
 #[derive(Debug)]
@@ -14,8 +14,16 @@ pub struct Table {
     pub tls: TlsStore,
 }
 
+/// What this proxy implements of what a snapshot may require (`Snapshot.requires`).
+pub const FEATURES: &[&str] = &[feature::BASIC_AUTH, feature::RATE_LIMIT];
+
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {
+    #[error(
+        "the snapshot requires {0:?}, which this proxy does not implement; upgrade the proxy \
+         (it keeps serving its last snapshot)"
+    )]
+    Unsupported(String),
     #[error(transparent)]
     Router(#[from] BuildError),
     #[error(transparent)]
@@ -24,7 +32,19 @@ pub enum TableError {
 
 impl Table {
     /// Builds everything a request needs, off the request path.
+    /// A snapshot that cannot be built is counted in `coxswain_proxy_snapshots_rejected_total`.
     pub fn build(snapshot: &Snapshot, metrics: &Metrics) -> Result<Self, TableError> {
+        let built = Self::build_from(snapshot, metrics);
+        if built.is_err() {
+            Metrics::count(&metrics.snapshots_rejected);
+        }
+        built
+    }
+
+    fn build_from(snapshot: &Snapshot, metrics: &Metrics) -> Result<Self, TableError> {
+        if let Some(missing) = snapshot.unknown_requirement(FEATURES) {
+            return Err(TableError::Unsupported(missing.to_owned()));
+        }
         Ok(Self {
             router: Router::build_with_metrics(snapshot, metrics)?,
             tls: TlsStore::build(snapshot)?,

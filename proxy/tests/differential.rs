@@ -59,6 +59,10 @@ listeners:
     - source: {kind: HTTPRoute, namespace: t, name: empty, rule: 0}
       match: {path: {kind: KIND_PREFIX, value: /empty}}
       backends: [{cluster: "t/none:80", weight: 1}]
+    - source: {kind: Ingress, namespace: t, name: auth, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /auth}}
+      basicAuth: {realm: diff, users: ["u:{PLAIN}pw"]}
+      backends: [{cluster: "t/a:80", weight: 1}]
     - source: {kind: HTTPRoute, namespace: t, name: rest, rule: 0}
       backends: [{cluster: "t/a:80", weight: 1}]
   - hostname: "*.wild.example"
@@ -70,6 +74,7 @@ clusters:
   endpoints: [{address: 127.0.0.1, port: {A}, ready: true}]
 - name: t/none:80
   endpoints: []
+requires: [basic-auth]
 "#;
 
 /// Headers the engines may legitimately treat differently on the way (hop by hop, or
@@ -138,9 +143,9 @@ impl Rng {
 /// One generated request, as raw bytes.
 fn generate(rng: &mut Rng) -> Vec<u8> {
     const METHODS: [&str; 7] = ["GET", "GET", "GET", "HEAD", "DELETE", "OPTIONS", "POST"];
-    const SEGMENTS: [&str; 19] = [
+    const SEGMENTS: [&str; 20] = [
         "admin", "p", "x", "..", ".", "", "%61dmin", "%2e%2e", "a%2fb", "exact", "old", "gone",
-        "small", "empty", "%7E", "a.b", "P", "%41", "q=1",
+        "small", "empty", "%7E", "a.b", "P", "%41", "q=1", "auth",
     ];
     const HOSTS: [&str; 8] = [
         "a.example",
@@ -186,6 +191,17 @@ fn generate(rng: &mut Rng) -> Vec<u8> {
     }
     if rng.chance(10) {
         req.extend_from_slice(b"X-Custom: Value\r\nx-custom: second\r\n");
+    }
+    // Credentials for /auth ("u:pw"), wrong ones, and schemes that are not Basic.
+    if rng.chance(20) {
+        let value = rng.word(&[
+            "Basic dTpwdw==",
+            "basic dTpwdw==",
+            "Basic dTp4",
+            "Basic !!",
+            "Bearer dTpwdw==",
+        ]);
+        req.extend_from_slice(format!("Authorization: {value}\r\n").as_bytes());
     }
     // Forwarded fields, believed or not depending on the proxy's trusted blocks; an address
     // in 10/8 opens the allowlisted /admin when it is believed.
@@ -238,6 +254,9 @@ fn generate(rng: &mut Rng) -> Vec<u8> {
 struct Seen {
     status: u16,
     location: Option<String>,
+    /// WWW-Authenticate and Retry-After: the answers the request layer decides with a field.
+    challenge: Option<String>,
+    retry_after: Option<String>,
     body: Vec<u8>,
 }
 
@@ -381,6 +400,8 @@ async fn read_response(
         Seen {
             status,
             location: header("location"),
+            challenge: header("www-authenticate"),
+            retry_after: header("retry-after"),
             body,
         },
         keep,

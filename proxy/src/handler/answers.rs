@@ -50,14 +50,16 @@ pub(super) fn content_length(req: &RequestHeader) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// A status and no body, with one header field when given (Location, WWW-Authenticate,
+/// Retry-After).
 pub(super) async fn respond(
     session: &mut Session,
     status: u16,
-    location: Option<&str>,
+    field: Option<(&'static str, &str)>,
 ) -> pingora::Result<bool> {
     let mut resp = ResponseHeader::build(status, Some(2))?;
-    if let Some(l) = location {
-        resp.insert_header("location", l)?;
+    if let Some((name, value)) = field {
+        resp.insert_header(name, value)?;
     }
     resp.insert_header("content-length", "0")?;
     session.write_response_header(Box::new(resp), true).await?;

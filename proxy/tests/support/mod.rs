@@ -355,6 +355,18 @@ impl Proxy {
         proxy
     }
 
+    /// The value of an unlabelled metric once `ready` holds for it (within 5 s).
+    pub async fn metric_eventually(&self, name: &str, ready: impl Fn(u64) -> bool) -> u64 {
+        for _ in 0..250 {
+            let v = self.metric(name).await;
+            if ready(v) {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        panic!("{name} did not reach the expected value");
+    }
+
     /// The value of an unlabelled metric.
     pub async fn metric(&self, name: &str) -> u64 {
         let r = get(&format!("http://{}/metrics", self.admin), &[])
