@@ -97,6 +97,19 @@ pub struct CompileArgs {
     /// `spec.controllerName` of the classes to compile for.
     #[arg(long, env = "COXSWAIN_CONTROLLER_NAME", default_value = names::CONTROLLER_NAME)]
     pub controller_name: String,
+
+    /// Read Ingress annotations as `serve controller --ingress-nginx-compat` does, so an
+    /// ingress-nginx Ingress can be checked before it is applied.
+    #[arg(long, env = "COXSWAIN_INGRESS_NGINX_COMPAT")]
+    pub ingress_nginx_compat: bool,
+
+    /// Port Ingresses are served on, as `serve controller` sets it.
+    #[arg(long, env = "COXSWAIN_INGRESS_HTTP_PORT", default_value_t = 80)]
+    pub ingress_http_port: u16,
+
+    /// Port Ingresses with TLS are served on, as `serve controller` sets it.
+    #[arg(long, env = "COXSWAIN_INGRESS_HTTPS_PORT", default_value_t = 443)]
+    pub ingress_https_port: u16,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

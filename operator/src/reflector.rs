@@ -50,6 +50,8 @@ pub struct Reflector {
     services: Cache<Service>,
     endpoint_slices: Cache<EndpointSlice>,
     secrets: Cache<Secret>,
+    /// Opaque Secrets: htpasswd lists for Basic authentication.
+    opaque_secrets: Cache<Secret>,
     namespaces: Cache<Namespace>,
     ingresses: Cache<Ingress>,
     ingress_classes: Cache<IngressClass>,
@@ -132,11 +134,14 @@ where
 }
 
 impl Reflector {
-    /// Starts every watch cluster-wide. Secrets are limited to TLS ones.
+    /// Starts every watch cluster-wide. Secrets are limited to the types the compiler reads:
+    /// TLS key pairs, and Opaque ones (htpasswd lists); service-account tokens, Helm releases
+    /// and the like are never cached.
     pub fn start(client: &Client) -> Self {
         let changed = Arc::new(Notify::new());
         let all = watcher::Config::default();
         let tls = watcher::Config::default().fields("type=kubernetes.io/tls");
+        let opaque = watcher::Config::default().fields("type=Opaque");
         let mut sync = Vec::new();
         let c = &changed;
         let s = &mut sync;
@@ -153,6 +158,7 @@ impl Reflector {
             services: reflect(client, all.clone(), c.clone(), s),
             endpoint_slices: reflect(client, all.clone(), c.clone(), s),
             secrets: reflect(client, tls, c.clone(), s),
+            opaque_secrets: reflect(client, opaque, c.clone(), s),
             namespaces: reflect(client, all.clone(), c.clone(), s),
             ingresses: reflect(client, all.clone(), c.clone(), s),
             ingress_classes: reflect(client, all.clone(), c.clone(), s),
@@ -200,7 +206,10 @@ impl Reflector {
             reference_grants: copy(&self.reference_grants),
             services: copy(&self.services),
             endpoint_slices: copy(&self.endpoint_slices),
-            secrets: copy(&self.secrets),
+            secrets: copy(&self.secrets)
+                .into_iter()
+                .chain(copy(&self.opaque_secrets))
+                .collect(),
             namespaces: copy(&self.namespaces),
             ingresses: copy(&self.ingresses),
             ingress_classes: copy(&self.ingress_classes),

@@ -54,6 +54,9 @@ fn load_and_compile(args: &CompileArgs) -> (compile::Compiled, usize) {
     }
     let config = compile::Config {
         controller_name: args.controller_name.clone(),
+        ingress_nginx_compat: args.ingress_nginx_compat,
+        ingress_http_port: u32::from(args.ingress_http_port),
+        ingress_https_port: u32::from(args.ingress_https_port),
         ..Default::default()
     };
     (compile::compile(&store, &config), errors.len())

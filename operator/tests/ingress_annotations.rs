@@ -535,3 +535,117 @@ async fn an_ingress_nginx_style_ingress_behaves_the_same_under_compat() {
         );
     }
 }
+
+/// ingress-nginx's Basic-auth example (a Secret made by `htpasswd -c auth foo` and
+/// `kubectl create secret generic basic-auth --from-file=auth`) and its `limit-rps`
+/// annotation, under compatibility.
+const NGINX_ACCESS: &str = r#"
+---
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: nginx}
+spec: {controller: coxswain-labs.dev/gateway-controller}
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: basic-auth, namespace: web}
+type: Opaque
+stringData:
+  auth: "foo:$apr1$r31Jzq3U$oriiaS31APatLwvTBKE3D.\n"
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: ingress-with-auth
+  namespace: web
+  annotations:
+    nginx.ingress.kubernetes.io/enable-access-log: "false"
+    nginx.ingress.kubernetes.io/auth-type: basic
+    nginx.ingress.kubernetes.io/auth-secret: basic-auth
+    nginx.ingress.kubernetes.io/auth-realm: 'Authentication Required - foo'
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: foo.bar.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: main, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: ingress-with-limit
+  namespace: web
+  annotations:
+    nginx.ingress.kubernetes.io/enable-access-log: "false"
+    nginx.ingress.kubernetes.io/limit-rps: "5"
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: limited.bar.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: main, port: {number: 80}}}}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingress_nginx_basic_auth_and_limit_rps_behave_as_there_under_compat() {
+    access_log();
+    let main = backend("main").await;
+    let canary = backend("canary").await;
+    let yaml = [services(main, canary), NGINX_ACCESS.to_owned()].concat();
+    let (port, compiled, proxy) = serve(&yaml, true).await;
+
+    // No credentials, or wrong ones: 401 with the realm, and the backend is not asked.
+    let r = request(port, "GET", "foo.bar.com", "/", &[]).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        r.header("www-authenticate"),
+        Some("Basic realm=\"Authentication Required - foo\"")
+    );
+    assert_eq!(r.header("x-backend"), None);
+    // "foo:wrong" and "foo:correct horse".
+    let r = request(
+        port,
+        "GET",
+        "foo.bar.com",
+        "/",
+        &[("authorization", "Basic Zm9vOndyb25n")],
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    let r = request(
+        port,
+        "GET",
+        "foo.bar.com",
+        "/",
+        &[("authorization", "Basic Zm9vOmNvcnJlY3QgaG9yc2U=")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("x-backend"), Some("main"));
+
+    // limit-rps 5 with ingress-nginx's burst multiplier 5: 25 requests above the rate pass at
+    // once (burst=25 nodelay), then 429 with Retry-After until the bucket refills.
+    let mut statuses = Vec::new();
+    for _ in 0..40 {
+        statuses.push(request(port, "GET", "limited.bar.com", "/", &[]).await);
+    }
+    let accepted = statuses.iter().filter(|r| r.status == 200).count();
+    assert!((26..=28).contains(&accepted), "{accepted} accepted");
+    let refused: Vec<&Reply> = statuses.iter().filter(|r| r.status != 200).collect();
+    assert!(refused.iter().all(|r| r.status == 429), "only 429s");
+    assert!(refused.iter().all(|r| r.header("retry-after") == Some("1")));
+    // The other Ingress is not limited by this one's bucket.
+    let r = request(port, "GET", "foo.bar.com", "/", &[]).await;
+    assert_eq!(r.status, 401, "{:?} {}", r.headers, r.body);
+    proxy.stop().await;
+
+    for name in ["ingress-with-auth", "ingress-with-limit"] {
+        let status = &compiled.status.ingresses[&compile::status::ObjectKey::new("web", name)];
+        assert!(
+            status.warnings.is_empty() && status.problems.is_empty(),
+            "{name}: {status:?}"
+        );
+    }
+}

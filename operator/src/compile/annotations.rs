@@ -11,6 +11,8 @@
 //! applies), except for access control: an invalid or unsupported one denies every request of
 //! the Ingress (`deny_all`) rather than open paths up.
 
+pub use access::{BasicAuth, RateKey, RateLimits, SecretFormat, SecretRef};
+
 use super::status::AnnotationWarning;
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
@@ -70,15 +72,32 @@ const KNOWN: &[(&str, &[&str])] = &[
         &["session-cookie-max-age", "session-cookie-expires"],
     ),
     ("session-cookie-path", &["session-cookie-path"]),
+    ("auth-type", &["auth-type"]),
+    ("auth-secret", &["auth-secret"]),
+    ("auth-secret-type", &["auth-secret-type"]),
+    ("auth-realm", &["auth-realm"]),
+    ("rate-limit-rps", &["limit-rps"]),
+    ("rate-limit-rpm", &["limit-rpm"]),
+    ("rate-limit-connections", &["limit-connections"]),
+    ("rate-limit-burst", &[]),
+    ("rate-limit-burst-multiplier", &["limit-burst-multiplier"]),
+    ("rate-limit-key", &[]),
+    (
+        "rate-limit-allowlist",
+        &["limit-allowlist", "limit-whitelist"],
+    ),
 ];
 
 /// ingress-nginx's access-log switch: a boolean where ours accepts only "off".
 const NGINX_ACCESS_LOG: &str = "enable-access-log";
 
-/// ingress-nginx access control Coxswain does not implement. Ignoring one would serve what
-/// ingress-nginx protected, so under compatibility they deny instead.
+/// ingress-nginx access control Coxswain does not implement (external auth, client
+/// certificates, ...). Ignoring one would serve what ingress-nginx protected, so under
+/// compatibility they deny instead.
 fn nginx_access_control(name: &str) -> bool {
-    (name.starts_with("auth-") && !is_snippet(name)) || name == "denylist-source-range"
+    let implemented = KNOWN.iter().any(|(_, aliases)| aliases.contains(&name));
+    !implemented
+        && ((name.starts_with("auth-") && !is_snippet(name)) || name == "denylist-source-range")
 }
 
 fn is_snippet(name: &str) -> bool {
@@ -140,6 +159,10 @@ pub struct IngressAnnotations {
     pub load_balance: Option<LoadBalance>,
     /// Some with affinity: cookie.
     pub affinity: Option<CookieAffinity>,
+    /// auth-type: basic, with its Secret (resolved by the Ingress compiler).
+    pub basic_auth: Option<access::BasicAuth>,
+    /// limit-rps, limit-rpm, limit-connections.
+    pub rate_limits: Option<access::RateLimits>,
     /// An access-control annotation was invalid or is unsupported: every path answers 403.
     pub deny_all: bool,
 }
@@ -166,6 +189,8 @@ impl Default for IngressAnnotations {
             retry: None,
             load_balance: None,
             affinity: None,
+            basic_auth: None,
+            rate_limits: None,
             deny_all: false,
         }
     }
@@ -374,6 +399,12 @@ pub fn parse(
         Access::Allow(list) => a.allowlist = Some(list),
         Access::Deny => a.deny_all = true,
     }
+    match access::basic_auth(&mut r) {
+        Access::Unset => {}
+        Access::Allow(auth) => a.basic_auth = Some(auth),
+        Access::Deny => a.deny_all = true,
+    }
+    a.rate_limits = access::rate_limits(&mut r);
 
     if r.get("enable-cors", parse_bool).unwrap_or(false) {
         a.cors = Some(Cors {
@@ -613,6 +644,17 @@ impl<'a> Reader<'a> {
             reason: format!("invalid value {:?}{source}: {reason}; {outcome}", c.value),
             fail_closed,
         });
+    }
+
+    /// Access control that cannot be honoured: every path denies.
+    fn deny(&mut self, name: &str, reason: &str) {
+        if let Some(c) = self.candidates(name).into_iter().next() {
+            self.warnings.push(AnnotationWarning {
+                annotation: c.key,
+                reason: reason.into(),
+                fail_closed: true,
+            });
+        }
     }
 
     /// A warning about a value that is valid but not used.
@@ -1171,6 +1213,8 @@ fn parse_access_log(v: &str) -> Result<bool, String> {
         Err("only \"off\" is accepted; remove the annotation to keep the access log".into())
     }
 }
+
+mod access;
 
 #[cfg(test)]
 mod tests;

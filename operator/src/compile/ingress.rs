@@ -9,7 +9,7 @@
 //! disagree the oldest (creationTimestamp, then namespace/name) decides, and a
 //! CoxswainBackendPolicy on the Service port decides over every annotation.
 
-use super::annotations::{self, BackendProtocol, Canary, IngressAnnotations};
+use super::annotations::{self, Canary, IngressAnnotations};
 use super::entries::{Entry, PrecedenceKey};
 use super::gateway::ScopeKey;
 use super::refs::{self, Index};
@@ -20,6 +20,10 @@ use coxswain_api::CoxswainIngressClassParameters;
 use coxswain_api::snapshot::{self as snap, Protocol};
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
 use std::collections::{BTreeMap, BTreeSet};
+
+mod policy;
+
+use policy::RoutePolicy;
 
 const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
 const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
@@ -415,7 +419,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
             class_access_log_off,
             has_tls,
             paths,
-            status,
+            mut status,
         } = p;
         if a.canary.is_some() {
             out.status.insert(key, status);
@@ -434,7 +438,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
         // when asked, or under compatibility, where a migrated Ingress keeps that default.
         let ssl_redirect = a.force_ssl_redirect
             || (has_tls && a.ssl_redirect.unwrap_or(config.ingress_nginx_compat));
-        let policy = RoutePolicy::new(&a, class_access_log_off);
+        let policy = RoutePolicy::new(&a, class_access_log_off, &key, index, &mut status);
         for path in paths {
             let canary = canaries.get(&path_key(&path));
             for (port, protocol) in &ports {
@@ -543,173 +547,6 @@ fn variants(
         0,
     ));
     out
-}
-
-/// An Ingress's annotations as route fields, built once per Ingress.
-struct RoutePolicy {
-    filters: Vec<snap::Filter>,
-    redirect: Option<snap::Filter>,
-    timeouts: Option<snap::Timeouts>,
-    allowlist: Option<snap::ClientAllowlist>,
-    max_body: u64,
-    upstream_protocol: snap::UpstreamProtocol,
-    access_log_off: bool,
-    retry: Option<snap::Retry>,
-    session_persistence: Option<snap::SessionPersistence>,
-    deny_all: bool,
-}
-
-impl RoutePolicy {
-    fn new(a: &IngressAnnotations, class_access_log_off: bool) -> Self {
-        use snap::filter::Kind;
-        let modifier = |e: &annotations::HeaderEdits| snap::HeaderModifier {
-            set: e
-                .set
-                .iter()
-                .map(|(name, value)| snap::Header {
-                    name: name.clone(),
-                    value: value.clone(),
-                })
-                .collect(),
-            add: e
-                .add
-                .iter()
-                .map(|(name, value)| snap::Header {
-                    name: name.clone(),
-                    value: value.clone(),
-                })
-                .collect(),
-            remove: e.remove.clone(),
-        };
-        let mut filters = Vec::new();
-        if !a.request_headers.is_empty() {
-            filters.push(Kind::RequestHeaderModifier(modifier(&a.request_headers)));
-        }
-        if !a.response_headers.is_empty() {
-            filters.push(Kind::ResponseHeaderModifier(modifier(&a.response_headers)));
-        }
-        if let Some(t) = &a.rewrite_target {
-            filters.push(Kind::UrlRewrite(snap::UrlRewrite {
-                hostname: String::new(),
-                path: Some(snap::PathModifier {
-                    kind: Some(snap::path_modifier::Kind::ReplaceRegexMatch(t.0.clone())),
-                }),
-            }));
-        }
-        if let Some(c) = &a.cors {
-            filters.push(Kind::Cors(snap::Cors {
-                allow_origins: c.allow_origins.clone(),
-                allow_methods: c.allow_methods.clone(),
-                allow_headers: c.allow_headers.clone(),
-                expose_headers: c.expose_headers.clone(),
-                allow_credentials: c.allow_credentials,
-                max_age_seconds: c.max_age.as_secs(),
-                // ingress-nginx answers "*" when any origin is allowed without credentials.
-                echo_origin: false,
-            }));
-        }
-        let ms = |d: Option<std::time::Duration>| {
-            d.map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-        };
-        let timeouts =
-            (a.connect_timeout.is_some() || a.read_timeout.is_some() || a.send_timeout.is_some())
-                .then(|| snap::Timeouts {
-                    connect_ms: ms(a.connect_timeout),
-                    read_ms: ms(a.read_timeout),
-                    send_ms: ms(a.send_timeout),
-                    ..Default::default()
-                });
-        Self {
-            filters: filters
-                .into_iter()
-                .map(|k| snap::Filter { kind: Some(k) })
-                .collect(),
-            redirect: a.redirect.as_ref().map(|r| snap::Filter {
-                kind: Some(Kind::RequestRedirect(snap::RequestRedirect {
-                    location: r.location.clone(),
-                    status_code: u32::from(r.code),
-                    ..Default::default()
-                })),
-            }),
-            timeouts,
-            allowlist: a.allowlist.as_ref().map(|list| snap::ClientAllowlist {
-                cidrs: list
-                    .iter()
-                    .map(|c| snap::Cidr {
-                        address: c.addr.to_string(),
-                        prefix_len: u32::from(c.prefix),
-                    })
-                    .collect(),
-            }),
-            max_body: a.max_body_size.unwrap_or(0),
-            upstream_protocol: match a.backend_protocol {
-                None => snap::UpstreamProtocol::Unspecified,
-                Some(BackendProtocol::Http) => snap::UpstreamProtocol::Http1,
-                Some(BackendProtocol::H2c | BackendProtocol::Grpc) => snap::UpstreamProtocol::H2c,
-                Some(BackendProtocol::Https) => snap::UpstreamProtocol::Tls,
-                Some(BackendProtocol::Grpcs) => snap::UpstreamProtocol::TlsH2,
-            },
-            access_log_off: class_access_log_off || !a.access_log,
-            retry: a.retry.as_ref().map(|r| snap::Retry {
-                codes: r.codes.iter().map(|c| u32::from(*c)).collect(),
-                attempts: r.tries.saturating_sub(1),
-                backoff_ms: 0,
-                non_idempotent: r.non_idempotent,
-                timeout_ms: r
-                    .timeout
-                    .map_or(0, |t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
-            }),
-            session_persistence: a.affinity.as_ref().map(|c| snap::SessionPersistence {
-                kind: snap::session_persistence::Kind::Cookie as i32,
-                name: c.name.clone(),
-                max_age_s: c.max_age.unwrap_or(0),
-                path: c.path.clone().unwrap_or_default(),
-            }),
-            deny_all: a.deny_all,
-        }
-    }
-
-    /// Fills a route: access denied, then the HTTPS redirect (HTTP port only), then a fixed
-    /// redirect, then an invalid backend's status, else forwarding with every policy.
-    fn apply(
-        &self,
-        route: &mut snap::Route,
-        https_redirect: bool,
-        backends: Vec<snap::WeightedBackend>,
-        direct_status: u32,
-    ) {
-        route.access_log_off = self.access_log_off;
-        if self.deny_all {
-            route.direct_status = 403;
-            return;
-        }
-        route.client_allowlist = self.allowlist.clone();
-        if https_redirect {
-            route.filters = vec![snap::Filter {
-                kind: Some(snap::filter::Kind::RequestRedirect(snap::RequestRedirect {
-                    scheme: "https".into(),
-                    status_code: 308,
-                    ..Default::default()
-                })),
-            }];
-            return;
-        }
-        if let Some(r) = &self.redirect {
-            route.filters = vec![r.clone()];
-            return;
-        }
-        if direct_status != 0 {
-            route.direct_status = direct_status;
-            return;
-        }
-        route.filters = self.filters.clone();
-        route.backends = backends;
-        route.timeouts = self.timeouts;
-        route.max_request_body_bytes = self.max_body;
-        route.upstream_protocol = self.upstream_protocol as i32;
-        route.retry = self.retry.clone();
-        route.session_persistence = self.session_persistence.clone();
-    }
 }
 
 /// (namespace, Service) of a cluster name "<namespace>/<service>:<port>[/h2c]".

@@ -10,6 +10,8 @@
 //! virtual hosts in precedence order per port and scope, and seals each snapshot with its
 //! content hash.
 
+#[cfg(test)]
+mod access_tests;
 pub mod annotations;
 pub mod backendpolicy;
 pub mod backendtls;
@@ -416,6 +418,7 @@ fn assemble(
                 listener_hostnames,
             });
         }
+        let requires = requirements(&listeners);
         let snapshot = Snapshot {
             version: String::new(),
             scope: Some(snap::Scope {
@@ -444,6 +447,7 @@ fn assemble(
                         })
                 })
                 .collect(),
+            requires,
         }
         .seal();
         out.insert(scope, snapshot);
@@ -474,4 +478,23 @@ fn collect_filter_clusters(filters: &[snap::Filter], used: &mut BTreeSet<String>
             used.insert(m.cluster.clone());
         }
     }
+}
+
+/// What a proxy must implement to serve these listeners safely: a proxy that does not know a
+/// protecting field refuses the snapshot instead of serving without it.
+fn requirements(listeners: &[snap::Listener]) -> Vec<String> {
+    let routes = || {
+        listeners
+            .iter()
+            .flat_map(|l| &l.virtual_hosts)
+            .flat_map(|v| &v.routes)
+    };
+    let mut out = Vec::new();
+    if routes().any(|r| r.basic_auth.is_some()) {
+        out.push(snap::feature::BASIC_AUTH.to_owned());
+    }
+    if routes().any(|r| !r.rate_limits.is_empty()) {
+        out.push(snap::feature::RATE_LIMIT.to_owned());
+    }
+    out
 }
