@@ -15,12 +15,8 @@ use gateway_api::apis::standard::listenersets::ListenerSet;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Which proxies serve a Gateway.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum ScopeKey {
-    SharedPool,
-    Gateway(ObjectKey),
-}
+// Where it always lived: the Ingress compiler names it through this module.
+pub use super::scope::ScopeKey;
 
 /// A listener that passed validation, as routes see it.
 #[derive(Debug, Clone)]

@@ -15,6 +15,7 @@ mod access_tests;
 pub mod annotations;
 pub mod backendpolicy;
 pub mod backendtls;
+pub mod clusters;
 pub mod entries;
 pub mod gateway;
 pub mod grpcroute;
@@ -24,6 +25,7 @@ pub mod ingress;
 #[cfg(test)]
 mod lb_tests;
 pub mod refs;
+pub mod scope;
 pub mod status;
 pub mod store;
 #[cfg(test)]
@@ -33,7 +35,7 @@ pub mod tlsroute;
 use coxswain_api::names;
 use coxswain_api::snapshot::{self as snap, Snapshot};
 use entries::Entry;
-pub use gateway::ScopeKey;
+pub use scope::ScopeKey;
 use status::{ObjectKey, StatusDecisions};
 use std::collections::{BTreeMap, BTreeSet};
 pub use store::Store;

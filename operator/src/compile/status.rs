@@ -121,7 +121,7 @@ pub struct ListenerSetStatus {
     /// The parent Gateway, and which proxies serve it (for Programmed).
     pub gateway: ObjectKey,
     #[serde(skip)]
-    pub scope: super::gateway::ScopeKey,
+    pub scope: super::scope::ScopeKey,
 }
 
 /// A parentRef as written in `status.parents[].parentRef`, defaults filled in.
