@@ -4,8 +4,8 @@
 //! What stays gRPC-specific — HTTP/2 to the backends, the kind in status and ReferenceGrants —
 //! is decided by [`super::httproute`] from [`super::httproute::RouteKind`].
 
-use super::httproute::{Problem, equivalent_route};
-use super::status::reason;
+use super::httproute::equivalent_route;
+use super::status::{Problem, reason};
 use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::standard::grpcroutes::{
     GrpcRoute, GrpcRouteRules, GrpcRouteRulesMatches, GrpcRouteRulesMatchesMethodType,
@@ -68,7 +68,7 @@ fn match_as_http(m: &GrpcRouteRulesMatches) -> Result<Value, Problem> {
                 None | Some(GrpcRouteRulesMatchesMethodType::Exact) => {
                     for part in [service, name].into_iter().flatten() {
                         if part.contains('/') {
-                            return Err((
+                            return Err(Problem::new(
                                 reason::UNSUPPORTED_VALUE,
                                 format!("method match {part:?} contains a '/'"),
                             ));
@@ -92,7 +92,7 @@ fn match_as_http(m: &GrpcRouteRulesMatches) -> Result<Value, Problem> {
                     let pattern = |p: Option<&str>, what: &str| -> Result<String, Problem> {
                         let p = p.unwrap_or("[^/]+");
                         regex::Regex::new(p).map_err(|e| {
-                            (
+                            Problem::new(
                                 reason::UNSUPPORTED_VALUE,
                                 format!("{what} regular expression {p:?}: {e}"),
                             )
@@ -254,7 +254,7 @@ spec:
 "#,
         );
         let (http, problem) = as_http_route(&route);
-        let (reason, message) = problem.expect("a problem");
+        let Problem { reason, message } = problem.expect("a problem");
         assert_eq!(reason, reason::UNSUPPORTED_VALUE);
         assert!(message.contains("(unclosed"), "{message}");
         // The parents stay, so the route can be told why.

@@ -7,7 +7,7 @@ use super::entries::{Entry, PrecedenceKey};
 use super::gateway::{AcceptedListener, ServedGateway};
 use super::hostname;
 use super::refs::{self, GATEWAY_GROUP, Index};
-use super::status::{Condition, ObjectKey, ParentRef, RouteParentStatus, reason};
+use super::status::{Condition, ObjectKey, ParentRef, Problem, RouteParentStatus, reason};
 use super::store::Store;
 use coxswain_api::snapshot::{
     self as snap, Filter, HeaderMatch, PathMatch, QueryParamMatch, RouteMatch, RouteSource,
@@ -151,7 +151,7 @@ pub(super) fn equivalent_route(
                 rules: Some(Vec::new()),
                 ..Default::default()
             },
-            Some((reason::UNSUPPORTED_VALUE, format!("{kind}: {e}"))),
+            Some(Problem::new(reason::UNSUPPORTED_VALUE, format!("{kind}: {e}"))),
         ),
     };
     let route = HttpRoute {
@@ -351,7 +351,7 @@ fn compile_route(
                 })
                 .collect();
             match turned_away {
-                Some((listener, other)) if kept.is_empty() => Err((
+                Some((listener, other)) if kept.is_empty() => Err(Problem::new(
                     reason::NOT_ALLOWED_BY_LISTENERS,
                     format!(
                         "{other} serves a hostname of this route on listener {listener}: an \
@@ -363,10 +363,7 @@ fn compile_route(
             }
         });
         let accepted = match (&route_problem, &attach) {
-            (Some((r, m)), _) => Condition::new(reason::ACCEPTED, false, r, m.clone(), generation),
-            (None, Err((r, m))) => {
-                Condition::new(reason::ACCEPTED, false, r, m.clone(), generation)
-            }
+            (Some(p), _) | (None, Err(p)) => p.condition(reason::ACCEPTED, generation),
             (None, Ok(_)) => {
                 Condition::new(reason::ACCEPTED, true, reason::ACCEPTED, "", generation)
             }
@@ -379,7 +376,7 @@ fn compile_route(
                 "",
                 generation,
             ),
-            Err((r, m)) => Condition::new(reason::RESOLVED_REFS, false, r, m.clone(), generation),
+            Err(p) => p.condition(reason::RESOLVED_REFS, generation),
         };
         if let (None, Ok(attachments)) = (&route_problem, attach) {
             for rule in &rules {
@@ -463,8 +460,6 @@ fn compile_route(
     };
 }
 
-pub(super) type Problem = (&'static str, String);
-
 /// The listeners of `gw` a route attaches to through one parentRef, with the hostnames it
 /// serves on each (Gateway API: sectionName and port narrow the listeners; allowedRoutes and
 /// hostname intersection decide).
@@ -488,7 +483,7 @@ fn attach<'g>(
         Some(ls) => {
             let Some(set) = gw.listener_sets.get(ls) else {
                 let why = gw.refused_listener_sets.get(ls).map_or("", String::as_str);
-                return Err((
+                return Err(Problem::new(
                     reason::NO_MATCHING_PARENT,
                     format!(
                         "ListenerSet {ls} is not accepted by Gateway {}: {why}",
@@ -502,7 +497,7 @@ fn attach<'g>(
     if let Some(s) = section
         && !names.contains(s)
     {
-        return Err((
+        return Err(Problem::new(
             reason::NO_MATCHING_PARENT,
             format!("{what} has no listener named {s}"),
         ));
@@ -510,7 +505,7 @@ fn attach<'g>(
     if let Some(p) = port
         && !u32::try_from(p).is_ok_and(|p| ports.contains(&p))
     {
-        return Err((
+        return Err(Problem::new(
             reason::NO_MATCHING_PARENT,
             format!("{what} has no listener on port {p}"),
         ));
@@ -523,7 +518,7 @@ fn attach<'g>(
         .filter(|l| port.is_none_or(|p| i64::from(l.port) == i64::from(p)))
         .collect();
     if candidates.is_empty() {
-        return Err((
+        return Err(Problem::new(
             reason::NO_MATCHING_PARENT,
             format!("no valid listener of {what} matches the parentRef"),
         ));
@@ -537,7 +532,7 @@ fn attach<'g>(
         })
         .collect();
     if allowed.is_empty() {
-        return Err((
+        return Err(Problem::new(
             reason::NOT_ALLOWED_BY_LISTENERS,
             format!(
                 "the listeners of {what} do not allow {}s from namespace {route_ns}",
@@ -563,7 +558,7 @@ fn attach<'g>(
         }
     }
     if result.is_empty() {
-        return Err((
+        return Err(Problem::new(
             reason::NO_MATCHING_LISTENER_HOSTNAME,
             "no hostname of the route matches a listener hostname".into(),
         ));
@@ -651,7 +646,7 @@ fn compile_retry(
         None => DEFAULT_RETRY_ATTEMPTS,
         Some(n) if (0..=MAX_RETRY_ATTEMPTS).contains(&n) => n as u32,
         Some(n) => {
-            return Err((
+            return Err(Problem::new(
                 reason::UNSUPPORTED_VALUE,
                 format!("retry.attempts {n} is outside 0-{MAX_RETRY_ATTEMPTS}"),
             ));
@@ -662,7 +657,7 @@ fn compile_retry(
         match u32::try_from(*c) {
             Ok(c) if (400..=599).contains(&c) => codes.push(c),
             _ => {
-                return Err((
+                return Err(Problem::new(
                     reason::UNSUPPORTED_VALUE,
                     format!("retry.codes: {c} is not an HTTP status from 400 to 599"),
                 ));
@@ -674,7 +669,7 @@ fn compile_retry(
     let backoff_ms = match r.backoff.as_deref() {
         None => 0,
         Some(b) => parse_duration_ms(b).ok_or_else(|| {
-            (
+            Problem::new(
                 reason::UNSUPPORTED_VALUE,
                 format!("retry.backoff: {b:?} is not a Gateway API duration"),
             )
@@ -704,7 +699,7 @@ fn compile_session_persistence(
         HttpRouteRulesSessionPersistenceCookieConfigLifetimeType as Lifetime,
         HttpRouteRulesSessionPersistenceType as Type,
     };
-    let unsupported = |m: String| (reason::UNSUPPORTED_VALUE, m);
+    let unsupported = |m: String| Problem::new(reason::UNSUPPORTED_VALUE, m);
     if s.idle_timeout.is_some() {
         // Would need per-session state in every replica; the cookie carries none.
         return Err(unsupported(
@@ -817,7 +812,7 @@ fn compile_rule(
             // The backend-level filter type has the same shape as the rule-level one.
             let as_rule: HttpRouteRulesFilters = serde_json::to_value(f)
                 .and_then(serde_json::from_value)
-                .map_err(|e| (reason::UNSUPPORTED_VALUE, format!("backendRef filter: {e}")))?;
+                .map_err(|e| Problem::new(reason::UNSUPPORTED_VALUE, format!("backendRef filter: {e}")))?;
             backend_filters.push(compile_filter(
                 store,
                 index,
@@ -853,7 +848,7 @@ fn compile_rule(
             let parse = |v: &Option<String>, field: &str| -> Result<u64, Problem> {
                 v.as_deref().map_or(Ok(0), |s| {
                     parse_duration_ms(s).ok_or_else(|| {
-                        (
+                        Problem::new(
                             reason::UNSUPPORTED_VALUE,
                             format!("timeouts.{field}: {s:?} is not a Gateway API duration"),
                         )
@@ -911,7 +906,7 @@ fn compile_match(m: &HttpRouteRulesMatches) -> Result<RouteMatch, Problem> {
                 }
             };
             if kind != snap::path_match::Kind::Regex && !value.starts_with('/') {
-                return Err((
+                return Err(Problem::new(
                     reason::UNSUPPORTED_VALUE,
                     format!("path {value:?} must start with /"),
                 ));
@@ -980,7 +975,7 @@ fn compile_match(m: &HttpRouteRulesMatches) -> Result<RouteMatch, Problem> {
 
 fn check_regex(value: &str, what: &str) -> Result<(), Problem> {
     regex::Regex::new(value).map(|_| ()).map_err(|e| {
-        (
+        Problem::new(
             reason::UNSUPPORTED_VALUE,
             format!("{what} regular expression {value:?}: {e}"),
         )
@@ -1023,7 +1018,7 @@ fn compile_filter(
                 None => 302,
                 Some(c @ (301 | 302 | 303 | 307 | 308)) => c as u32,
                 Some(c) => {
-                    return Err((
+                    return Err(Problem::new(
                         reason::UNSUPPORTED_VALUE,
                         format!("redirect status code {c} is not supported"),
                     ));
@@ -1097,17 +1092,17 @@ fn compile_filter(
             echo_origin: true,
         })
     } else if f.extension_ref.is_some() {
-        return Err((
+        return Err(Problem::new(
             reason::UNSUPPORTED_VALUE,
             "ExtensionRef filters are not supported".into(),
         ));
     } else if f.external_auth.is_some() {
-        return Err((
+        return Err(Problem::new(
             reason::UNSUPPORTED_VALUE,
             "ExternalAuth filters are not supported yet".into(),
         ));
     } else {
-        return Err((reason::UNSUPPORTED_VALUE, "a filter of unknown type".into()));
+        return Err(Problem::new(reason::UNSUPPORTED_VALUE, "a filter of unknown type".into()));
     };
     Ok(Filter { kind: Some(kind) })
 }
@@ -1134,7 +1129,7 @@ struct HeaderSpec {
 fn header_modifier(m: &impl serde::Serialize) -> Result<snap::HeaderModifier, Problem> {
     let spec: HeaderModifierSpec = serde_json::to_value(m)
         .and_then(serde_json::from_value)
-        .map_err(|e| (reason::UNSUPPORTED_VALUE, format!("header modifier: {e}")))?;
+        .map_err(|e| Problem::new(reason::UNSUPPORTED_VALUE, format!("header modifier: {e}")))?;
     let headers = |list: Vec<HeaderSpec>| {
         list.into_iter()
             .map(|h| snap::Header {
@@ -1163,7 +1158,7 @@ fn path_modifier(
         (Some(f), None) => snap::path_modifier::Kind::ReplaceFullPath(f),
         (None, Some(p)) => snap::path_modifier::Kind::ReplacePrefixMatch(p),
         _ => {
-            return Err((
+            return Err(Problem::new(
                 reason::UNSUPPORTED_VALUE,
                 "a path modifier sets exactly one of replaceFullPath and replacePrefixMatch".into(),
             ));
@@ -1189,7 +1184,7 @@ fn resolve_backend(
     let group = group.unwrap_or("");
     let kind = kind.unwrap_or("Service");
     if !group.is_empty() || kind != "Service" {
-        return Err((
+        return Err(Problem::new(
             reason::INVALID_KIND,
             format!("backendRef {group}/{kind} {name} is not a Service"),
         ));
@@ -1205,7 +1200,7 @@ fn resolve_backend(
         ns,
         name,
     ) {
-        return Err((
+        return Err(Problem::new(
             reason::REF_NOT_PERMITTED,
             format!(
                 "no ReferenceGrant in {ns} allows {}s in {} to use Service {name}",
@@ -1215,19 +1210,19 @@ fn resolve_backend(
         ));
     }
     let Some(port) = port else {
-        return Err((
+        return Err(Problem::new(
             reason::UNSUPPORTED_VALUE,
             format!("backendRef to Service {ns}/{name} needs a port"),
         ));
     };
     if index.service(ns, name).is_none() {
-        return Err((
+        return Err(Problem::new(
             reason::BACKEND_NOT_FOUND,
             format!("Service {ns}/{name} not found"),
         ));
     }
     let Some(mut cluster) = index.cluster(ns, name, port) else {
-        return Err((
+        return Err(Problem::new(
             reason::BACKEND_NOT_FOUND,
             format!("Service {ns}/{name} has no port {port}"),
         ));

@@ -4,7 +4,8 @@
 //! and resolves them like other routes; [`super::httproute::RouteKind::Tls`] keeps them on TLS
 //! listeners and names them in status and ReferenceGrants.
 
-use super::httproute::{Problem, equivalent_route};
+use super::httproute::equivalent_route;
+use super::status::Problem;
 use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::standard::tlsroutes::TlsRoute;
 use serde_json::json;
