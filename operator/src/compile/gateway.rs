@@ -1,7 +1,7 @@
 //! GatewayClasses and Gateways: acceptance, listener validation and conflicts.
 
 use super::Config;
-use super::httproute::RouteKind;
+use super::route::RouteKind;
 use super::refs::{self, GATEWAY_GROUP, Index};
 use super::status::ListenerSetStatus;
 use super::status::{Condition, GatewayStatus, ListenerStatus, ObjectKey, RouteGroupKind, reason};

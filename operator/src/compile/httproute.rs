@@ -1,12 +1,15 @@
-//! HTTPRoutes and GRPCRoutes: attachment to Gateway listeners, rules to snapshot routes, and
-//! the `status.parents` entries this controller owns. A GRPCRoute is first read as the
-//! HTTPRoute it is equivalent to ([`super::grpcroute`]), then compiled by the same code.
+//! HTTPRoutes, GRPCRoutes and TLSRoutes: attachment to Gateway listeners, rules to snapshot
+//! routes, and the `status.parents` entries this controller owns. Every route is first read in
+//! the shared form ([`super::route`]; GRPCRoutes and TLSRoutes through [`super::grpcroute`] and
+//! [`super::tlsroute`]), then compiled by the same code.
 
 use super::Config;
 use super::entries::{Entry, PrecedenceKey};
 use super::gateway::{AcceptedListener, ServedGateway};
 use super::hostname;
 use super::refs::{self, GATEWAY_GROUP, Index};
+use super::route::{RouteForm, RouteKind};
+use super::{grpcroute, tlsroute};
 use super::status::{Condition, ObjectKey, ParentRef, Problem, RouteParentStatus, reason};
 use super::store::Store;
 use coxswain_api::snapshot::{
@@ -16,36 +19,9 @@ use coxswain_api::snapshot::{
 use gateway_api::apis::experimental::httproutes::{
     HttpRoute, HttpRouteParentRefs, HttpRouteRules, HttpRouteRulesFilters, HttpRouteRulesMatches,
     HttpRouteRulesMatchesHeadersType, HttpRouteRulesMatchesPathType,
-    HttpRouteRulesMatchesQueryParamsType, HttpRouteSpec,
+    HttpRouteRulesMatchesQueryParamsType,
 };
 use std::collections::BTreeMap;
-
-/// The route kinds compiled here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum RouteKind {
-    Http,
-    Grpc,
-    Tls,
-}
-
-impl RouteKind {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Http => "HTTPRoute",
-            Self::Grpc => "GRPCRoute",
-            Self::Tls => "TLSRoute",
-        }
-    }
-
-    pub fn from_name(kind: &str) -> Option<Self> {
-        match kind {
-            "HTTPRoute" => Some(Self::Http),
-            "GRPCRoute" => Some(Self::Grpc),
-            "TLSRoute" => Some(Self::Tls),
-            _ => None,
-        }
-    }
-}
 
 pub struct RouteOutput {
     pub entries: Vec<Entry>,
@@ -102,77 +78,24 @@ pub fn compile(
         served,
         config,
     };
-    let grpc: Vec<(HttpRoute, Option<Problem>)> = store
-        .grpc_routes
-        .iter()
-        .map(super::grpcroute::as_http_route)
-        .collect();
-    let tls: Vec<(HttpRoute, Option<Problem>)> = store
-        .tls_routes
-        .iter()
-        .map(super::tlsroute::as_http_route)
-        .collect();
-    let routes: Vec<(RouteKind, &HttpRoute, Option<Problem>)> = store
+    let routes: Vec<RouteForm<'_>> = store
         .http_routes
         .iter()
-        .map(|r| (RouteKind::Http, r, None))
-        .chain(grpc.iter().map(|(r, p)| (RouteKind::Grpc, r, p.clone())))
-        .chain(tls.iter().map(|(r, p)| (RouteKind::Tls, r, p.clone())))
+        .map(RouteForm::http)
+        .chain(store.grpc_routes.iter().map(grpcroute::as_route_form))
+        .chain(store.tls_routes.iter().map(tlsroute::as_route_form))
         .collect();
     let rejected = cross_kind_conflicts(&inputs, &routes);
-    for (kind, route, problem) in routes {
-        compile_route(&inputs, kind, route, problem, &rejected, &mut out);
+    for form in &routes {
+        compile_route(&inputs, form, &rejected, &mut out);
     }
     out
-}
-
-/// The HTTPRoute a route of another kind is read as: its metadata, parentRefs and hostnames,
-/// and `rules` already in HTTPRoute shape. If that does not read as an HTTPRoute spec, only
-/// the parents are kept, so the route is still told why (the problem returned).
-pub(super) fn equivalent_route(
-    kind: &str,
-    metadata: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    parent_refs: &impl serde::Serialize,
-    hostnames: &impl serde::Serialize,
-    rules: Option<Vec<serde_json::Value>>,
-) -> (HttpRoute, Option<Problem>) {
-    let spec = serde_json::json!({
-        "parentRefs": parent_refs,
-        "hostnames": hostnames,
-        "rules": rules,
-    });
-    let (spec, problem) = match serde_json::from_value::<HttpRouteSpec>(spec) {
-        Ok(spec) => (spec, None),
-        Err(e) => (
-            HttpRouteSpec {
-                parent_refs: serde_json::to_value(parent_refs)
-                    .and_then(serde_json::from_value)
-                    .unwrap_or_default(),
-                rules: Some(Vec::new()),
-                ..Default::default()
-            },
-            Some(Problem::new(reason::UNSUPPORTED_VALUE, format!("{kind}: {e}"))),
-        ),
-    };
-    let route = HttpRoute {
-        metadata: metadata.clone(),
-        spec,
-        status: None,
-    };
-    (route, problem)
 }
 
 /// (route kind, route, Gateway, listener name) -> the route of the other kind that keeps the
 /// hostnames they share on that listener.
 /// (kind, route, Gateway, owning ListenerSet, listener) -> the route that keeps the slot.
 type Rejections = BTreeMap<(RouteKind, ObjectKey, ObjectKey, Option<ObjectKey>, String), String>;
-
-fn route_key(route: &HttpRoute) -> ObjectKey {
-    ObjectKey::new(
-        route.metadata.namespace.as_deref().unwrap_or("default"),
-        route.metadata.name.as_deref().unwrap_or_default(),
-    )
-}
 
 /// The parentRefs of `route` that are Gateways this controller serves, or ListenerSets
 /// accepted onto one (with the ListenerSet's key): only those are ours to report on.
@@ -217,17 +140,17 @@ fn served_parents<'r, 's>(
 /// a route of the other kind taken before it serves an intersecting hostname.
 fn cross_kind_conflicts(
     inputs: &Inputs<'_>,
-    routes: &[(RouteKind, &HttpRoute, Option<Problem>)],
+    routes: &[RouteForm<'_>],
 ) -> Rejections {
     let mut rejected = Rejections::new();
-    let has = |k: RouteKind| routes.iter().any(|r| r.0 == k);
+    let has = |k: RouteKind| routes.iter().any(|r| r.kind == k);
     if !has(RouteKind::Http) || !has(RouteKind::Grpc) {
         return rejected;
     }
     let mut order: Vec<(RouteKind, &HttpRoute, ObjectKey)> = routes
         .iter()
-        .filter(|r| r.2.is_none())
-        .map(|(kind, route, _)| (*kind, *route, route_key(route)))
+        .filter(|r| r.problem.is_none())
+        .map(|r| (r.kind, &*r.route, r.key()))
         .collect();
     order.sort_by(|a, b| {
         super::store::oldest_first(&a.1.metadata, &b.1.metadata).then_with(|| a.2.cmp(&b.2))
@@ -277,13 +200,11 @@ fn hostnames_intersect(a: &str, b: &str) -> bool {
     a.is_empty() || b.is_empty() || hostname::intersect(Some(a), b).is_some()
 }
 
-/// One route of either kind. `problem` is a reason the route cannot be accepted that was found
+/// One route of any kind. Its `problem` is a reason it cannot be accepted that was found
 /// before compiling it (a GRPCRoute that has no HTTPRoute equivalent).
 fn compile_route(
     inputs: &Inputs<'_>,
-    kind: RouteKind,
-    route: &HttpRoute,
-    problem: Option<Problem>,
+    form: &RouteForm<'_>,
     rejected: &Rejections,
     out: &mut RouteOutput,
 ) {
@@ -293,7 +214,9 @@ fn compile_route(
         served,
         config,
     } = *inputs;
-    let key = route_key(route);
+    let (kind, route) = (form.kind, &*form.route);
+    let problem = form.problem.clone();
+    let key = form.key();
     let generation = route.metadata.generation.unwrap_or(0);
     let ours = served_parents(route, &key, served);
     if ours.is_empty() {

@@ -5,8 +5,9 @@
 //! Pipeline: GatewayClasses and Gateways ([`gateway`]) decide which listeners exist;
 //! BackendTLSPolicies ([`backendtls`]) which Service ports get verified TLS and
 //! CoxswainBackendPolicies ([`backendpolicy`]) which load balancer they get; HTTPRoutes,
-//! GRPCRoutes and TLSRoutes ([`httproute`], [`grpcroute`], [`tlsroute`]) and Ingresses
-//! ([`ingress`]) become route [`entries`] on those listeners; [`assemble`] groups entries into
+//! GRPCRoutes and TLSRoutes ([`httproute`], read in the shared [`route`] form that
+//! [`grpcroute`] and [`tlsroute`] convert to) and Ingresses ([`ingress`]) become route
+//! [`entries`] on those listeners; [`assemble`] groups entries into
 //! virtual hosts in precedence order per port and scope, and seals each snapshot with its
 //! content hash.
 
@@ -25,6 +26,7 @@ pub mod ingress;
 #[cfg(test)]
 mod lb_tests;
 pub mod refs;
+pub mod route;
 pub mod scope;
 pub mod status;
 pub mod store;
