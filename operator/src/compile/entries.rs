@@ -1,7 +1,7 @@
 //! Route entries and the order they are tried in.
 
-use super::scope::ScopeKey;
 use super::hostname;
+use super::scope::ScopeKey;
 use super::status::ObjectKey;
 use coxswain_api::snapshot::{self as snap, Protocol, RouteMatch, path_match};
 use std::cmp::{Ordering, Reverse};

@@ -1,8 +1,8 @@
 //! GatewayClasses and Gateways: acceptance, listener validation and conflicts.
 
 use super::Config;
-use super::route::RouteKind;
 use super::refs::{self, GATEWAY_GROUP, Index};
+use super::route::RouteKind;
 use super::status::ListenerSetStatus;
 use super::status::{Condition, GatewayStatus, ListenerStatus, ObjectKey, RouteGroupKind, reason};
 use super::store::Store;

@@ -209,10 +209,8 @@ fn filter_as_http(f: &grpc::GrpcRouteRulesFilters) -> http::HttpRouteRulesFilter
                 remove: m.remove.clone(),
             }
         }),
-        request_mirror: f
-            .request_mirror
-            .as_ref()
-            .map(|m| http::HttpRouteRulesFiltersRequestMirror {
+        request_mirror: f.request_mirror.as_ref().map(|m| {
+            http::HttpRouteRulesFiltersRequestMirror {
                 backend_ref: http::HttpRouteRulesFiltersRequestMirrorBackendRef {
                     group: m.backend_ref.group.clone(),
                     kind: m.backend_ref.kind.clone(),
@@ -227,7 +225,8 @@ fn filter_as_http(f: &grpc::GrpcRouteRulesFilters) -> http::HttpRouteRulesFilter
                     }
                 }),
                 percent: m.percent,
-            }),
+            }
+        }),
         extension_ref: f
             .extension_ref
             .as_ref()

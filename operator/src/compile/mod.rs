@@ -14,10 +14,12 @@
 #[cfg(test)]
 mod access_tests;
 pub mod annotations;
+pub mod backend;
 pub mod backendpolicy;
 pub mod backendtls;
 pub mod clusters;
 pub mod entries;
+pub mod filters;
 pub mod gateway;
 pub mod grpcroute;
 pub mod hostname;
@@ -27,6 +29,7 @@ pub mod ingress;
 mod lb_tests;
 pub mod refs;
 pub mod route;
+pub mod rules;
 pub mod scope;
 pub mod status;
 pub mod store;

@@ -1022,7 +1022,7 @@ fn rule_retries_compile_and_bad_values_make_the_route_unacceptable() {
     assert_eq!(retry(0), Some((vec![500, 503], 3, 100, false)));
     assert_eq!(
         retry(1),
-        Some((vec![], super::httproute::DEFAULT_RETRY_ATTEMPTS, 0, false))
+        Some((vec![], super::rules::DEFAULT_RETRY_ATTEMPTS, 0, false))
     );
     assert_eq!(retry(2), None);
 }
@@ -1095,7 +1095,7 @@ fn session_persistence_compiles_and_unsupported_fields_are_refused() {
         session(2),
         Some((
             cookie,
-            super::httproute::DEFAULT_SESSION_NAME.into(),
+            super::rules::DEFAULT_SESSION_NAME.into(),
             0,
             "/browser".into()
         ))
