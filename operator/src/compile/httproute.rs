@@ -6,8 +6,9 @@
 use super::Config;
 use super::backend::Referrer;
 use super::entries::{Entry, PrecedenceKey};
-use super::gateway::{AcceptedListener, ServedGateway};
+use super::gateway::ServedGateway;
 use super::hostname;
+use super::listeners::AcceptedListener;
 use super::refs::{GATEWAY_GROUP, Index};
 use super::route::{RouteForm, RouteKind};
 use super::rules::compile_rules;

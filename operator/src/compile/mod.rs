@@ -27,6 +27,7 @@ pub mod httproute;
 pub mod ingress;
 #[cfg(test)]
 mod lb_tests;
+pub mod listeners;
 pub mod refs;
 pub mod route;
 pub mod rules;
