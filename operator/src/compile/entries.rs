@@ -1,8 +1,7 @@
 //! Route entries and the order they are tried in.
 
 use super::hostname;
-use super::scope::ScopeKey;
-use super::status::ObjectKey;
+use super::status::{ObjectKey, ScopeKey};
 use coxswain_api::snapshot::{self as snap, Protocol, RouteMatch, path_match};
 use std::cmp::{Ordering, Reverse};
 

@@ -14,7 +14,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::collections::{BTreeMap, BTreeSet};
 
 // Where it always lived: the Ingress compiler names it through this module.
-pub use super::scope::ScopeKey;
+pub use super::status::ScopeKey;
 
 /// The listener names and ports of one accepted ListenerSet, so a parentRef's sectionName or
 /// port can be told apart from one that does not exist.

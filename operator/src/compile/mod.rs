@@ -32,7 +32,6 @@ pub mod proxies;
 pub mod refs;
 pub mod route;
 pub mod rules;
-pub mod scope;
 pub mod status;
 pub mod store;
 #[cfg(test)]
@@ -43,7 +42,7 @@ use coxswain_api::names;
 use coxswain_api::snapshot::{self as snap, Snapshot};
 use entries::Entry;
 use proxies::{ProxyAccounts, ProxyNames};
-pub use scope::ScopeKey;
+pub use status::ScopeKey;
 use status::{ObjectKey, StatusDecisions};
 use std::collections::{BTreeMap, BTreeSet};
 pub use store::Store;

@@ -18,8 +18,7 @@
 //! When the conflict goes away the renamed Gateway gets its plain name back (and loses the
 //! condition).
 
-use super::scope::ScopeKey;
-use super::status::ObjectKey;
+use super::status::{ObjectKey, ScopeKey};
 use super::store::Store;
 use coxswain_api::names::{self, labels};
 use gateway_api::apis::standard::gateways::Gateway;

@@ -48,6 +48,14 @@ impl Condition {
     }
 }
 
+/// Which proxies serve a Gateway: the unit a snapshot is compiled for. Beside ObjectKey, so
+/// every compiler module can name a scope without importing the Gateway compiler.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ScopeKey {
+    SharedPool,
+    Gateway(ObjectKey),
+}
+
 /// Why an object, or part of it, cannot be accepted or resolved as written: the condition
 /// reason and the message for the object's owner, which status carries as they are.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -141,7 +149,7 @@ pub struct ListenerSetStatus {
     /// The parent Gateway, and which proxies serve it (for Programmed).
     pub gateway: ObjectKey,
     #[serde(skip)]
-    pub scope: super::scope::ScopeKey,
+    pub scope: ScopeKey,
 }
 
 /// A parentRef as written in `status.parents[].parentRef`, defaults filled in.
