@@ -248,6 +248,10 @@ pub async fn run(
         ingress_http_port: config.ingress_ports.0.into(),
         ingress_https_port: config.ingress_ports.1.into(),
         ingress_nginx_compat: config.ingress_nginx_compat,
+        shared_proxy_account: compile::status::ObjectKey::new(
+            &config.namespace,
+            &config.shared_proxy_service_account,
+        ),
         ..Default::default()
     };
     let mut version_checked: Option<std::time::Instant> = None;
@@ -277,38 +281,21 @@ pub async fn run(
         let started = std::time::Instant::now();
         let compiled = compile::compile(&store, &compile_config);
         admin.compiled(started.elapsed(), store.counts());
-        // Dedicated Gateways: their proxies' names (one assignment over all of them, since
-        // two can want the same), and those ServiceAccounts may bootstrap and subscribe.
-        let names = Arc::new(crate::provision::naming::assign(&store, |key| {
-            compiled
-                .status
-                .gateways
-                .get(key)
-                .is_some_and(|s| s.dedicated)
-        }));
-        {
-            let mut allow = allowlist.write().unwrap_or_else(|p| p.into_inner());
-            let mut fresh =
-                Allowlist::new((&config.namespace, &config.shared_proxy_service_account));
-            let mut scopes = vec![(
-                ScopeKey::SharedPool,
-                (
-                    config.namespace.clone(),
-                    config.shared_proxy_service_account.clone(),
-                ),
-            )];
-            for (key, proxy) in names.iter() {
-                fresh.allow(&key.namespace, &proxy.name);
-                scopes.push((
-                    ScopeKey::Gateway(key.clone()),
-                    (key.namespace.clone(), proxy.name.clone()),
-                ));
-            }
-            *allow = fresh;
-            // Replaced, not added to: a name freed by a deleted Gateway may go to another
-            // Gateway's proxy, which must not read the deleted one's last snapshot.
-            hub.allow_only(scopes);
-        }
+        // The compiler names the dedicated proxies and says which ServiceAccount may serve
+        // each scope: those may bootstrap and subscribe. Replaced, not added to: a name freed
+        // by a deleted Gateway may go to another Gateway's proxy, which must not read the
+        // deleted one's last snapshot.
+        let names = Arc::new(compiled.proxy_names.clone());
+        let accounts = &compiled.proxy_accounts;
+        *allowlist.write().unwrap_or_else(|p| p.into_inner()) = accounts
+            .iter()
+            .map(|(_, sa)| (sa.namespace.as_str(), sa.name.as_str()))
+            .collect();
+        hub.allow_only(
+            accounts
+                .iter()
+                .map(|(scope, sa)| (scope.clone(), (sa.namespace.clone(), sa.name.clone()))),
+        );
         proxy_names.send_if_modified(|current| {
             if **current == *names {
                 return false;

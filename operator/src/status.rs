@@ -8,13 +8,13 @@
 
 use crate::admin;
 use crate::compile::ScopeKey;
+use crate::compile::proxies::{self, ProxyNames};
 use crate::compile::status::{
     Condition, ConditionStatus, ObjectKey, PolicyAncestorStatus, RouteParentStatus,
     StatusDecisions, reason,
 };
 use crate::compile::{Compiled, Store};
 use crate::discovery::Hub;
-use crate::provision::naming::{self, ProxyNames};
 use coxswain_api::CoxswainBackendPolicy;
 use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
@@ -279,7 +279,7 @@ pub struct StatusWriter {
 /// reached (Normal).
 fn event_for(c: &Condition, first_report: bool, announce_true: bool) -> Option<EventType> {
     // Conflicted (and our proxy-name variant of it) are where True is bad.
-    let true_is_bad = c.type_ == reason::CONFLICTED || c.type_ == naming::NAME_CONFLICTED;
+    let true_is_bad = c.type_ == reason::CONFLICTED || c.type_ == proxies::NAME_CONFLICTED;
     let bad = if true_is_bad {
         c.status == ConditionStatus::True
     } else {
@@ -799,9 +799,9 @@ impl StatusWriter {
             }
             if let Some(message) = proxy.and_then(|p| p.conflict_message()) {
                 conditions.push(Condition::new(
-                    naming::NAME_CONFLICTED,
+                    proxies::NAME_CONFLICTED,
                     true,
-                    naming::NAME_TAKEN,
+                    proxies::NAME_TAKEN,
                     message,
                     gw.metadata.generation.unwrap_or(0),
                 ));

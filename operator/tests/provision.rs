@@ -597,7 +597,7 @@ async fn gateway_condition(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateways_whose_gep_1762_names_collide_get_distinct_proxies() {
-    use coxswain_operator::provision::naming::{NAME_CONFLICTED, NAME_TAKEN};
+    use coxswain_operator::compile::proxies::{NAME_CONFLICTED, NAME_TAKEN};
     let env = TestEnv::new().await;
     let ns = env.namespace.clone();
     let _controller = start_controller(&env);

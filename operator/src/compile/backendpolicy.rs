@@ -39,7 +39,7 @@ impl Output {
     /// are the same Service port.
     pub fn for_cluster(&self, cluster: &str) -> Option<&(ObjectKey, snap::LoadBalancer)> {
         let base = cluster
-            .strip_suffix(super::refs::H2C_CLUSTER_SUFFIX)
+            .strip_suffix(super::clusters::H2C_CLUSTER_SUFFIX)
             .unwrap_or(cluster);
         self.clusters.get(base)
     }
@@ -170,7 +170,7 @@ pub fn compile(store: &Store) -> Output {
             .filter(|p| section.is_empty() || p.name.as_deref() == Some(section.as_str()))
         {
             out.clusters.insert(
-                super::refs::cluster_name(&ns, &svc, port.port),
+                super::clusters::cluster_name(&ns, &svc, port.port),
                 (policy.clone(), lb.clone()),
             );
         }

@@ -1,8 +1,7 @@
 //! Route entries and the order they are tried in.
 
-use super::gateway::ScopeKey;
 use super::hostname;
-use super::status::ObjectKey;
+use super::status::{ObjectKey, ScopeKey};
 use coxswain_api::snapshot::{self as snap, Protocol, RouteMatch, path_match};
 use std::cmp::{Ordering, Reverse};
 
@@ -82,7 +81,7 @@ impl PrecedenceKey {
 impl PrecedenceKey {
     /// GRPCRoute precedence (GRPCRouteRule "matches"): after the hostname, a match naming the
     /// service, then one naming the method, then more header matches. `m` is the path match
-    /// as [`super::grpcroute`] wrote it: Exact "/s/m", PathPrefix "/s", "/[^/]+/m" for a
+    /// as the GRPCRoute conversion wrote it: Exact "/s/m", PathPrefix "/s", "/[^/]+/m" for a
     /// method alone, "/(?:S)/(?:M)" for patterns ("(?:[^/]+)" standing for an absent part).
     pub fn grpc(mut self, m: &RouteMatch) -> Self {
         const ANY: &str = "(?:[^/]+)";

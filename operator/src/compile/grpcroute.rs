@@ -2,19 +2,19 @@
 //! `/<service>/<method>` with its metadata as headers, so a method match is a path match and a
 //! header match is a header match; filters and backendRefs have the HTTPRoute shapes already.
 //! What stays gRPC-specific — HTTP/2 to the backends, the kind in status and ReferenceGrants —
-//! is decided by [`super::httproute`] from [`super::httproute::RouteKind`].
+//! is decided by the route compiler from [`RouteKind::Grpc`].
 
-use super::httproute::{Problem, equivalent_route};
-use super::status::reason;
-use gateway_api::apis::experimental::httproutes::HttpRoute;
+use super::route::{RouteForm, RouteKind};
+use super::status::{Problem, reason};
+use gateway_api::apis::experimental::httproutes as http;
+use gateway_api::apis::standard::grpcroutes as grpc;
 use gateway_api::apis::standard::grpcroutes::{
     GrpcRoute, GrpcRouteRules, GrpcRouteRulesMatches, GrpcRouteRulesMatchesMethodType,
 };
-use serde_json::{Value, json};
 
-/// The HTTPRoute serving what `route` asks for, and a problem when part of it has no HTTPRoute
-/// equivalent (the route is then not accepted; what converted still gets status).
-pub fn as_http_route(route: &GrpcRoute) -> (HttpRoute, Option<Problem>) {
+/// `route` in the shared form, and a problem when part of it has no HTTPRoute equivalent (the
+/// route is then not accepted; the rules that converted still get status).
+pub fn as_route_form<'a>(route: &GrpcRoute) -> RouteForm<'a> {
     let mut problem = None;
     let rules = route.spec.rules.as_ref().map(|rules| {
         rules
@@ -26,39 +26,69 @@ pub fn as_http_route(route: &GrpcRoute) -> (HttpRoute, Option<Problem>) {
                     None
                 }
             })
-            .collect::<Vec<Value>>()
+            .collect()
     });
-    let (http, unreadable) = equivalent_route(
-        "GRPCRoute",
-        &route.metadata,
-        &route.spec.parent_refs,
-        &route.spec.hostnames,
+    let spec = http::HttpRouteSpec {
+        parent_refs: route
+            .spec
+            .parent_refs
+            .as_ref()
+            .map(|refs| refs.iter().map(parent_ref).collect()),
+        hostnames: route.spec.hostnames.clone(),
         rules,
-    );
-    (http, problem.or(unreadable))
+        ..Default::default()
+    };
+    RouteForm::equivalent(RouteKind::Grpc, &route.metadata, spec, problem)
 }
 
-fn rule_as_http(rule: &GrpcRouteRules) -> Result<Value, Problem> {
+fn parent_ref(p: &grpc::GrpcRouteParentRefs) -> http::HttpRouteParentRefs {
+    http::HttpRouteParentRefs {
+        group: p.group.clone(),
+        kind: p.kind.clone(),
+        name: p.name.clone(),
+        namespace: p.namespace.clone(),
+        port: p.port,
+        section_name: p.section_name.clone(),
+    }
+}
+
+fn rule_as_http(rule: &GrpcRouteRules) -> Result<http::HttpRouteRules, Problem> {
     let matches = rule
         .matches
         .as_ref()
         .map(|ms| ms.iter().map(match_as_http).collect::<Result<Vec<_>, _>>())
         .transpose()?;
-    let mut out = json!({
-        "matches": matches,
-        "filters": rule.filters,
-        "backendRefs": rule.backend_refs,
-    });
-    if let Some(name) = &rule.name {
-        out["name"] = json!(name);
-    }
-    Ok(out)
+    Ok(http::HttpRouteRules {
+        name: rule.name.clone(),
+        matches,
+        filters: rule
+            .filters
+            .as_ref()
+            .map(|fs| fs.iter().map(filter_as_http).collect()),
+        backend_refs: rule
+            .backend_refs
+            .as_ref()
+            .map(|bs| bs.iter().map(backend_as_http).collect()),
+        ..Default::default()
+    })
+}
+
+/// A path match of `type` and `value`.
+fn path(
+    r#type: http::HttpRouteRulesMatchesPathType,
+    value: String,
+) -> Option<http::HttpRouteRulesMatchesPath> {
+    Some(http::HttpRouteRulesMatchesPath {
+        r#type: Some(r#type),
+        value: Some(value),
+    })
 }
 
 /// Gateway API: an absent method matches every method; with type Exact (the default) a
 /// service and a method match `/<service>/<method>`, a service alone every method of it, a
 /// method alone that method of any service; with RegularExpression each part is a pattern.
-fn match_as_http(m: &GrpcRouteRulesMatches) -> Result<Value, Problem> {
+fn match_as_http(m: &GrpcRouteRulesMatches) -> Result<http::HttpRouteRulesMatches, Problem> {
+    use http::HttpRouteRulesMatchesPathType as PathType;
     let path = match &m.method {
         None => None,
         Some(method) => {
@@ -68,23 +98,19 @@ fn match_as_http(m: &GrpcRouteRulesMatches) -> Result<Value, Problem> {
                 None | Some(GrpcRouteRulesMatchesMethodType::Exact) => {
                     for part in [service, name].into_iter().flatten() {
                         if part.contains('/') {
-                            return Err((
+                            return Err(Problem::new(
                                 reason::UNSUPPORTED_VALUE,
                                 format!("method match {part:?} contains a '/'"),
                             ));
                         }
                     }
                     match (service, name) {
-                        (Some(s), Some(n)) => {
-                            Some(json!({"type": "Exact", "value": format!("/{s}/{n}")}))
-                        }
-                        (Some(s), None) => {
-                            Some(json!({"type": "PathPrefix", "value": format!("/{s}")}))
-                        }
-                        (None, Some(n)) => Some(json!({
-                            "type": "RegularExpression",
-                            "value": format!("/[^/]+/{}", regex::escape(n)),
-                        })),
+                        (Some(s), Some(n)) => path(PathType::Exact, format!("/{s}/{n}")),
+                        (Some(s), None) => path(PathType::PathPrefix, format!("/{s}")),
+                        (None, Some(n)) => path(
+                            PathType::RegularExpression,
+                            format!("/[^/]+/{}", regex::escape(n)),
+                        ),
                         (None, None) => None,
                     }
                 }
@@ -92,7 +118,7 @@ fn match_as_http(m: &GrpcRouteRulesMatches) -> Result<Value, Problem> {
                     let pattern = |p: Option<&str>, what: &str| -> Result<String, Problem> {
                         let p = p.unwrap_or("[^/]+");
                         regex::Regex::new(p).map_err(|e| {
-                            (
+                            Problem::new(
                                 reason::UNSUPPORTED_VALUE,
                                 format!("{what} regular expression {p:?}: {e}"),
                             )
@@ -104,21 +130,210 @@ fn match_as_http(m: &GrpcRouteRulesMatches) -> Result<Value, Problem> {
                         pattern(service, "service")?,
                         pattern(name, "method")?
                     );
-                    Some(json!({"type": "RegularExpression", "value": value}))
+                    path(PathType::RegularExpression, value)
                 }
             }
         }
     };
-    let mut out = json!({ "headers": m.headers });
-    if let Some(path) = path {
-        out["path"] = path;
+    let headers = m.headers.as_ref().map(|hs| {
+        hs.iter()
+            .map(|h| http::HttpRouteRulesMatchesHeaders {
+                name: h.name.clone(),
+                value: h.value.clone(),
+                r#type: h.r#type.as_ref().map(|t| match t {
+                    grpc::GrpcRouteRulesMatchesHeadersType::Exact => {
+                        http::HttpRouteRulesMatchesHeadersType::Exact
+                    }
+                    grpc::GrpcRouteRulesMatchesHeadersType::RegularExpression => {
+                        http::HttpRouteRulesMatchesHeadersType::RegularExpression
+                    }
+                }),
+            })
+            .collect()
+    });
+    Ok(http::HttpRouteRulesMatches {
+        headers,
+        path,
+        ..Default::default()
+    })
+}
+
+/// Header name/value lists: every generated header type of both APIs is a name and a value
+/// under a type name of its own.
+fn pairs<F, T>(list: &Option<Vec<F>>, pair: impl Fn(&F) -> T) -> Option<Vec<T>> {
+    list.as_ref().map(|l| l.iter().map(pair).collect())
+}
+
+/// A rule filter. GRPCRoute filters are a subset of HTTPRoute's, field for field.
+fn filter_as_http(f: &grpc::GrpcRouteRulesFilters) -> http::HttpRouteRulesFilters {
+    use grpc::GrpcRouteRulesFiltersType as Grpc;
+    use http::HttpRouteRulesFiltersType as Http;
+    http::HttpRouteRulesFilters {
+        r#type: match f.r#type {
+            Grpc::ResponseHeaderModifier => Http::ResponseHeaderModifier,
+            Grpc::RequestHeaderModifier => Http::RequestHeaderModifier,
+            Grpc::RequestMirror => Http::RequestMirror,
+            Grpc::ExtensionRef => Http::ExtensionRef,
+        },
+        request_header_modifier: f.request_header_modifier.as_ref().map(|m| {
+            http::HttpRouteRulesFiltersRequestHeaderModifier {
+                add: pairs(&m.add, |h| {
+                    http::HttpRouteRulesFiltersRequestHeaderModifierAdd {
+                        name: h.name.clone(),
+                        value: h.value.clone(),
+                    }
+                }),
+                set: pairs(&m.set, |h| {
+                    http::HttpRouteRulesFiltersRequestHeaderModifierSet {
+                        name: h.name.clone(),
+                        value: h.value.clone(),
+                    }
+                }),
+                remove: m.remove.clone(),
+            }
+        }),
+        response_header_modifier: f.response_header_modifier.as_ref().map(|m| {
+            http::HttpRouteRulesFiltersResponseHeaderModifier {
+                add: pairs(&m.add, |h| {
+                    http::HttpRouteRulesFiltersResponseHeaderModifierAdd {
+                        name: h.name.clone(),
+                        value: h.value.clone(),
+                    }
+                }),
+                set: pairs(&m.set, |h| {
+                    http::HttpRouteRulesFiltersResponseHeaderModifierSet {
+                        name: h.name.clone(),
+                        value: h.value.clone(),
+                    }
+                }),
+                remove: m.remove.clone(),
+            }
+        }),
+        request_mirror: f.request_mirror.as_ref().map(|m| {
+            http::HttpRouteRulesFiltersRequestMirror {
+                backend_ref: http::HttpRouteRulesFiltersRequestMirrorBackendRef {
+                    group: m.backend_ref.group.clone(),
+                    kind: m.backend_ref.kind.clone(),
+                    name: m.backend_ref.name.clone(),
+                    namespace: m.backend_ref.namespace.clone(),
+                    port: m.backend_ref.port,
+                },
+                fraction: m.fraction.as_ref().map(|f| {
+                    http::HttpRouteRulesFiltersRequestMirrorFraction {
+                        numerator: f.numerator,
+                        denominator: f.denominator,
+                    }
+                }),
+                percent: m.percent,
+            }
+        }),
+        extension_ref: f
+            .extension_ref
+            .as_ref()
+            .map(|e| http::HttpRouteRulesFiltersExtensionRef {
+                group: e.group.clone(),
+                kind: e.kind.clone(),
+                name: e.name.clone(),
+            }),
+        ..Default::default()
     }
-    Ok(out)
+}
+
+fn backend_as_http(b: &grpc::GrpcRouteRulesBackendRefs) -> http::HttpRouteRulesBackendRefs {
+    http::HttpRouteRulesBackendRefs {
+        filters: b
+            .filters
+            .as_ref()
+            .map(|fs| fs.iter().map(backend_filter_as_http).collect()),
+        group: b.group.clone(),
+        kind: b.kind.clone(),
+        name: b.name.clone(),
+        namespace: b.namespace.clone(),
+        port: b.port,
+        weight: b.weight,
+    }
+}
+
+/// A backendRef's filter: the rule filter's shape under the backendRef's type names.
+fn backend_filter_as_http(
+    f: &grpc::GrpcRouteRulesBackendRefsFilters,
+) -> http::HttpRouteRulesBackendRefsFilters {
+    use grpc::GrpcRouteRulesBackendRefsFiltersType as Grpc;
+    use http::HttpRouteRulesBackendRefsFiltersType as Http;
+    http::HttpRouteRulesBackendRefsFilters {
+        r#type: match f.r#type {
+            Grpc::ResponseHeaderModifier => Http::ResponseHeaderModifier,
+            Grpc::RequestHeaderModifier => Http::RequestHeaderModifier,
+            Grpc::RequestMirror => Http::RequestMirror,
+            Grpc::ExtensionRef => Http::ExtensionRef,
+        },
+        request_header_modifier: f.request_header_modifier.as_ref().map(|m| {
+            http::HttpRouteRulesBackendRefsFiltersRequestHeaderModifier {
+                add: pairs(&m.add, |h| {
+                    http::HttpRouteRulesBackendRefsFiltersRequestHeaderModifierAdd {
+                        name: h.name.clone(),
+                        value: h.value.clone(),
+                    }
+                }),
+                set: pairs(&m.set, |h| {
+                    http::HttpRouteRulesBackendRefsFiltersRequestHeaderModifierSet {
+                        name: h.name.clone(),
+                        value: h.value.clone(),
+                    }
+                }),
+                remove: m.remove.clone(),
+            }
+        }),
+        response_header_modifier: f.response_header_modifier.as_ref().map(|m| {
+            http::HttpRouteRulesBackendRefsFiltersResponseHeaderModifier {
+                add: pairs(&m.add, |h| {
+                    http::HttpRouteRulesBackendRefsFiltersResponseHeaderModifierAdd {
+                        name: h.name.clone(),
+                        value: h.value.clone(),
+                    }
+                }),
+                set: pairs(&m.set, |h| {
+                    http::HttpRouteRulesBackendRefsFiltersResponseHeaderModifierSet {
+                        name: h.name.clone(),
+                        value: h.value.clone(),
+                    }
+                }),
+                remove: m.remove.clone(),
+            }
+        }),
+        request_mirror: f.request_mirror.as_ref().map(|m| {
+            http::HttpRouteRulesBackendRefsFiltersRequestMirror {
+                backend_ref: http::HttpRouteRulesBackendRefsFiltersRequestMirrorBackendRef {
+                    group: m.backend_ref.group.clone(),
+                    kind: m.backend_ref.kind.clone(),
+                    name: m.backend_ref.name.clone(),
+                    namespace: m.backend_ref.namespace.clone(),
+                    port: m.backend_ref.port,
+                },
+                fraction: m.fraction.as_ref().map(|f| {
+                    http::HttpRouteRulesBackendRefsFiltersRequestMirrorFraction {
+                        numerator: f.numerator,
+                        denominator: f.denominator,
+                    }
+                }),
+                percent: m.percent,
+            }
+        }),
+        extension_ref: f.extension_ref.as_ref().map(|e| {
+            http::HttpRouteRulesBackendRefsFiltersExtensionRef {
+                group: e.group.clone(),
+                kind: e.kind.clone(),
+                name: e.name.clone(),
+            }
+        }),
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gateway_api::apis::experimental::httproutes::HttpRoute;
 
     fn grpc(yaml: &str) -> GrpcRoute {
         serde_yaml::from_str(yaml).expect("GRPCRoute fixture")
@@ -164,7 +379,11 @@ spec:
     backendRefs: [{name: svc, port: 9000}]
 "#,
         );
-        let (http, problem) = as_http_route(&route);
+        let RouteForm {
+            route: http,
+            problem,
+            ..
+        } = as_route_form(&route);
         assert_eq!(problem, None);
         let expected = [
             ("Exact", "/pkg.Echo/Say"),
@@ -209,7 +428,11 @@ spec:
     backendRefs: [{name: svc, port: 9000, weight: 3}]
 "#,
         );
-        let (http, problem) = as_http_route(&route);
+        let RouteForm {
+            route: http,
+            problem,
+            ..
+        } = as_route_form(&route);
         assert_eq!(problem, None);
         assert_eq!(
             http.spec.hostnames.as_deref(),
@@ -253,8 +476,12 @@ spec:
   - backendRefs: [{name: svc, port: 9000}]
 "#,
         );
-        let (http, problem) = as_http_route(&route);
-        let (reason, message) = problem.expect("a problem");
+        let RouteForm {
+            route: http,
+            problem,
+            ..
+        } = as_route_form(&route);
+        let Problem { reason, message } = problem.expect("a problem");
         assert_eq!(reason, reason::UNSUPPORTED_VALUE);
         assert!(message.contains("(unclosed"), "{message}");
         // The parents stay, so the route can be told why.

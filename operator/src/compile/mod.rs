@@ -5,17 +5,21 @@
 //! Pipeline: GatewayClasses and Gateways ([`gateway`]) decide which listeners exist;
 //! BackendTLSPolicies ([`backendtls`]) which Service ports get verified TLS and
 //! CoxswainBackendPolicies ([`backendpolicy`]) which load balancer they get; HTTPRoutes,
-//! GRPCRoutes and TLSRoutes ([`httproute`], [`grpcroute`], [`tlsroute`]) and Ingresses
-//! ([`ingress`]) become route [`entries`] on those listeners; [`assemble`] groups entries into
+//! GRPCRoutes and TLSRoutes ([`httproute`], read in the shared [`route`] form that
+//! [`grpcroute`] and [`tlsroute`] convert to) and Ingresses ([`ingress`]) become route
+//! [`entries`] on those listeners; [`assemble`] groups entries into
 //! virtual hosts in precedence order per port and scope, and seals each snapshot with its
 //! content hash.
 
 #[cfg(test)]
 mod access_tests;
 pub mod annotations;
+pub mod backend;
 pub mod backendpolicy;
 pub mod backendtls;
+pub mod clusters;
 pub mod entries;
+pub mod filters;
 pub mod gateway;
 pub mod grpcroute;
 pub mod hostname;
@@ -23,7 +27,11 @@ pub mod httproute;
 pub mod ingress;
 #[cfg(test)]
 mod lb_tests;
+pub mod listeners;
+pub mod proxies;
 pub mod refs;
+pub mod route;
+pub mod rules;
 pub mod status;
 pub mod store;
 #[cfg(test)]
@@ -33,7 +41,8 @@ pub mod tlsroute;
 use coxswain_api::names;
 use coxswain_api::snapshot::{self as snap, Snapshot};
 use entries::Entry;
-pub use gateway::ScopeKey;
+use proxies::{ProxyAccounts, ProxyNames};
+pub use status::ScopeKey;
 use status::{ObjectKey, StatusDecisions};
 use std::collections::{BTreeMap, BTreeSet};
 pub use store::Store;
@@ -52,6 +61,8 @@ pub struct Config {
     /// Read `nginx.ingress.kubernetes.io/` annotations as their Coxswain equivalents
     /// (`--ingress-nginx-compat`).
     pub ingress_nginx_compat: bool,
+    /// The shared proxy pool's ServiceAccount: the identity that may serve the shared pool.
+    pub shared_proxy_account: ObjectKey,
 }
 
 impl Default for Config {
@@ -62,6 +73,10 @@ impl Default for Config {
             ingress_https_port: 443,
             gateway_api_version: None,
             ingress_nginx_compat: false,
+            shared_proxy_account: ObjectKey::new(
+                names::DEFAULT_NAMESPACE,
+                names::SHARED_PROXY_SERVICE_ACCOUNT,
+            ),
         }
     }
 }
@@ -73,6 +88,11 @@ pub struct Compiled {
     /// shared proxies have something to serve.
     pub snapshots: BTreeMap<ScopeKey, Snapshot>,
     pub status: StatusDecisions,
+    /// The dedicated Gateways' proxies' names, assigned over all of them at once.
+    pub proxy_names: ProxyNames,
+    /// Which ServiceAccount's proxies may serve each scope: the bootstrap allowlist and the
+    /// discovery hub's, as they are.
+    pub proxy_accounts: ProxyAccounts,
 }
 
 pub fn compile(store: &Store, config: &Config) -> Compiled {
@@ -184,7 +204,18 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
     }
 
     let snapshots = assemble(slots, entries, clusters, &certificates, &gateways.served);
-    Compiled { snapshots, status }
+    // Dedicated Gateways' proxies are named in one assignment over all of them (two can want
+    // the same name), and those names are the identities that may serve their scopes.
+    let proxy_names = proxies::assign(store, |key| {
+        status.gateways.get(key).is_some_and(|s| s.dedicated)
+    });
+    let proxy_accounts = ProxyAccounts::new(config.shared_proxy_account.clone(), &proxy_names);
+    Compiled {
+        snapshots,
+        status,
+        proxy_names,
+        proxy_accounts,
+    }
 }
 
 /// `status.ancestors` of every CoxswainBackendPolicy: the Gateways and IngressClasses whose

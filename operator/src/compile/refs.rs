@@ -1,5 +1,7 @@
 //! Cross-object references: ReferenceGrants, Services and their endpoints, TLS Secrets.
 
+// Re-exported where the route compilers have always found them.
+pub use super::clusters::{H2C_CLUSTER_SUFFIX, cluster_name};
 use super::store::Store;
 use coxswain_api::snapshot::{AppProtocol, Cluster, Endpoint};
 use k8s_openapi::api::core::v1::{Secret, Service};
@@ -157,14 +159,6 @@ impl<'a> Index<'a> {
             load_balancer: None,
         })
     }
-}
-
-/// Appended to a cluster's name when a GRPCRoute makes the proxy speak cleartext HTTP/2 to a
-/// Service port whose appProtocol does not say so.
-pub const H2C_CLUSTER_SUFFIX: &str = "/h2c";
-
-pub fn cluster_name(namespace: &str, name: &str, port: i32) -> String {
-    format!("{namespace}/{name}:{port}")
 }
 
 /// Why a TLS Secret cannot serve as a certificate.

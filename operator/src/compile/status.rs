@@ -48,6 +48,34 @@ impl Condition {
     }
 }
 
+/// Which proxies serve a Gateway: the unit a snapshot is compiled for. Beside ObjectKey, so
+/// every compiler module can name a scope without importing the Gateway compiler.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ScopeKey {
+    SharedPool,
+    Gateway(ObjectKey),
+}
+
+/// Why an object, or part of it, cannot be accepted or resolved as written: the condition
+/// reason and the message for the object's owner, which status carries as they are.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct Problem {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Problem {
+    pub fn new(reason: &'static str, message: String) -> Self {
+        Self { reason, message }
+    }
+
+    /// The condition of `type_` this problem sets False.
+    pub fn condition(&self, type_: &'static str, generation: i64) -> Condition {
+        Condition::new(type_, false, self.reason, self.message.clone(), generation)
+    }
+}
+
 /// Namespace and name of an object. Serializes as "namespace/name" so it can key a map.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectKey {
@@ -121,7 +149,7 @@ pub struct ListenerSetStatus {
     /// The parent Gateway, and which proxies serve it (for Programmed).
     pub gateway: ObjectKey,
     #[serde(skip)]
-    pub scope: super::gateway::ScopeKey,
+    pub scope: ScopeKey,
 }
 
 /// A parentRef as written in `status.parents[].parentRef`, defaults filled in.

@@ -1,30 +1,57 @@
 //! TLSRoutes, read as HTTPRoutes with neither matches nor filters: a passthrough listener
 //! chooses by the ClientHello's SNI alone, so a TLSRoute is hostnames and weighted backends,
-//! which is an HTTPRoute whose rules match every request. [`super::httproute`] then attaches
-//! and resolves them like other routes; [`super::httproute::RouteKind::Tls`] keeps them on TLS
-//! listeners and names them in status and ReferenceGrants.
+//! which is an HTTPRoute whose rules match every request. The route compiler then attaches
+//! and resolves them like other routes; [`RouteKind::Tls`] keeps them on TLS listeners and
+//! names them in status and ReferenceGrants.
 
-use super::httproute::{Problem, equivalent_route};
-use gateway_api::apis::experimental::httproutes::HttpRoute;
+use super::route::{RouteForm, RouteKind};
+use gateway_api::apis::experimental::httproutes as http;
 use gateway_api::apis::standard::tlsroutes::TlsRoute;
-use serde_json::json;
 
-/// The HTTPRoute equivalent of `route`, and a problem when it has none (then only its parents
-/// are kept, so the route can be told why it is not accepted).
-pub fn as_http_route(route: &TlsRoute) -> (HttpRoute, Option<Problem>) {
-    let rules: Vec<_> = route
+/// `route` in the shared form. Every TLSRoute has one.
+pub fn as_route_form<'a>(route: &TlsRoute) -> RouteForm<'a> {
+    let parent_refs = route.spec.parent_refs.as_ref().map(|refs| {
+        refs.iter()
+            .map(|p| http::HttpRouteParentRefs {
+                group: p.group.clone(),
+                kind: p.kind.clone(),
+                name: p.name.clone(),
+                namespace: p.namespace.clone(),
+                port: p.port,
+                section_name: p.section_name.clone(),
+            })
+            .collect()
+    });
+    let rules = route
         .spec
         .rules
         .iter()
-        .map(|r| json!({"name": r.name, "backendRefs": r.backend_refs}))
+        .map(|r| http::HttpRouteRules {
+            name: r.name.clone(),
+            backend_refs: Some(
+                r.backend_refs
+                    .iter()
+                    .map(|b| http::HttpRouteRulesBackendRefs {
+                        group: b.group.clone(),
+                        kind: b.kind.clone(),
+                        name: b.name.clone(),
+                        namespace: b.namespace.clone(),
+                        port: b.port,
+                        weight: b.weight,
+                        filters: None,
+                    })
+                    .collect(),
+            ),
+            ..Default::default()
+        })
         .collect();
-    equivalent_route(
-        "TLSRoute",
-        &route.metadata,
-        &route.spec.parent_refs,
-        &route.spec.hostnames,
-        Some(rules),
-    )
+    let spec = http::HttpRouteSpec {
+        parent_refs,
+        hostnames: Some(route.spec.hostnames.clone()),
+        rules: Some(rules),
+        ..Default::default()
+    };
+    RouteForm::equivalent(RouteKind::Tls, &route.metadata, spec, None)
 }
 
 #[cfg(test)]
@@ -47,7 +74,11 @@ spec:
 "#,
         )
         .expect("TLSRoute fixture");
-        let (http, problem) = as_http_route(&route);
+        let RouteForm {
+            route: http,
+            problem,
+            ..
+        } = as_route_form(&route);
         assert_eq!(problem, None);
         assert_eq!(
             http.spec.hostnames.as_deref(),

@@ -40,7 +40,7 @@ pub fn spiffe_id_for(username: &str, trust_domain: &str) -> Result<SpiffeId, Ide
 
 /// The ServiceAccounts that may hold SVIDs: the shared proxy's, and each dedicated Gateway's
 /// (`{gateway}-{gatewayclass}` per GEP-1762, unless disambiguated: see
-/// [`crate::provision::naming`]). Rebuilt from the controller's state as Gateways come and go.
+/// [`crate::compile::proxies`]). Rebuilt from each compile's output as Gateways come and go.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Allowlist {
     accounts: BTreeSet<(String, String)>,
@@ -59,6 +59,7 @@ impl Allowlist {
             .insert((namespace.to_owned(), service_account.to_owned()));
     }
 
+    /// Whether `id` names an allowed ServiceAccount.
     pub fn check(&self, id: &SpiffeId) -> Result<(), IdentityError> {
         if self
             .accounts
@@ -71,6 +72,18 @@ impl Allowlist {
                 name: id.service_account.clone(),
             })
         }
+    }
+}
+
+/// Exactly the (namespace, ServiceAccount) pairs given: the compiler's list of proxy
+/// identities becomes the allowlist as it is.
+impl<'a> FromIterator<(&'a str, &'a str)> for Allowlist {
+    fn from_iter<I: IntoIterator<Item = (&'a str, &'a str)>>(accounts: I) -> Self {
+        let mut allow = Self::default();
+        for (namespace, service_account) in accounts {
+            allow.allow(namespace, service_account);
+        }
+        allow
     }
 }
 
@@ -118,5 +131,18 @@ mod tests {
             allow.check(&id("other", "edge-coxswain")).is_err(),
             "namespace matters"
         );
+    }
+
+    #[test]
+    fn an_allowlist_collected_from_accounts_allows_exactly_those() {
+        let allow: Allowlist = [
+            ("coxswain-system", "coxswain-proxy"),
+            ("web", "edge-coxswain"),
+        ]
+        .into_iter()
+        .collect();
+        let mut expected = Allowlist::new(("coxswain-system", "coxswain-proxy"));
+        expected.allow("web", "edge-coxswain");
+        assert_eq!(allow, expected);
     }
 }

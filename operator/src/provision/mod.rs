@@ -9,11 +9,11 @@
 //! (`Accepted=False`, `InvalidParameters`); here they only stop the rollout of a change, so a
 //! typo never tears down a running proxy.
 //!
-//! The objects' name comes from [`naming`], assigned by the controller loop over every
-//! dedicated Gateway at once (two Gateways can want the same GEP-1762 name).
+//! The objects' name comes from [`crate::compile::proxies`]: the compiler assigns them over
+//! every dedicated Gateway at once (two Gateways can want the same GEP-1762 name), and the
+//! controller loop publishes them here.
 
 pub mod addresses;
-pub mod naming;
 pub mod render;
 
 use coxswain_api::crd::gateway::CoxswainGatewayParameters;
@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::watch;
 
-pub use naming::{ProxyName, ProxyNames};
+pub use crate::compile::proxies::{ProxyName, ProxyNames};
 pub use render::{Inputs, RenderError, Rendered};
 
 /// How long a reconcile waits for the controller loop to name a new dedicated Gateway's proxy.
@@ -55,7 +55,7 @@ pub struct Context {
     pub trust_bundle_pem: String,
     pub leader: Arc<AtomicBool>,
     pub recorder: Recorder,
-    /// The proxies' names, assigned by the controller loop (see [`naming`]).
+    /// The proxies' names, assigned by the controller loop (see [`crate::compile::proxies`]).
     pub names: watch::Receiver<Arc<ProxyNames>>,
     /// Last override notes per Gateway, so each becomes one Event, not one per reconcile.
     reported: Mutex<HashMap<(String, String), Vec<String>>>,

@@ -65,7 +65,7 @@ pub struct Inputs<'a> {
     pub default_image: &'a str,
     pub trust_bundle_pem: &'a str,
     /// Name of every object: `{gateway}-{gatewayclass}` unless another Gateway holds it
-    /// (see [`super::naming`]).
+    /// (see [`crate::compile::proxies`]).
     pub proxy_name: &'a str,
 }
 

@@ -1,4 +1,7 @@
-//! Names of dedicated proxies' objects (ServiceAccount, Deployment, Service, ...).
+//! Dedicated proxies: the names of their objects (ServiceAccount, Deployment, Service, ...),
+//! and which ServiceAccount's proxies may serve each scope ([`ProxyAccounts`]). Both are pure
+//! functions of the objects and the compiled Gateways, so the compiler decides them; the
+//! controller loop hands them to provisioning, discovery and the bootstrap allowlist.
 //!
 //! GEP-1762 names them `{gateway}-{gatewayclass}`, which is ambiguous: Gateway `a-b` of class
 //! `c` and Gateway `a` of class `b-c` both give `a-b-c`. Two Gateways sharing objects would
@@ -15,8 +18,8 @@
 //! When the conflict goes away the renamed Gateway gets its plain name back (and loses the
 //! condition).
 
-use crate::compile::Store;
-use crate::compile::status::ObjectKey;
+use super::status::{ObjectKey, ScopeKey};
+use super::store::Store;
 use coxswain_api::names::{self, labels};
 use gateway_api::apis::standard::gateways::Gateway;
 use std::collections::{BTreeMap, BTreeSet};
@@ -136,7 +139,7 @@ pub fn assign(store: &Store, dedicated: impl Fn(&ObjectKey) -> bool) -> ProxyNam
         gateways.sort_by(|a, b| {
             holds(b)
                 .cmp(&holds(a))
-                .then_with(|| crate::compile::store::oldest_first(&a.metadata, &b.metadata))
+                .then_with(|| super::store::oldest_first(&a.metadata, &b.metadata))
                 .then_with(|| a.metadata.name.cmp(&b.metadata.name))
         });
         let mut taken: BTreeMap<String, &Gateway> = BTreeMap::new();
@@ -175,6 +178,37 @@ pub fn assign(store: &Store, dedicated: impl Fn(&ObjectKey) -> bool) -> ProxyNam
         }
     }
     out
+}
+
+/// The ServiceAccount (namespace/name) whose proxies may serve each scope: the shared pool's,
+/// and each dedicated Gateway's, named as its proxy objects are. Only these identities get
+/// SVIDs, and each only its own scope's snapshots.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProxyAccounts {
+    by_scope: BTreeMap<ScopeKey, ObjectKey>,
+}
+
+impl ProxyAccounts {
+    pub fn new(shared_pool: ObjectKey, names: &ProxyNames) -> Self {
+        let mut by_scope = BTreeMap::new();
+        by_scope.insert(ScopeKey::SharedPool, shared_pool);
+        for (gateway, proxy) in names.iter() {
+            by_scope.insert(
+                ScopeKey::Gateway(gateway.clone()),
+                ObjectKey::new(&gateway.namespace, &proxy.name),
+            );
+        }
+        Self { by_scope }
+    }
+
+    pub fn get(&self, scope: &ScopeKey) -> Option<&ObjectKey> {
+        self.by_scope.get(scope)
+    }
+
+    /// Every scope with its ServiceAccount.
+    pub fn iter(&self) -> impl Iterator<Item = (&ScopeKey, &ObjectKey)> {
+        self.by_scope.iter()
+    }
 }
 
 #[cfg(test)]
@@ -306,5 +340,32 @@ mod tests {
             !ProxyNames::default().renamed_in(&both),
             "new ones are not renames"
         );
+    }
+
+    #[test]
+    fn every_scope_gets_the_service_account_of_its_proxies() {
+        let store = Store {
+            gateways: vec![
+                gateway("web", "a-b", "c", 10),
+                gateway("web", "a", "b-c", 20),
+            ],
+            ..Default::default()
+        };
+        let names = assign(&store, all);
+        let shared = ObjectKey::new("coxswain-system", "coxswain-proxy");
+        let accounts = ProxyAccounts::new(shared.clone(), &names);
+        let gateway_scope = |name: &str| ScopeKey::Gateway(ObjectKey::new("web", name));
+        assert_eq!(accounts.get(&ScopeKey::SharedPool), Some(&shared));
+        assert_eq!(
+            accounts.get(&gateway_scope("a-b")),
+            Some(&ObjectKey::new("web", "a-b-c"))
+        );
+        // The renamed proxy's ServiceAccount carries its disambiguated name.
+        let renamed = names.get("web", "a").map(|n| n.name.clone());
+        assert_eq!(
+            accounts.get(&gateway_scope("a")).map(|a| a.name.clone()),
+            renamed
+        );
+        assert_eq!(accounts.iter().count(), 3);
     }
 }

@@ -1,0 +1,14 @@
+//! Fixture-driven tests of the compiler, by topic. Each fixture is the YAML a user would apply;
+//! each test names the Gateway API (or Ingress) rule it checks. [`fixtures`] holds what many
+//! topics share.
+
+mod backend_tls;
+mod fixtures;
+mod gateway;
+mod grpc;
+mod httproute;
+mod ingress;
+mod ingress_annotations;
+mod inputs;
+mod listener_sets;
+mod tls;
