@@ -1,7 +1,7 @@
 //! Coxswain's contracts, shared by the controller and the data plane.
 //!
 //! - [`crd`]: the custom resources (`CoxswainGatewayParameters`, `CoxswainIngressClassParameters`,
-//!   `CoxswainBackendPolicy`)
+//!   `CoxswainBackendPolicy`, `CoxswainAccessPolicy`)
 //!   and the generated CRD manifests, whose only source is these Rust types.
 //! - [`names`]: every well-known name (controller name, labels, Lease, Services, ports, token
 //!   audience, SPIFFE IDs) so no other crate spells one.
@@ -17,6 +17,10 @@ pub mod discovery;
 pub mod names;
 pub mod snapshot;
 
+pub use crd::accesspolicy::{
+    AccessPolicyTargetRef, CoxswainAccessPolicy, CoxswainAccessPolicySpec,
+    CoxswainAccessPolicyStatus, RateLimit, RateLimitKey, RateLimitKeyType, RateUnit, SecretName,
+};
 pub use crd::backendpolicy::{
     AncestorRef, BackendPolicyTargetRef, ConsistentHash, CoxswainBackendPolicy,
     CoxswainBackendPolicySpec, CoxswainBackendPolicyStatus, HashName, LoadBalancer,

@@ -273,3 +273,95 @@ async fn backend_policy_mistakes_are_rejected_by_the_server() {
         assert!(msg.contains(says), "{name}: {msg}");
     }
 }
+
+fn access_policy_api(env: &TestEnv) -> Api<DynamicObject> {
+    let resource = ApiResource::erase::<coxswain_api::CoxswainAccessPolicy>(&());
+    Api::namespaced_with(env.client.clone(), &env.namespace, &resource)
+}
+
+fn access_policy(name: &str, spec: serde_json::Value) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "gateway.coxswain-labs.dev/v1alpha1",
+        "kind": "CoxswainAccessPolicy",
+        "metadata": {"name": name},
+        "spec": spec,
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn access_policy_sample_round_trips() {
+    let env = TestEnv::new().await;
+    let samples = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../config/samples");
+    let text = std::fs::read_to_string(samples.join("gateway_v1alpha1_coxswainaccesspolicy.yaml"))
+        .unwrap();
+    let mut sample: coxswain_api::CoxswainAccessPolicy = serde_yaml::from_str(&text).unwrap();
+    sample.meta_mut().namespace = Some(env.namespace.clone());
+    let api: Api<coxswain_api::CoxswainAccessPolicy> = env.api();
+    api.patch(
+        "shop",
+        &PatchParams::apply("coxswain-test").force(),
+        &Patch::Apply(&sample),
+    )
+    .await
+    .unwrap();
+    assert_eq!(api.get("shop").await.unwrap().spec, sample.spec);
+}
+
+#[tokio::test]
+async fn access_policy_mistakes_are_rejected_by_the_server() {
+    let env = TestEnv::new().await;
+    let route =
+        json!([{"group": "gateway.networking.k8s.io", "kind": "HTTPRoute", "name": "shop"}]);
+    let users = json!({"secretRef": {"name": "users"}});
+    for (name, spec, says) in [
+        (
+            "nothing",
+            json!({"targetRefs": route}),
+            "set basicAuth, rateLimit or both",
+        ),
+        (
+            "a-service",
+            json!({"targetRefs": [{"group": "", "kind": "Service", "name": "shop"}], "basicAuth": users}),
+            "only HTTPRoutes and Gateways can be targeted",
+        ),
+        (
+            "empty-limit",
+            json!({"targetRefs": route, "rateLimit": {"burst": 3}}),
+            "set requests, maxInProgress or both",
+        ),
+        (
+            "zero-rate",
+            json!({"targetRefs": route, "rateLimit": {"requests": 0}}),
+            "spec.rateLimit.requests",
+        ),
+        (
+            "header-key-without-header",
+            json!({"targetRefs": route, "rateLimit": {"requests": 5, "key": {"type": "Header"}}}),
+            "header is required with type Header",
+        ),
+        (
+            "unknown-unit",
+            json!({"targetRefs": route, "rateLimit": {"requests": 5, "unit": "Fortnight"}}),
+            "Unsupported value",
+        ),
+        (
+            "quote-in-realm",
+            json!({"targetRefs": route, "basicAuth": {"secretRef": {"name": "users"}, "realm": "a\"b"}}),
+            "spec.basicAuth.realm",
+        ),
+    ] {
+        let obj = access_policy(name, spec);
+        match access_policy_api(&env)
+            .create(&PostParams::default(), &obj)
+            .await
+        {
+            Ok(_) => panic!("{name}: the API server accepted it"),
+            Err(kube::Error::Api(status)) => {
+                assert_eq!(status.code, 422, "{name}: {status:?}");
+                assert!(status.message.contains(says), "{name}: {}", status.message);
+            }
+            Err(e) => panic!("{name}: unexpected error: {e}"),
+        }
+    }
+}

@@ -230,7 +230,8 @@ wait_until "the operator's Deployments, Pods, Services, ServiceAccounts and RBAC
 log "removed in $(elapsed): Deployments, Pods, Services, the PodDisruptionBudget, both ServiceAccounts, $rbac_before RBAC objects and every copied CSV"
 for kept in crd/coxswaingatewayparameters.gateway.coxswain-labs.dev \
   crd/coxswainingressclassparameters.ingress.coxswain-labs.dev \
-  crd/coxswainbackendpolicies.gateway.coxswain-labs.dev gatewayclass/coxswain; do
+  crd/coxswainbackendpolicies.gateway.coxswain-labs.dev \
+  crd/coxswainaccesspolicies.gateway.coxswain-labs.dev gatewayclass/coxswain; do
   kubectl get "$kept" >/dev/null || fail "$kept was removed by the uninstall"
 done
 kubectl -n coxswain-system get coxswaingatewayparameters/edge secret/coxswain-discovery-ca \

@@ -12,7 +12,8 @@
 
 use crate::compile::Store;
 use coxswain_api::{
-    CoxswainBackendPolicy, CoxswainGatewayParameters, CoxswainIngressClassParameters,
+    CoxswainAccessPolicy, CoxswainBackendPolicy, CoxswainGatewayParameters,
+    CoxswainIngressClassParameters,
 };
 use futures::StreamExt;
 use gateway_api::apis::experimental::httproutes::HttpRoute;
@@ -58,6 +59,7 @@ pub struct Reflector {
     ingress_class_parameters: Cache<CoxswainIngressClassParameters>,
     gateway_parameters: Cache<CoxswainGatewayParameters>,
     backend_policies: Cache<CoxswainBackendPolicy>,
+    access_policies: Cache<CoxswainAccessPolicy>,
     /// Notified after any cache changed.
     pub changed: Arc<Notify>,
     /// Per kind: has its initial list completed?
@@ -164,7 +166,8 @@ impl Reflector {
             ingress_classes: reflect(client, all.clone(), c.clone(), s),
             ingress_class_parameters: reflect(client, all.clone(), c.clone(), s),
             gateway_parameters: reflect(client, all.clone(), c.clone(), s),
-            backend_policies: reflect(client, all, c.clone(), s),
+            backend_policies: reflect(client, all.clone(), c.clone(), s),
+            access_policies: reflect(client, all, c.clone(), s),
             changed,
             sync,
         }
@@ -216,6 +219,7 @@ impl Reflector {
             ingress_class_parameters: copy(&self.ingress_class_parameters),
             gateway_parameters: copy(&self.gateway_parameters),
             backend_policies: copy(&self.backend_policies),
+            access_policies: copy(&self.access_policies),
         }
     }
 }

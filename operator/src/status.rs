@@ -15,7 +15,7 @@ use crate::compile::status::{
 };
 use crate::compile::{Compiled, Store};
 use crate::discovery::Hub;
-use coxswain_api::CoxswainBackendPolicy;
+use coxswain_api::{CoxswainAccessPolicy, CoxswainBackendPolicy};
 use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
@@ -878,6 +878,13 @@ impl StatusWriter {
             &now,
         )
         .await;
+        self.route_parents(
+            &mut next,
+            &store.access_policies,
+            &decisions.access_policies,
+            &now,
+        )
+        .await;
 
         // Ingresses of our classes are served by the shared pool: its address is theirs.
         let shared = load_balancer_ingress(
@@ -1005,6 +1012,15 @@ impl SharedStatus for TlsRoute {
 
 impl SharedStatus for BackendTlsPolicy {
     const KIND: &'static str = "BackendTLSPolicy";
+    const FIELDS: (&'static str, &'static str) = ("ancestors", "ancestorRef");
+    fn entries(&self) -> Vec<Value> {
+        as_values(self.status.as_ref().map(|s| &s.ancestors))
+    }
+}
+
+impl SharedStatus for CoxswainAccessPolicy {
+    const KIND: &'static str = "CoxswainAccessPolicy";
+    const API_VERSION: &'static str = "gateway.coxswain-labs.dev/v1alpha1";
     const FIELDS: (&'static str, &'static str) = ("ancestors", "ancestorRef");
     fn entries(&self) -> Vec<Value> {
         as_values(self.status.as_ref().map(|s| &s.ancestors))

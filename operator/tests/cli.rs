@@ -103,6 +103,7 @@ fn crd_out_dir_writes_one_file_per_crd() {
     assert_eq!(
         names,
         [
+            "gateway.coxswain-labs.dev_coxswainaccesspolicies.yaml",
             "gateway.coxswain-labs.dev_coxswainbackendpolicies.yaml",
             "gateway.coxswain-labs.dev_coxswaingatewayparameters.yaml",
             "ingress.coxswain-labs.dev_coxswainingressclassparameters.yaml"

@@ -179,10 +179,11 @@ mod installed {
     use std::time::Duration;
 
     const WAIT: Duration = Duration::from_secs(120);
-    const CRDS: [&str; 3] = [
+    const CRDS: [&str; 4] = [
         "coxswaingatewayparameters.gateway.coxswain-labs.dev",
         "coxswainingressclassparameters.ingress.coxswain-labs.dev",
         "coxswainbackendpolicies.gateway.coxswain-labs.dev",
+        "coxswainaccesspolicies.gateway.coxswain-labs.dev",
     ];
 
     async fn ready_replicas(api: &Api<Deployment>, name: &str, want: i32) {

@@ -3,6 +3,7 @@
 //! `config/crd/bases/` holds the rendered manifests; [`render`] is their only source and a test
 //! fails when the committed copy drifts.
 
+pub mod accesspolicy;
 pub mod backendpolicy;
 pub mod gateway;
 pub mod ingress;
@@ -26,6 +27,7 @@ pub enum RenderError {
 /// stream `coxswain crd` prints is the files of `config/crd/bases` concatenated.
 pub fn all() -> Vec<CustomResourceDefinition> {
     vec![
+        accesspolicy::CoxswainAccessPolicy::crd(),
         backendpolicy::CoxswainBackendPolicy::crd(),
         gateway::CoxswainGatewayParameters::crd(),
         ingress::CoxswainIngressClassParameters::crd(),

@@ -20,6 +20,9 @@ pub struct Entry {
     pub single_label: bool,
     pub key: PrecedenceKey,
     pub route: snap::Route,
+    /// The Gateway and listener name a Gateway API route attached through (None: Ingress), for
+    /// policies attached to Gateways.
+    pub parent: Option<(super::status::ObjectKey, String)>,
 }
 
 /// Gateway API HTTPRoute precedence (HTTPRouteRule "matches" documentation), in order:

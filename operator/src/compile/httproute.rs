@@ -348,6 +348,16 @@ fn compile_route(
                                     direct_status: rule.direct_status,
                                     ..Default::default()
                                 },
+                                // A ListenerSet's listener is not one of the Gateway's own
+                                // (section) names.
+                                parent: Some((
+                                    gw.key.clone(),
+                                    if owner.is_none() {
+                                        listener.name.clone()
+                                    } else {
+                                        String::new()
+                                    },
+                                )),
                             });
                         }
                     }

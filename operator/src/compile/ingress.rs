@@ -466,6 +466,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
                         single_label: path.host.starts_with("*."),
                         key: PrecedenceKey::new(&path.host, &m, created, &key, path.rule, 0),
                         route,
+                        parent: None,
                     });
                 }
             }

@@ -13,6 +13,9 @@
 
 #[cfg(test)]
 mod access_tests;
+pub mod accesspolicy;
+#[cfg(test)]
+mod accesspolicy_tests;
 pub mod annotations;
 pub mod backend;
 pub mod backendpolicy;
@@ -23,6 +26,7 @@ pub mod filters;
 pub mod gateway;
 pub mod grpcroute;
 pub mod hostname;
+pub mod htpasswd;
 pub mod httproute;
 pub mod ingress;
 #[cfg(test)]
@@ -136,6 +140,11 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         &ingresses.service_classes,
         config,
     );
+    let mut entries = routes.entries;
+    entries.extend(ingresses.entries);
+    let mut access = accesspolicy::compile(store, &index);
+    accesspolicy::apply(&mut access, &mut entries);
+    let access_policies = accesspolicy::ancestors(&access, &config.controller_name);
     let mut status = StatusDecisions {
         gateway_classes: gateways.class_status,
         gateways: gateways.gateway_status,
@@ -145,6 +154,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         tls_routes: routes.tls_status,
         backend_tls_policies,
         backend_policies,
+        access_policies,
         ingresses: ingresses.status,
         ingress_classes: ingresses.class_problems,
     };
@@ -183,8 +193,6 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
 
     let mut certificates = gateways.certificates;
     certificates.extend(ingresses.certificates);
-    let mut entries = routes.entries;
-    entries.extend(ingresses.entries);
     let mut clusters = routes.clusters;
     clusters.extend(ingresses.clusters);
     // One cluster per Service port, whichever route sends to it: a policy's choice, else the

@@ -240,6 +240,10 @@ pub struct StatusDecisions {
     /// send to a Service it targets, or the first targeted Service while there is none.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub backend_policies: BTreeMap<ObjectKey, Vec<PolicyAncestorStatus>>,
+    /// CoxswainAccessPolicy -> its ancestors: the Gateways whose rules it applies to, or its
+    /// first target while there is none.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub access_policies: BTreeMap<ObjectKey, Vec<PolicyAncestorStatus>>,
     pub ingresses: BTreeMap<ObjectKey, IngressStatus>,
     /// IngressClass name -> why its `spec.parameters` is not used (one Warning Event on the
     /// IngressClass); its Ingresses are served without class defaults.

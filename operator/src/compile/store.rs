@@ -2,7 +2,8 @@
 //! them, or as `coxswain snapshot` reads them from YAML files.
 
 use coxswain_api::{
-    CoxswainBackendPolicy, CoxswainGatewayParameters, CoxswainIngressClassParameters,
+    CoxswainAccessPolicy, CoxswainBackendPolicy, CoxswainGatewayParameters,
+    CoxswainIngressClassParameters,
 };
 use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
@@ -40,6 +41,7 @@ pub struct Store {
     pub ingress_class_parameters: Vec<CoxswainIngressClassParameters>,
     pub gateway_parameters: Vec<CoxswainGatewayParameters>,
     pub backend_policies: Vec<CoxswainBackendPolicy>,
+    pub access_policies: Vec<CoxswainAccessPolicy>,
 }
 
 impl Store {
@@ -67,6 +69,7 @@ impl Store {
             ),
             ("CoxswainGatewayParameters", self.gateway_parameters.len()),
             ("CoxswainBackendPolicy", self.backend_policies.len()),
+            ("CoxswainAccessPolicy", self.access_policies.len()),
         ])
     }
 }
@@ -203,6 +206,9 @@ impl Store {
             }
             ("gateway.coxswain-labs.dev", "CoxswainGatewayParameters") => {
                 push(&mut self.gateway_parameters, value)
+            }
+            ("gateway.coxswain-labs.dev", "CoxswainAccessPolicy") => {
+                push(&mut self.access_policies, value)
             }
             ("gateway.coxswain-labs.dev", "CoxswainBackendPolicy") => {
                 push(&mut self.backend_policies, value)

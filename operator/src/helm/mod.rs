@@ -217,9 +217,9 @@ impl Defaults {
         out.push_str(&block(&self.shared_pool["resources"], 4)?);
         out.push_str(
             "\n# Coxswain's CustomResourceDefinitions (CoxswainGatewayParameters,\n\
-             # CoxswainIngressClassParameters, CoxswainBackendPolicy). `keep` leaves them, and every\n\
-             # object of those kinds, in the cluster on `helm uninstall`. The Gateway API CRDs are a\n\
-             # prerequisite the chart does not install.\ncrds:\n  install: true\n  keep: true\n",
+             # CoxswainIngressClassParameters, CoxswainBackendPolicy, CoxswainAccessPolicy). `keep`\n\
+             # leaves them, and every object of those kinds, in the cluster on `helm uninstall`.\n\
+             # The Gateway API CRDs are a prerequisite the chart does not install.\ncrds:\n  install: true\n  keep: true\n",
         );
         Ok(out)
     }

@@ -2,10 +2,10 @@
 //! limits, built once per Ingress and applied to each of its routes.
 
 use super::super::annotations::{self, BackendProtocol, IngressAnnotations};
+use super::super::htpasswd;
 use super::super::refs::Index;
 use super::super::status::{AnnotationWarning, IngressStatus, ObjectKey};
 use coxswain_api::snapshot as snap;
-use std::collections::BTreeMap;
 
 /// An Ingress's annotations as route fields, built once per Ingress.
 pub(super) struct RoutePolicy {
@@ -93,7 +93,7 @@ impl RoutePolicy {
                 });
         let (basic_auth, auth_unavailable) = match &a.basic_auth {
             None => (None, false),
-            Some(auth) => match htpasswd(auth, key, index, status) {
+            Some(auth) => match basic_auth_users(auth, key, index, status) {
                 Ok(users) => (
                     Some(snap::BasicAuth {
                         realm: auth.realm.clone(),
@@ -263,7 +263,7 @@ fn rate_limits(l: &annotations::RateLimits, key: &ObjectKey) -> Vec<snap::RateLi
 
 /// The htpasswd lines of an Ingress's Basic-auth Secret, sorted by user; lines the proxy
 /// could not check are left out with a warning each. Err: why no user can get in.
-fn htpasswd(
+fn basic_auth_users(
     auth: &annotations::BasicAuth,
     key: &ObjectKey,
     index: &Index<'_>,
@@ -284,61 +284,19 @@ fn htpasswd(
     let secret = index
         .secret(&key.namespace, name)
         .ok_or_else(|| format!("Basic-auth Secret {}/{name} not found", key.namespace))?;
-    // What the API server stores: `data`, with `stringData` written over it (files given to
-    // `coxswain snapshot compile` may still hold `stringData`).
-    let mut data: BTreeMap<String, String> = BTreeMap::new();
-    for (k, v) in secret.data.iter().flatten() {
-        if let Ok(text) = String::from_utf8(v.0.clone()) {
-            data.insert(k.clone(), text);
-        }
-    }
-    data.extend(secret.string_data.clone().unwrap_or_default());
-    let lines: Vec<String> = match auth.format {
-        annotations::SecretFormat::AuthFile => data
-            .get("auth")
-            .ok_or_else(|| {
-                format!(
-                    "Basic-auth Secret {}/{name} has no text key \"auth\" (auth-secret-type \
-                     auth-file: an htpasswd file under \"auth\")",
-                    key.namespace
-                )
-            })?
-            .lines()
-            .map(str::to_owned)
-            .collect(),
-        annotations::SecretFormat::AuthMap => data
-            .iter()
-            .map(|(user, hash)| format!("{user}:{}", hash.trim()))
-            .collect(),
+    let format = match auth.format {
+        annotations::SecretFormat::AuthFile => htpasswd::Format::File,
+        annotations::SecretFormat::AuthMap => htpasswd::Format::Map,
     };
-    let (_, errors) = coxswain_proxy::auth::Htpasswd::parse_lenient(&lines);
-    for e in errors {
+    let what = format!("Basic-auth Secret {}/{name}", key.namespace);
+    let users = htpasswd::users(secret, format, &what)?;
+    for e in users.refused {
         status.warnings.push(AnnotationWarning {
             annotation: format!("{}auth-secret", annotations::PREFIX),
             // The error names the line, the user and the format, never the hash.
-            reason: format!(
-                "Basic-auth Secret {}/{name}: {e}; that user cannot sign in",
-                key.namespace
-            ),
+            reason: format!("{what}: {e}; that user cannot sign in"),
             fail_closed: false,
         });
     }
-    let user = |line: &String| line.split(':').next().unwrap_or_default().to_owned();
-    let mut good: Vec<String> = lines
-        .iter()
-        .map(|l| l.trim_end_matches('\r').to_owned())
-        .filter(|l| {
-            !l.trim().is_empty() && coxswain_proxy::auth::Htpasswd::parse(&[l.as_str()]).is_ok()
-        })
-        .collect();
-    if good.is_empty() {
-        return Err(format!(
-            "Basic-auth Secret {}/{name} lists no user the proxy can check",
-            key.namespace
-        ));
-    }
-    // Stable: a user listed twice keeps its first line, as the proxy would.
-    good.sort_by_key(user);
-    good.dedup_by(|a, b| user(a) == user(b));
-    Ok(good)
+    Ok(users.lines)
 }

@@ -1,0 +1,195 @@
+//! `CoxswainAccessPolicy`: who may use a route and how often, for Gateway API routes.
+//!
+//! A policy attached by `targetRefs` (GEP-713) to HTTPRoutes (or one named rule of one) and
+//! Gateways (or one named listener) in its own namespace. The Gateway API has no field for
+//! Basic authentication or rate limits; Ingresses get the same through annotations.
+
+use super::backendpolicy::PolicyAncestorStatus;
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Access control for the routes it targets.
+///
+/// Each feature (`basicAuth`, `rateLimit`) is taken from the most specific policy that sets
+/// it: a policy on an HTTPRoute rule, then on the HTTPRoute, then on the Gateway listener,
+/// then on the Gateway. Of two policies on the same target the older holds it
+/// (creationTimestamp, then name); the other is `Accepted=False` with reason `Conflicted`.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[kube(
+    group = "gateway.coxswain-labs.dev",
+    version = "v1alpha1",
+    kind = "CoxswainAccessPolicy",
+    plural = "coxswainaccesspolicies",
+    singular = "coxswainaccesspolicy",
+    shortname = "cxap",
+    category = "coxswain",
+    namespaced,
+    status = "CoxswainAccessPolicyStatus",
+    doc = "Basic authentication and rate limits for HTTPRoutes and Gateways, attached by targetRefs.",
+    printcolumn(
+        name = "Accepted",
+        type_ = "string",
+        json_path = ".status.ancestors[0].conditions[?(@.type==\"Accepted\")].status"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[x_kube(validation = Rule::new("has(self.basicAuth) || has(self.rateLimit)")
+    .message("set basicAuth, rateLimit or both"))]
+#[serde(rename_all = "camelCase")]
+pub struct CoxswainAccessPolicySpec {
+    /// The HTTPRoutes and Gateways this policy applies to, in the policy's own namespace.
+    #[schemars(length(min = 1, max = 16))]
+    pub target_refs: Vec<AccessPolicyTargetRef>,
+
+    /// Requests must carry a user and password of an htpasswd list, else 401.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub basic_auth: Option<BasicAuth>,
+
+    /// Requests over this rate (or over this many in progress) are answered 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// An HTTPRoute or Gateway in the policy's namespace, optionally one named rule or listener.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "self.group == 'gateway.networking.k8s.io' && (self.kind == 'HTTPRoute' || self.kind == 'Gateway')"
+).message("only HTTPRoutes and Gateways can be targeted: group gateway.networking.k8s.io"))]
+pub struct AccessPolicyTargetRef {
+    /// API group of the target: gateway.networking.k8s.io.
+    #[schemars(length(max = 253))]
+    pub group: String,
+
+    /// HTTPRoute or Gateway.
+    #[schemars(length(min = 1, max = 63))]
+    pub kind: String,
+
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+
+    /// An HTTPRoute rule's name or a Gateway listener's name; without it, all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub section_name: Option<String>,
+}
+
+/// Basic authentication (RFC 7617) against an htpasswd list.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BasicAuth {
+    /// An Opaque Secret in the policy's namespace whose key `auth` holds an htpasswd file
+    /// (`htpasswd -c auth user`): bcrypt, Apache MD5, {SHA}, {SSHA} or {PLAIN} hashes.
+    pub secret_ref: SecretName,
+
+    /// Sent in `WWW-Authenticate: Basic realm="..."`. Default: "Authentication Required".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 256), regex(pattern = r#"^[^"\\\x00-\x1f\x7f]*$"#))]
+    pub realm: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct SecretName {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+}
+
+/// A limit each proxy replica keeps on its own: a bucket per key holding `burst` + 1
+/// requests, refilled at `requests` per `unit`; and/or at most `maxInProgress` requests of a
+/// key at once.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.requests) || has(self.maxInProgress)")
+    .message("set requests, maxInProgress or both"))]
+pub struct RateLimit {
+    /// Requests per `unit` and key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub requests: Option<u32>,
+
+    /// Second (default), Minute or Hour.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<RateUnit>,
+
+    /// Requests above the rate let through at once. Default 0: exactly the rate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 1_000_000))]
+    pub burst: Option<u32>,
+
+    /// Requests of one key in progress at once, at most.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000))]
+    pub max_in_progress: Option<u32>,
+
+    /// What a bucket belongs to. Default: the client's address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<RateLimitKey>,
+
+    /// Clients (address blocks such as 10.0.0.0/8, or single addresses) never limited.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub exempt: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum RateUnit {
+    #[default]
+    Second,
+    Minute,
+    Hour,
+}
+
+impl RateUnit {
+    pub fn millis(self) -> u64 {
+        match self {
+            Self::Second => 1_000,
+            Self::Minute => 60_000,
+            Self::Hour => 3_600_000,
+        }
+    }
+}
+
+/// What a rate-limit bucket belongs to.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new(
+    "self.type == 'Header' ? has(self.header) : !has(self.header)"
+).message("header is required with type Header and allowed only with it"))]
+pub struct RateLimitKey {
+    /// ClientAddress (after trusted proxies and the PROXY protocol), Header (one bucket per
+    /// value of `header`; requests without it share one), or Route (one bucket for all).
+    #[serde(rename = "type")]
+    pub type_: RateLimitKeyType,
+
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 256),
+        regex(pattern = r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$")
+    )]
+    pub header: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum RateLimitKeyType {
+    #[default]
+    ClientAddress,
+    Header,
+    Route,
+}
+
+/// Observed state, written by the controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CoxswainAccessPolicyStatus {
+    /// One entry per Gateway the policy takes effect under (GEP-713 PolicyAncestorStatus);
+    /// while none does, the first target itself, so problems are still reported.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub ancestors: Vec<PolicyAncestorStatus>,
+}

@@ -1,0 +1,310 @@
+//! CoxswainAccessPolicies compiled from the YAML a user would apply: which HTTPRoute rules get
+//! Basic authentication and rate limits, precedence between rule, route, listener and Gateway
+//! policies, conflicts, and the Accepted condition under each ancestor.
+
+use super::status::{ConditionStatus, ObjectKey, PolicyAncestorStatus};
+use super::*;
+use coxswain_api::snapshot as snap;
+use std::path::Path;
+
+const APR1_LINE: &str = "foo:$apr1$r31Jzq3U$oriiaS31APatLwvTBKE3D.";
+
+/// Our GatewayClass, Gateway "edge" (listeners "web" on 80 and "admin" on 8080) in namespace
+/// shop, Service "app", the htpasswd Secret "users", and HTTPRoute "store" with rules "browse"
+/// and "checkout" on both listeners, and a redirect-only HTTPRoute "old".
+const BASE: &str = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: coxswain, generation: 1}
+spec: {controllerName: coxswain-labs.dev/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: edge, namespace: shop, generation: 1}
+spec:
+  gatewayClassName: coxswain
+  listeners:
+  - {name: web, port: 80, protocol: HTTP}
+  - {name: admin, port: 8080, protocol: HTTP}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: app, namespace: shop}
+spec:
+  ports: [{name: http, port: 80}]
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: users, namespace: shop}
+type: Opaque
+stringData:
+  auth: "foo:$apr1$r31Jzq3U$oriiaS31APatLwvTBKE3D.\n"
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: store, namespace: shop}
+spec:
+  parentRefs: [{name: edge}]
+  rules:
+  - name: browse
+    matches: [{path: {type: PathPrefix, value: /browse}}]
+    backendRefs: [{name: app, port: 80}]
+  - name: checkout
+    matches: [{path: {type: PathPrefix, value: /checkout}}]
+    backendRefs: [{name: app, port: 80}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: old, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: web}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /old}}]
+    filters: [{type: RequestRedirect, requestRedirect: {scheme: https, statusCode: 301}}]
+"#;
+
+fn compile_yaml(docs: &[&str]) -> Compiled {
+    let mut store = Store::default();
+    let mut errors = Vec::new();
+    for d in docs {
+        store.load_yaml(Path::new("fixture.yaml"), d, &mut errors);
+    }
+    assert!(errors.is_empty(), "{errors:?}");
+    compile(&store, &Config::default())
+}
+
+fn policy(name: &str, created: &str, targets: &str, spec: &str) -> String {
+    format!(
+        r#"
+apiVersion: gateway.coxswain-labs.dev/v1alpha1
+kind: CoxswainAccessPolicy
+metadata: {{name: {name}, namespace: shop, generation: 2, creationTimestamp: "{created}"}}
+spec:
+  targetRefs: {targets}
+{spec}
+"#
+    )
+}
+
+const ROUTE: &str = "[{group: gateway.networking.k8s.io, kind: HTTPRoute, name: store}]";
+const AUTH: &str = "  basicAuth: {secretRef: {name: users}, realm: Staff}";
+const LIMIT: &str = "  rateLimit: {requests: 10, burst: 5}";
+
+/// The route of `path` on `port`'s listener.
+fn route(c: &Compiled, port: u32, path: &str) -> snap::Route {
+    c.snapshots[&ScopeKey::SharedPool]
+        .listeners
+        .iter()
+        .filter(|l| l.port == port)
+        .flat_map(|l| &l.virtual_hosts)
+        .flat_map(|v| &v.routes)
+        .find(|r| {
+            r.r#match
+                .as_ref()
+                .and_then(|m| m.path.as_ref())
+                .is_some_and(|p| p.value == path)
+        })
+        .cloned()
+        .unwrap_or_else(|| panic!("no route {path} on {port}"))
+}
+
+fn ancestors<'a>(c: &'a Compiled, name: &str) -> &'a [PolicyAncestorStatus] {
+    c.status
+        .access_policies
+        .get(&ObjectKey::new("shop", name))
+        .unwrap_or_else(|| panic!("no status for policy {name}"))
+}
+
+/// (status, reason, message) of the policy's Accepted condition under its first ancestor.
+fn accepted(c: &Compiled, name: &str) -> (ConditionStatus, &'static str, String) {
+    let cond = &ancestors(c, name)[0].conditions[0];
+    assert_eq!(cond.type_, "Accepted");
+    (cond.status, cond.reason, cond.message.clone())
+}
+
+fn realm(r: &snap::Route) -> Option<String> {
+    r.basic_auth.as_ref().map(|a| a.realm.clone())
+}
+
+#[test]
+fn a_route_policy_protects_every_rule_and_reports_its_gateway() {
+    let c = compile_yaml(&[
+        BASE,
+        &policy(
+            "guard",
+            "2026-01-01T00:00:00Z",
+            ROUTE,
+            &format!("{AUTH}\n{LIMIT}"),
+        ),
+    ]);
+    for (port, path) in [(80, "/browse"), (80, "/checkout"), (8080, "/checkout")] {
+        let r = route(&c, port, path);
+        assert_eq!(
+            r.basic_auth,
+            Some(snap::BasicAuth {
+                realm: "Staff".into(),
+                users: vec![APR1_LINE.into()]
+            }),
+            "{port} {path}"
+        );
+        assert_eq!(
+            r.rate_limits,
+            vec![snap::RateLimit {
+                id: "CoxswainAccessPolicy/shop/guard".into(),
+                requests: 10,
+                period_ms: 1000,
+                burst: 5,
+                ..Default::default()
+            }]
+        );
+    }
+    assert!(route(&c, 80, "/old").basic_auth.is_none(), "another route");
+    let (status, reason, message) = accepted(&c, "guard");
+    assert_eq!(
+        (status, reason),
+        (ConditionStatus::True, "Accepted"),
+        "{message}"
+    );
+    let a = ancestors(&c, "guard");
+    assert_eq!(a.len(), 1);
+    assert_eq!(
+        (
+            a[0].ancestor_ref.kind.as_str(),
+            a[0].ancestor_ref.name.as_str()
+        ),
+        ("Gateway", "edge")
+    );
+    assert_eq!(a[0].conditions[0].observed_generation, 2);
+    assert_eq!(
+        c.snapshots[&ScopeKey::SharedPool].requires,
+        vec!["basic-auth".to_owned(), "rate-limit".to_owned()]
+    );
+}
+
+#[test]
+fn the_most_specific_policy_sets_each_feature() {
+    let gateway = policy(
+        "everyone",
+        "2026-01-01T00:00:00Z",
+        "[{group: gateway.networking.k8s.io, kind: Gateway, name: edge}]",
+        &format!("{AUTH}\n{LIMIT}"),
+    );
+    let admin = policy(
+        "admin-port",
+        "2026-01-02T00:00:00Z",
+        "[{group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: admin}]",
+        "  basicAuth: {secretRef: {name: users}, realm: Admin}",
+    );
+    let checkout = policy(
+        "checkout",
+        "2026-01-03T00:00:00Z",
+        "[{group: gateway.networking.k8s.io, kind: HTTPRoute, name: store, sectionName: checkout}]",
+        "  rateLimit: {requests: 1, unit: Minute}",
+    );
+    let c = compile_yaml(&[BASE, &gateway, &admin, &checkout]);
+    let browse = route(&c, 80, "/browse");
+    assert_eq!(realm(&browse).as_deref(), Some("Staff"), "the Gateway's");
+    assert_eq!(
+        browse.rate_limits[0].id,
+        "CoxswainAccessPolicy/shop/everyone"
+    );
+    let admin_browse = route(&c, 8080, "/browse");
+    assert_eq!(
+        realm(&admin_browse).as_deref(),
+        Some("Admin"),
+        "the listener's"
+    );
+    let checkout = route(&c, 80, "/checkout");
+    assert_eq!(
+        realm(&checkout).as_deref(),
+        Some("Staff"),
+        "auth still from the Gateway"
+    );
+    assert_eq!(
+        checkout.rate_limits.len(),
+        1,
+        "one limit: the rule's replaces the Gateway's"
+    );
+    assert_eq!(
+        checkout.rate_limits[0].id,
+        "CoxswainAccessPolicy/shop/checkout"
+    );
+    assert_eq!(checkout.rate_limits[0].period_ms, 60_000);
+    // A redirect answers before anyone signs in; its limit still counts.
+    let old = route(&c, 80, "/old");
+    assert!(old.basic_auth.is_none());
+    assert_eq!(old.rate_limits.len(), 1);
+    for name in ["everyone", "admin-port", "checkout"] {
+        assert_eq!(accepted(&c, name).0, ConditionStatus::True, "{name}");
+    }
+}
+
+#[test]
+fn of_two_policies_on_one_target_the_older_holds_it() {
+    let older = policy("first", "2026-01-01T00:00:00Z", ROUTE, AUTH);
+    let newer = policy("second", "2026-02-01T00:00:00Z", ROUTE, LIMIT);
+    // Listed newest first: age decides, not order.
+    let c = compile_yaml(&[BASE, &newer, &older]);
+    assert!(route(&c, 80, "/browse").basic_auth.is_some());
+    assert!(route(&c, 80, "/browse").rate_limits.is_empty());
+    let (status, reason, message) = accepted(&c, "second");
+    assert_eq!((status, reason), (ConditionStatus::False, "Conflicted"));
+    assert!(
+        message.contains("CoxswainAccessPolicy first is older"),
+        "{message}"
+    );
+    // Nothing took effect: the ancestor is its target.
+    assert_eq!(ancestors(&c, "second")[0].ancestor_ref.kind, "HTTPRoute");
+}
+
+#[test]
+fn a_missing_secret_fails_closed_with_503_and_invalid() {
+    let p = policy(
+        "guard",
+        "2026-01-01T00:00:00Z",
+        ROUTE,
+        "  basicAuth: {secretRef: {name: nobody}}",
+    );
+    let c = compile_yaml(&[BASE, &p]);
+    let r = route(&c, 80, "/browse");
+    assert_eq!(r.direct_status, 503);
+    assert!(r.backends.is_empty(), "never forwarded");
+    let (status, reason, message) = accepted(&c, "guard");
+    assert_eq!((status, reason), (ConditionStatus::False, "Invalid"));
+    assert!(
+        message.contains("Basic-auth Secret shop/nobody not found"),
+        "{message}"
+    );
+}
+
+#[test]
+fn missing_targets_and_bad_blocks_are_reported() {
+    let p = policy(
+        "typo",
+        "2026-01-01T00:00:00Z",
+        "[{group: gateway.networking.k8s.io, kind: HTTPRoute, name: stroe}, {group: gateway.networking.k8s.io, kind: HTTPRoute, name: store, sectionName: pay}]",
+        LIMIT,
+    );
+    let c = compile_yaml(&[BASE, &p]);
+    let (status, reason, message) = accepted(&c, "typo");
+    assert_eq!((status, reason), (ConditionStatus::False, "TargetNotFound"));
+    assert!(
+        message.contains("HTTPRoute shop/stroe not found"),
+        "{message}"
+    );
+    assert!(message.contains("no rule named \"pay\""), "{message}");
+    assert_eq!(ancestors(&c, "typo")[0].ancestor_ref.name, "stroe");
+    assert!(route(&c, 80, "/browse").rate_limits.is_empty());
+
+    let p = policy(
+        "bad-block",
+        "2026-01-01T00:00:00Z",
+        ROUTE,
+        "  rateLimit: {requests: 5, exempt: [10.0.0.0/33]}",
+    );
+    let c = compile_yaml(&[BASE, &p]);
+    let (status, reason, message) = accepted(&c, "bad-block");
+    assert_eq!((status, reason), (ConditionStatus::False, "Invalid"));
+    assert!(message.contains("rateLimit.exempt"), "{message}");
+    assert!(route(&c, 80, "/browse").rate_limits.is_empty());
+}
