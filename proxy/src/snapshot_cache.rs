@@ -122,6 +122,8 @@ impl SnapshotCache {
             .unwrap_or_default();
         let tmp = dir.join(format!(".{file_name}.{}.tmp", std::process::id()));
         let write = || -> std::io::Result<()> {
+            // A directory that is not a volume yet (a local run) is made, not an error each time.
+            std::fs::create_dir_all(dir)?;
             let mut options = std::fs::OpenOptions::new();
             options.write(true).create(true).truncate(true);
             #[cfg(unix)]
@@ -177,13 +179,14 @@ mod tests {
     #[test]
     fn a_stored_snapshot_loads_back() {
         let dir = tempfile::tempdir().unwrap();
-        let cache = SnapshotCache::new(dir.path(), shared());
+        let sub = dir.path().join("cache");
+        let cache = SnapshotCache::new(&sub, shared());
         assert!(cache.load().unwrap().is_none());
         let s = snapshot(shared());
         cache.store(&s).unwrap();
         assert_eq!(cache.load().unwrap().unwrap().snapshot, s);
         // Only the file itself remains: the temporary one was renamed.
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 1);
+        assert_eq!(std::fs::read_dir(&sub).unwrap().count(), 1);
     }
 
     #[test]
