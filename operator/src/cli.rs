@@ -300,6 +300,17 @@ pub struct ProxyArgs {
     #[arg(long, env = "COXSWAIN_SNAPSHOT_FILE", value_name = "PATH")]
     pub snapshot_file: Option<PathBuf>,
 
+    /// Keep the last applied snapshot in this directory (shared and dedicated proxies) and serve
+    /// it at start, before the controller answers, when its content hash verifies. Mount an
+    /// emptyDir here: it survives container restarts, not a new Pod.
+    #[arg(
+        long,
+        env = "COXSWAIN_SNAPSHOT_CACHE_DIR",
+        value_name = "DIR",
+        conflicts_with = "snapshot_file"
+    )]
+    pub snapshot_cache_dir: Option<PathBuf>,
+
     /// Address the snapshot's listener ports are bound on.
     #[arg(long, env = "COXSWAIN_BIND_ADDRESS", default_value = "0.0.0.0")]
     pub bind_address: std::net::IpAddr,

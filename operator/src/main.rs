@@ -120,16 +120,15 @@ fn serve_discovery(proxy: &ProxyArgs, scope: snap::scope::Kind) -> anyhow::Resul
         .build()
         .context("starting the runtime")?;
     let delay = std::time::Duration::from_secs(proxy.shutdown_delay_seconds);
+    let options = coxswain_proxy::discovery::ServeOptions {
+        bind_ip: proxy.bind_address,
+        admin_addr: proxy.admin.health_addr,
+        drain: std::time::Duration::from_secs(proxy.drain_seconds),
+        snapshot_cache_dir: proxy.snapshot_cache_dir.clone(),
+    };
     runtime.block_on(async {
-        let stop = termination_after(delay);
-        coxswain_proxy::discovery::serve(
-            config,
-            proxy.bind_address,
-            proxy.admin.health_addr,
-            std::time::Duration::from_secs(proxy.drain_seconds),
-            stop,
-        )
-        .await
+        let (terminating, stop) = proxy_shutdown(delay);
+        coxswain_proxy::discovery::serve_with(config, options, terminating, stop).await
     })?;
     Ok(ExitCode::SUCCESS)
 }
@@ -148,21 +147,47 @@ async fn termination() {
     }
 }
 
-/// Completes `delay` after SIGTERM or SIGINT, or at the next signal if that comes first: the
-/// proxy keeps serving new connections while its Pod leaves the Service's endpoints.
-async fn termination_after(delay: std::time::Duration) {
-    termination().await;
-    if delay.is_zero() {
-        return;
+/// A proxy's two shutdown steps: the first future completes at SIGTERM or SIGINT (readiness
+/// fails), the second `delay` later, or at the next signal if that comes first (accepting
+/// ends). In between the proxy keeps serving new connections while its Pod leaves the
+/// Service's endpoints. Watched by a task of its own, so a signal is seen at once whatever
+/// the proxy is doing.
+fn proxy_shutdown(
+    delay: std::time::Duration,
+) -> (
+    impl std::future::Future<Output = ()>,
+    impl std::future::Future<Output = ()>,
+) {
+    #[derive(Clone, Copy, PartialEq, PartialOrd)]
+    enum Phase {
+        Running,
+        Terminating,
+        Stopping,
     }
-    tracing::info!(
-        delay_seconds = delay.as_secs(),
-        "termination signal: still accepting while endpoints update, then draining"
-    );
-    tokio::select! {
-        () = tokio::time::sleep(delay) => {}
-        () = termination() => {}
-    }
+    let (tx, rx) = tokio::sync::watch::channel(Phase::Running);
+    tokio::spawn(async move {
+        termination().await;
+        let _ = tx.send(Phase::Terminating);
+        if !delay.is_zero() {
+            tracing::info!(
+                delay_seconds = delay.as_secs(),
+                "termination signal: still accepting while endpoints update, then draining"
+            );
+            tokio::select! {
+                () = tokio::time::sleep(delay) => {}
+                () = termination() => {}
+            }
+        }
+        let _ = tx.send(Phase::Stopping);
+    });
+    let reached = |phase: Phase| {
+        let mut rx = rx.clone();
+        async move {
+            // A dropped sender (the task ended early) also means stop.
+            let _ = rx.wait_for(|p| *p >= phase).await;
+        }
+    };
+    (reached(Phase::Terminating), reached(Phase::Stopping))
 }
 
 /// `serve controller`: the only role with Kubernetes credentials.

@@ -422,4 +422,76 @@ spec:
         failed.is_empty(),
         "requests failed during the failover: {failed:?}"
     );
+
+    // A rolling restart of the shared pool (`kubectl rollout restart`) under a client sending
+    // a request every 20 ms, each on a new connection. A new Pod is ready before an old one
+    // stops; an old one fails readiness at SIGTERM but accepts through its shutdown delay
+    // while the Service's endpoints catch up. No request may fail.
+    let pool = "app.kubernetes.io/component=shared-proxy";
+    let old_pods: Vec<String> = pods
+        .list(&ListParams::default().labels(pool))
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert_eq!(old_pods.len(), 2, "{old_pods:?}");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let client = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let (mut ok, mut failed) = (0u32, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let addr = SocketAddr::new(shared_ip, 80);
+                match request(addr, "/during-rollout", "ingress.example").await {
+                    Some((status, _)) if status.contains(" 200 ") => ok += 1,
+                    other => failed.push(format!("{other:?}")),
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (ok, failed)
+        }
+    });
+    let restart = serde_json::json!({"spec": {"template": {"metadata": {"annotations":
+        {"kubectl.kubernetes.io/restartedAt": "rolling-restart-test"}}}}});
+    let restarted_at = std::time::Instant::now();
+    deployments
+        .patch(
+            "coxswain-proxy",
+            &PatchParams::default(),
+            &Patch::Merge(&restart),
+        )
+        .await
+        .unwrap();
+    eventually("the shared pool replaced by 2 new ready Pods", WAIT, || {
+        let (pods, deployments, old_pods) = (pods.clone(), deployments.clone(), old_pods.clone());
+        async move {
+            let left = pods.list(&ListParams::default().labels(pool)).await.ok()?;
+            let names: Vec<String> = left
+                .items
+                .into_iter()
+                .filter_map(|p| p.metadata.name)
+                .collect();
+            if names.iter().any(|n| old_pods.contains(n)) {
+                return None;
+            }
+            let d = deployments.get("coxswain-proxy").await.ok()?;
+            let status = d.status?;
+            (status.updated_replicas? == 2 && status.ready_replicas? == 2).then_some(())
+        }
+    })
+    .await;
+    let rolled = restarted_at.elapsed();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = client.await.unwrap();
+    eprintln!(
+        "rolling restart of the shared pool (2 replicas) in {rolled:?}: {ok} requests every 20 ms, {} failed",
+        failed.len()
+    );
+    assert!(ok > 100, "the client kept sending: {ok}");
+    assert!(
+        failed.is_empty(),
+        "requests failed during the rolling restart: {failed:?}"
+    );
 }

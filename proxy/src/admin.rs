@@ -1,9 +1,11 @@
-//! Admin endpoints: `/healthz` (the process runs), `/readyz` (a snapshot is loaded), and
-//! `/metrics` (Prometheus text). A deliberately small HTTP/1.1 responder: these endpoints are
+//! Admin endpoints: `/healthz` (the process runs), `/readyz` (a snapshot is loaded and the
+//! process is not terminating), and `/metrics` (Prometheus text). A deliberately small HTTP/1.1 responder: these endpoints are
 //! read by kubelets and Prometheus, not by users.
 
 use crate::table::SharedTable;
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
@@ -17,9 +19,33 @@ pub enum AdminError {
     },
 }
 
+/// Set once the process is told to stop. From then on `/readyz` fails, so the Pod leaves its
+/// Service's endpoints while the proxy still accepts during its shutdown delay.
+#[derive(Debug, Clone, Default)]
+pub struct Terminating(Arc<AtomicBool>);
+
+impl Terminating {
+    pub fn set(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+
+    pub fn is_set(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+}
+
 /// Binds and serves in the background; returns the bound address.
 pub async fn serve(addr: SocketAddr, table: SharedTable) -> Result<SocketAddr, AdminError> {
-    serve_fn(addr, move |path| answer(path, &table)).await
+    serve_with(addr, table, Terminating::default()).await
+}
+
+/// [`serve`], with readiness failing once `terminating` is set.
+pub async fn serve_with(
+    addr: SocketAddr,
+    table: SharedTable,
+    terminating: Terminating,
+) -> Result<SocketAddr, AdminError> {
+    serve_fn(addr, move |path| answer(path, &table, &terminating)).await
 }
 
 /// The responder under `serve`, for any role's admin endpoints: `answer` maps a request path
@@ -65,9 +91,10 @@ where
     Ok(bound)
 }
 
-fn answer(path: &str, table: &SharedTable) -> (&'static str, String) {
+fn answer(path: &str, table: &SharedTable, terminating: &Terminating) -> (&'static str, String) {
     match path {
         "/healthz" => ("200 OK", "ok\n".into()),
+        "/readyz" if terminating.is_set() => ("503 Service Unavailable", "terminating\n".into()),
         "/readyz" if table.is_loaded() => ("200 OK", "ok\n".into()),
         "/readyz" => ("503 Service Unavailable", "no snapshot loaded yet\n".into()),
         "/metrics" => ("200 OK", metrics(table)),

@@ -3,9 +3,11 @@
 //!
 //! The private key is generated here and never leaves the process. Tables are never cleared
 //! when the controller goes away: the proxy keeps serving its last good snapshot and reconnects
-//! with jittered exponential backoff.
+//! with jittered exponential backoff. With a cache directory, each applied snapshot is also
+//! written to disk and served from there when the process starts again (`snapshot_cache`).
 
 use crate::listeners::Listeners;
+use crate::snapshot_cache::SnapshotCache;
 use crate::table::{SharedTable, Table};
 use coxswain_api::discovery::discovery_client::DiscoveryClient;
 use coxswain_api::discovery::identity_client::IdentityClient;
@@ -13,7 +15,7 @@ use coxswain_api::discovery::{
     Ack, BootstrapRequest, BoundListener, Nack, NodeStatus, ProxyMessage, Subscribe, WIRE_VERSION,
     controller_message, proxy_message,
 };
-use coxswain_api::snapshot::Scope;
+use coxswain_api::snapshot::{Scope, Snapshot};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -151,6 +153,7 @@ async fn session(
     svid: &Svid,
     table: &SharedTable,
     listeners: &mut Listeners,
+    cache: Option<&SnapshotCache>,
 ) -> Result<(), DiscoveryError> {
     let mut client =
         DiscoveryClient::new(channel(endpoint, &svid.trust_bundle_pem, Some(svid)).await?);
@@ -186,6 +189,9 @@ async fn session(
                     tracing::error!(error = %e, "listener not bound");
                 }
                 table.mark_applied();
+                if let Some(cache) = cache {
+                    persist(cache, &snapshot);
+                }
                 let _ = tx
                     .send(send(proxy_message::Kind::Ack(Ack {
                         version: version.clone(),
@@ -230,12 +236,67 @@ async fn session(
     Ok(())
 }
 
+/// Writes an applied snapshot to the cache. A failure costs only the next restart's head
+/// start, so it is logged, not fatal.
+fn persist(cache: &SnapshotCache, snapshot: &Snapshot) {
+    match cache.store(snapshot) {
+        Ok(()) => {
+            tracing::debug!(version = %snapshot.version, path = %cache.path().display(), "snapshot cached");
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "snapshot not cached; a restart waits for the controller")
+        }
+    }
+}
+
+/// Serves the cached snapshot, if a valid one exists, before the controller is reached.
+/// Returns whether it did.
+async fn serve_cached(
+    cache: &SnapshotCache,
+    table: &SharedTable,
+    listeners: &mut Listeners,
+) -> bool {
+    let cached = match cache.load() {
+        Ok(Some(c)) => c,
+        Ok(None) => {
+            tracing::info!(path = %cache.path().display(), "no cached snapshot; waiting for the controller");
+            return false;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cached snapshot ignored, not served; waiting for the controller");
+            return false;
+        }
+    };
+    let version = cached.snapshot.version.clone();
+    match Table::build(&cached.snapshot, table.metrics()) {
+        Ok(t) => {
+            table.store(t);
+            for e in listeners.sync().await {
+                tracing::error!(error = %e, "listener not bound");
+            }
+            table.mark_applied();
+            tracing::info!(
+                %version,
+                age_seconds = cached.age.map(|a| a.as_secs()),
+                ports = ?listeners.ports(),
+                "serving the cached snapshot until the controller answers"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::warn!(%version, error = %e, "cached snapshot ignored, not served; waiting for the controller");
+            false
+        }
+    }
+}
+
 /// Keeps the proxy connected until `stop` completes. Bootstraps first, renews the SVID at half
 /// its life, and re-bootstraps after repeated failures.
 pub async fn run(
     config: DiscoveryConfig,
     table: SharedTable,
     listeners: &mut Listeners,
+    cache: Option<&SnapshotCache>,
     stop: impl std::future::Future<Output = ()>,
 ) {
     tokio::pin!(stop);
@@ -245,7 +306,12 @@ pub async fn run(
     loop {
         let renew = failures >= 3 || svid.as_ref().is_none_or(|s| unix_now() >= s.renew_at);
         if renew {
-            match bootstrap(&config).await {
+            // Under `stop` too: with the controller away, a connect attempt can take seconds.
+            let issued = tokio::select! {
+                r = bootstrap(&config) => r,
+                () = &mut stop => return,
+            };
+            match issued {
                 Ok(s) => {
                     svid = Some(s);
                     failures = 0;
@@ -258,7 +324,7 @@ pub async fn run(
                 let endpoint =
                     config.endpoints[endpoint_index % config.endpoints.len().max(1)].clone();
                 tokio::select! {
-                    r = session(&config, &endpoint, s, &table, listeners) => r,
+                    r = session(&config, &endpoint, s, &table, listeners, cache) => r,
                     () = &mut stop => return,
                 }
             }
@@ -304,6 +370,17 @@ pub enum ServeError {
     Workers(#[source] std::io::Error),
 }
 
+/// How a cluster-mode proxy process runs, beyond what discovery needs.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    pub bind_ip: std::net::IpAddr,
+    pub admin_addr: std::net::SocketAddr,
+    /// After `stop`: how long in-flight requests may take.
+    pub drain: Duration,
+    /// Where applied snapshots are kept across container restarts; `None` keeps none.
+    pub snapshot_cache_dir: Option<PathBuf>,
+}
+
 /// The proxy process in cluster mode: admin endpoints, listeners that follow the pushed
 /// snapshots, and a drain on `stop`.
 pub async fn serve(
@@ -313,18 +390,53 @@ pub async fn serve(
     drain: Duration,
     stop: impl std::future::Future<Output = ()>,
 ) -> Result<(), ServeError> {
+    let options = ServeOptions {
+        bind_ip,
+        admin_addr,
+        drain,
+        snapshot_cache_dir: None,
+    };
+    serve_with(config, options, std::future::pending(), stop).await
+}
+
+/// [`serve`] with a snapshot cache and a shutdown in two steps: once `terminating` completes
+/// readiness fails while connections are still accepted; once `stop` completes the listeners
+/// close and in-flight requests drain.
+pub async fn serve_with(
+    config: DiscoveryConfig,
+    options: ServeOptions,
+    terminating: impl std::future::Future<Output = ()>,
+    stop: impl std::future::Future<Output = ()>,
+) -> Result<(), ServeError> {
     let table = SharedTable::default();
     let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
-    let mut listeners =
-        Listeners::new(table.clone(), bind_ip, shutdown_rx).with_limits(config.limits.clone());
+    let mut listeners = Listeners::new(table.clone(), options.bind_ip, shutdown_rx)
+        .with_limits(config.limits.clone());
     if config.workers > 0 {
         let workers =
             crate::workers::Workers::start(config.workers).map_err(ServeError::Workers)?;
         listeners = listeners.with_workers(workers);
     }
-    let admin = crate::admin::serve(admin_addr, table.clone()).await?;
+    let flag = crate::admin::Terminating::default();
+    let admin = crate::admin::serve_with(options.admin_addr, table.clone(), flag.clone()).await?;
     tracing::info!(addr = %admin, "admin endpoints listening");
-    run(config, table, &mut listeners, stop).await;
-    listeners.drain(&shutdown_tx, drain).await;
+    let cache = options
+        .snapshot_cache_dir
+        .as_deref()
+        .map(|dir| SnapshotCache::new(dir, config.scope.clone()));
+    if let Some(cache) = &cache {
+        serve_cached(cache, &table, &mut listeners).await;
+    }
+    let mark_terminating = async {
+        terminating.await;
+        flag.set();
+        tracing::info!("terminating: readiness fails from now on");
+        std::future::pending::<()>().await;
+    };
+    tokio::select! {
+        () = run(config, table, &mut listeners, cache.as_ref(), stop) => {}
+        () = mark_terminating => {}
+    }
+    listeners.drain(&shutdown_tx, options.drain).await;
     Ok(())
 }

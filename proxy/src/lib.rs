@@ -32,6 +32,7 @@ pub mod proxy_protocol;
 pub mod ratelimit;
 pub mod request;
 pub mod router;
+pub mod snapshot_cache;
 pub mod standalone;
 pub mod table;
 pub mod tls;

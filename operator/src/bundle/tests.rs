@@ -214,6 +214,19 @@ fn the_shared_proxy_dials_the_controller_services_with_its_audience_token() {
         .iter()
         .filter_map(|m| m["mountPath"].as_str())
         .collect();
+    // The snapshot cache is a directory of its own, on an emptyDir (the root is read-only).
+    let cache = expand("COXSWAIN_SNAPSHOT_CACHE_DIR");
+    let cache_volume = mounts
+        .iter()
+        .find(|m| m["mountPath"] == cache.as_str())
+        .unwrap_or_else(|| panic!("COXSWAIN_SNAPSHOT_CACHE_DIR {cache} is not a mount"))["name"]
+        .clone();
+    assert!(
+        volumes
+            .iter()
+            .any(|v| v["name"] == cache_volume && v.get("emptyDir").is_some()),
+        "the snapshot cache is not an emptyDir"
+    );
     for var in ["COXSWAIN_TOKEN_PATH", "COXSWAIN_DISCOVERY_TRUST_BUNDLE"] {
         let file = expand(var);
         let dir = Path::new(&file)

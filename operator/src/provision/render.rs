@@ -11,11 +11,11 @@ use k8s_openapi::api::autoscaling::v2::{
     ResourceMetricSource,
 };
 use k8s_openapi::api::core::v1::{
-    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EnvVar, EnvVarSource,
-    HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ProjectedVolumeSource, SeccompProfile, SecurityContext, Service, ServiceAccount,
-    ServiceAccountTokenProjection, ServicePort, ServiceSpec, Toleration, Volume, VolumeMount,
-    VolumeProjection,
+    Capabilities, ConfigMap, ConfigMapVolumeSource, Container, ContainerPort, EmptyDirVolumeSource,
+    EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ProjectedVolumeSource, SeccompProfile, SecurityContext, Service,
+    ServiceAccount, ServiceAccountTokenProjection, ServicePort, ServiceSpec, Toleration, Volume,
+    VolumeMount, VolumeProjection,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -30,6 +30,9 @@ pub const PROXY_CONTAINER: &str = "proxy";
 const PROXY_UID: i64 = 65532;
 const TOKEN_DIR: &str = "/var/run/secrets/coxswain";
 const TRUST_DIR: &str = "/var/run/coxswain/trust";
+/// The last applied snapshot (`--snapshot-cache-dir`), on an emptyDir: a restarted container
+/// serves it at once, even with the controller away; a new Pod starts empty.
+const SNAPSHOT_CACHE_DIR: &str = "/var/run/coxswain/snapshot";
 /// The proxy keeps accepting for 5 s after SIGTERM, then drains for up to 15 s (its defaults),
 /// inside this.
 const TERMINATION_GRACE_SECONDS: i64 = 30;
@@ -479,6 +482,8 @@ fn proxy_pod_template(p: &ProxyPod<'_>) -> PodTemplateSpec {
             names::BOOTSTRAP_SERVICE,
             names::BOOTSTRAP_PORT
         ),
+        "--snapshot-cache-dir".into(),
+        SNAPSHOT_CACHE_DIR.into(),
     ];
     if let Some(a) = p.client_address {
         if !a.trusted_proxies.is_empty() {
@@ -522,6 +527,11 @@ fn proxy_pod_template(p: &ProxyPod<'_>) -> PodTemplateSpec {
                 read_only: Some(true),
                 ..Default::default()
             },
+            VolumeMount {
+                name: "snapshot-cache".into(),
+                mount_path: SNAPSHOT_CACHE_DIR.into(),
+                ..Default::default()
+            },
         ]),
         ..Default::default()
     };
@@ -559,6 +569,11 @@ fn proxy_pod_template(p: &ProxyPod<'_>) -> PodTemplateSpec {
                         name: p.trust_configmap.to_owned(),
                         ..Default::default()
                     }),
+                    ..Default::default()
+                },
+                Volume {
+                    name: "snapshot-cache".into(),
+                    empty_dir: Some(EmptyDirVolumeSource::default()),
                     ..Default::default()
                 },
             ]),
@@ -987,6 +1002,25 @@ spec:
             .clone()
             .unwrap();
         assert_eq!(token.audience.as_deref(), Some(names::TOKEN_AUDIENCE));
+        // The snapshot cache: the flag names a mounted emptyDir.
+        assert!(
+            args.contains(&format!("--snapshot-cache-dir {SNAPSHOT_CACHE_DIR}")),
+            "{args}"
+        );
+        let mount = proxy
+            .volume_mounts
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|m| m.mount_path == SNAPSHOT_CACHE_DIR)
+            .unwrap();
+        assert!(
+            pod.volumes
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|v| v.name == mount.name && v.empty_dir.is_some())
+        );
     }
 
     #[test]
