@@ -171,8 +171,9 @@ mod tests {
         let stream = render_stream().unwrap();
         let docs: Vec<&str> = stream.split("---\n").filter(|d| !d.is_empty()).collect();
         assert_eq!(docs.len(), all().len());
-        assert!(docs[0].contains("name: coxswainbackendpolicies.gateway.coxswain-labs.dev"));
-        assert!(docs[1].contains("name: coxswaingatewayparameters.gateway.coxswain-labs.dev"));
-        assert!(docs[2].contains("name: coxswainingressclassparameters.ingress.coxswain-labs.dev"));
+        assert!(docs[0].contains("name: coxswainaccesspolicies.gateway.coxswain-labs.dev"));
+        assert!(docs[1].contains("name: coxswainbackendpolicies.gateway.coxswain-labs.dev"));
+        assert!(docs[2].contains("name: coxswaingatewayparameters.gateway.coxswain-labs.dev"));
+        assert!(docs[3].contains("name: coxswainingressclassparameters.ingress.coxswain-labs.dev"));
     }
 }
