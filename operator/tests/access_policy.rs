@@ -79,27 +79,9 @@ spec:
     )
     .await;
     let policies: Api<CoxswainAccessPolicy> = env.api();
-    // (ancestor kind, name, controller, (Accepted status, reason, observedGeneration)).
     let entries = |name: &'static str| {
         let policies = policies.clone();
-        async move {
-            let p = policies.get(name).await.ok()?;
-            let list: Vec<_> = p
-                .status?
-                .ancestors
-                .into_iter()
-                .map(|a| {
-                    let c = a.conditions.iter().find(|c| c.type_ == "Accepted").cloned();
-                    (
-                        a.ancestor_ref.kind,
-                        a.ancestor_ref.name,
-                        a.controller_name,
-                        c.map(|c| (c.status, c.reason, c.observed_generation)),
-                    )
-                })
-                .collect();
-            (!list.is_empty()).then_some(list)
-        }
+        async move { support::policy_ancestors(&policies, name, |p| Some(p.status?.ancestors)).await }
     };
     let guard = coxswain_testenv::eventually(
         "the policy's ancestor: the route's Gateway",

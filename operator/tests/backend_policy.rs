@@ -88,27 +88,9 @@ spec:
     )
     .await;
     let policies: Api<CoxswainBackendPolicy> = env.api();
-    // (ancestor kind, name, Accepted status, reason, observedGeneration) of every entry.
     let entries = |name: &'static str| {
         let policies = policies.clone();
-        async move {
-            let p = policies.get(name).await.ok()?;
-            let list: Vec<_> = p
-                .status?
-                .ancestors
-                .into_iter()
-                .map(|a| {
-                    let c = a.conditions.iter().find(|c| c.type_ == "Accepted").cloned();
-                    (
-                        a.ancestor_ref.kind,
-                        a.ancestor_ref.name,
-                        a.controller_name,
-                        c.map(|c| (c.status, c.reason, c.observed_generation)),
-                    )
-                })
-                .collect();
-            (!list.is_empty()).then_some(list)
-        }
+        async move { support::policy_ancestors(&policies, name, |p| Some(p.status?.ancestors)).await }
     };
     let sticky = coxswain_testenv::eventually(
         "the policy's ancestors: the Gateway and the IngressClass",

@@ -453,3 +453,36 @@ fn go_tool(script: &str) -> std::path::PathBuf {
         .to_owned();
     std::path::PathBuf::from(path)
 }
+
+/// One entry of a policy's `status.ancestors`, as the tests compare it: ancestor kind and
+/// name, controller name, and the Accepted condition's (status, reason, observedGeneration).
+pub type AncestorEntry = (
+    String,
+    String,
+    String,
+    Option<(String, String, Option<i64>)>,
+);
+
+/// A policy's ancestors by `name`, or None while it has none (or does not exist).
+pub async fn policy_ancestors<K>(
+    api: &kube::Api<K>,
+    name: &str,
+    ancestors: impl Fn(K) -> Option<Vec<coxswain_api::PolicyAncestorStatus>>,
+) -> Option<Vec<AncestorEntry>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let list: Vec<AncestorEntry> = ancestors(api.get(name).await.ok()?)?
+        .into_iter()
+        .map(|a| {
+            let c = a.conditions.iter().find(|c| c.type_ == "Accepted").cloned();
+            (
+                a.ancestor_ref.kind,
+                a.ancestor_ref.name,
+                a.controller_name,
+                c.map(|c| (c.status, c.reason, c.observed_generation)),
+            )
+        })
+        .collect();
+    (!list.is_empty()).then_some(list)
+}
