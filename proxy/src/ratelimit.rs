@@ -76,7 +76,15 @@ impl Settings {
 /// Limits by id, shared by every table built while the limit exists.
 #[derive(Debug, Default)]
 pub struct Registry {
-    limiters: Mutex<HashMap<Box<str>, Weak<Limiter>>>,
+    limiters: Mutex<Limiters>,
+}
+
+#[derive(Debug, Default)]
+struct Limiters {
+    by_id: HashMap<Box<str>, Weak<Limiter>>,
+    /// Entries after the last sweep of limits no table uses: the next sweep waits until the
+    /// map has doubled, so building a table with many limits stays linear.
+    swept_at: usize,
 }
 
 impl Registry {
@@ -88,16 +96,21 @@ impl Registry {
             cidrs: r.exempt.clone(),
         });
         let mut limiters = self.limiters.lock().unwrap_or_else(|p| p.into_inner());
-        // Limits no table uses any more.
-        limiters.retain(|_, l| l.strong_count() > 0);
-        if let Some(existing) = limiters.get(r.id.as_str()).and_then(Weak::upgrade)
+        if let Some(existing) = limiters.by_id.get(r.id.as_str()).and_then(Weak::upgrade)
             && existing.settings == settings
             && existing.exempt == exempt
         {
             return Some(existing);
         }
+        if limiters.by_id.len() >= 2 * limiters.swept_at.max(32) {
+            // Limits no table uses any more.
+            limiters.by_id.retain(|_, l| l.strong_count() > 0);
+            limiters.swept_at = limiters.by_id.len();
+        }
         let limiter = Arc::new(Limiter::new(settings, exempt));
-        limiters.insert(r.id.as_str().into(), Arc::downgrade(&limiter));
+        limiters
+            .by_id
+            .insert(r.id.as_str().into(), Arc::downgrade(&limiter));
         Some(limiter)
     }
 }

@@ -170,3 +170,27 @@ fn memory_stays_bounded_under_many_clients() {
     let second = l.admit(stranger, None).is_ok();
     assert!(!(first && second), "an untracked key is still limited");
 }
+
+#[test]
+fn limits_no_table_uses_are_swept_as_the_registry_grows() {
+    let registry = Registry::default();
+    let kept = registry.limiter(&limit(1, 1000, 0)).expect("valid");
+    for i in 0..1000 {
+        // Built and dropped at once, as a table that was replaced.
+        let _ = registry.limiter(&snap::RateLimit {
+            id: format!("gone-{i}"),
+            ..limit(1, 1000, 0)
+        });
+    }
+    let held = registry
+        .limiters
+        .lock()
+        .map(|l| l.by_id.len())
+        .unwrap_or_default();
+    assert!(held <= 64 + 1, "{held} limits held for 1 in use");
+    let again = registry.limiter(&limit(1, 1000, 0)).expect("valid");
+    assert!(
+        Arc::ptr_eq(&kept, &again),
+        "the one in use survived the sweeps"
+    );
+}
