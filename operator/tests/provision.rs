@@ -667,12 +667,17 @@ spec: {{controllerName: {controller}}}
     assert_eq!(owner_of(&second), "a");
     let service_accounts: Api<ServiceAccount> = env.api();
     let services: Api<Service> = env.api();
+    // The Service is applied after the Deployment: wait for both objects, do not race them.
     for name in [&plain, &renamed] {
-        assert!(
-            service_accounts.get_opt(name).await.unwrap().is_some(),
-            "{name}"
-        );
-        assert!(services.get_opt(name).await.unwrap().is_some(), "{name}");
+        eventually(&format!("ServiceAccount and Service {name}"), WAIT, || {
+            let (service_accounts, services) = (service_accounts.clone(), services.clone());
+            async move {
+                let account = service_accounts.get_opt(name).await.ok().flatten();
+                let service = services.get_opt(name).await.ok().flatten();
+                (account.is_some() && service.is_some()).then_some(())
+            }
+        })
+        .await;
     }
     let pod_account = |d: &Deployment| {
         d.spec
