@@ -144,5 +144,6 @@ bench-proxy: ## wrk: coxswain vs nginx vs HAProxy as reverse proxies (installs t
 	hack/bench/proxy.sh
 
 .PHONY: bench
-bench: ## Benchmarks (criterion): the compiler on 10k HTTPRoutes (the proxy against nginx and HAProxy: make bench-proxy)
+bench: ## Benchmarks (criterion): the compiler on 10k HTTPRoutes, route lookup at 10 and 100k routes (the proxy against nginx and HAProxy: make bench-proxy)
 	$(CARGO) bench -p coxswain-operator --bench compile
+	$(CARGO) bench -p coxswain-proxy --bench lookup
