@@ -323,7 +323,7 @@ async fn access_policy_mistakes_are_rejected_by_the_server() {
         (
             "a-service",
             json!({"targetRefs": [{"group": "", "kind": "Service", "name": "shop"}], "basicAuth": users}),
-            "only HTTPRoutes and Gateways can be targeted",
+            "only HTTPRoutes, GRPCRoutes and Gateways can be targeted",
         ),
         (
             "empty-limit",

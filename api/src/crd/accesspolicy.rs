@@ -1,7 +1,7 @@
 //! `CoxswainAccessPolicy`: who may use a route and how often, for Gateway API routes.
 //!
-//! A policy attached by `targetRefs` (GEP-713) to HTTPRoutes (or one named rule of one) and
-//! Gateways (or one named listener) in its own namespace. The Gateway API has no field for
+//! A policy attached by `targetRefs` (GEP-713) to HTTPRoutes and GRPCRoutes (or one named rule
+//! of one) and Gateways (or one named listener) in its own namespace. The Gateway API has no field for
 //! Basic authentication or rate limits; Ingresses get the same through annotations.
 
 use super::backendpolicy::PolicyAncestorStatus;
@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
     category = "coxswain",
     namespaced,
     status = "CoxswainAccessPolicyStatus",
-    doc = "Basic authentication and rate limits for HTTPRoutes and Gateways, attached by targetRefs.",
+    doc = "Basic authentication and rate limits for HTTPRoutes, GRPCRoutes and Gateways, attached by targetRefs.",
     printcolumn(
         name = "Accepted",
         type_ = "string",
@@ -43,7 +43,8 @@ use serde::{Deserialize, Serialize};
     .message("set basicAuth, rateLimit or both"))]
 #[serde(rename_all = "camelCase")]
 pub struct CoxswainAccessPolicySpec {
-    /// The HTTPRoutes and Gateways this policy applies to, in the policy's own namespace.
+    /// The HTTPRoutes, GRPCRoutes and Gateways this policy applies to, in the policy's own
+    /// namespace.
     #[schemars(length(min = 1, max = 16))]
     pub target_refs: Vec<AccessPolicyTargetRef>,
 
@@ -56,25 +57,25 @@ pub struct CoxswainAccessPolicySpec {
     pub rate_limit: Option<RateLimit>,
 }
 
-/// An HTTPRoute or Gateway in the policy's namespace, optionally one named rule or listener.
+/// A route or Gateway in the policy's namespace, optionally one named rule or listener.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new(
-    "self.group == 'gateway.networking.k8s.io' && (self.kind == 'HTTPRoute' || self.kind == 'Gateway')"
-).message("only HTTPRoutes and Gateways can be targeted: group gateway.networking.k8s.io"))]
+    "self.group == 'gateway.networking.k8s.io' && self.kind in ['HTTPRoute', 'GRPCRoute', 'Gateway']"
+).message("only HTTPRoutes, GRPCRoutes and Gateways can be targeted: group gateway.networking.k8s.io"))]
 pub struct AccessPolicyTargetRef {
     /// API group of the target: gateway.networking.k8s.io.
     #[schemars(length(max = 253))]
     pub group: String,
 
-    /// HTTPRoute or Gateway.
+    /// HTTPRoute, GRPCRoute or Gateway.
     #[schemars(length(min = 1, max = 63))]
     pub kind: String,
 
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
 
-    /// An HTTPRoute rule's name or a Gateway listener's name; without it, all of them.
+    /// A route rule's name or a Gateway listener's name; without it, all of them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub section_name: Option<String>,

@@ -1,8 +1,8 @@
-//! CoxswainAccessPolicies: Basic authentication and rate limits for HTTPRoute rules, and each
-//! policy's Accepted condition.
+//! CoxswainAccessPolicies: Basic authentication and rate limits for HTTPRoute and GRPCRoute
+//! rules, and each policy's Accepted condition.
 //!
-//! Policies are taken oldest first (then by namespace/name). A policy whose target (an
-//! HTTPRoute, one named rule of it, a Gateway, or one named listener) an older policy already
+//! Policies are taken oldest first (then by namespace/name). A policy whose target (a route,
+//! one named rule of it, a Gateway, or one named listener) an older policy already
 //! holds is Conflicted and holds nothing. Each feature of a rule comes from the most specific
 //! policy that sets it: the rule's, the route's, the listener's, then the Gateway's.
 //!
@@ -254,6 +254,19 @@ fn target_problem(
             (!section.is_empty() && !route.spec.rules.iter().flatten().any(|r| named(&r)))
                 .then(|| format!("HTTPRoute {ns}/{name} has no rule named {section:?}"))
         }
+        "GRPCRoute" => {
+            let Some(route) = store.grpc_routes.iter().find(|r| here(&r.metadata)) else {
+                return Some(format!("GRPCRoute {ns}/{name} not found"));
+            };
+            let named = route
+                .spec
+                .rules
+                .iter()
+                .flatten()
+                .any(|r| r.name.as_deref() == Some(section));
+            (!section.is_empty() && !named)
+                .then(|| format!("GRPCRoute {ns}/{name} has no rule named {section:?}"))
+        }
         "Gateway" => {
             let Some(gateway) = store.gateways.iter().find(|g| here(&g.metadata)) else {
                 return Some(format!("Gateway {ns}/{name} not found"));
@@ -267,7 +280,7 @@ fn target_problem(
     }
 }
 
-/// Gives each HTTPRoute rule the features of the most specific policy setting them, and
+/// Gives each HTTPRoute and GRPCRoute rule the features of the most specific policy setting them, and
 /// records under which Gateways each policy took effect.
 pub fn apply(out: &mut Output, entries: &mut [Entry]) {
     if out.held.is_empty() {
@@ -277,7 +290,7 @@ pub fn apply(out: &mut Output, entries: &mut [Entry]) {
         let Some(source) = entry.route.source.clone() else {
             continue;
         };
-        if source.kind != "HTTPRoute" {
+        if source.kind != "HTTPRoute" && source.kind != "GRPCRoute" {
             continue;
         }
         let ns = source.namespace.clone();
@@ -285,14 +298,14 @@ pub fn apply(out: &mut Output, entries: &mut [Entry]) {
         if !source.rule_name.is_empty() {
             candidates.push((
                 ns.clone(),
-                "HTTPRoute".into(),
+                source.kind.clone(),
                 source.name.clone(),
                 source.rule_name.clone(),
             ));
         }
         candidates.push((
             ns.clone(),
-            "HTTPRoute".into(),
+            source.kind.clone(),
             source.name.clone(),
             String::new(),
         ));

@@ -308,3 +308,61 @@ fn missing_targets_and_bad_blocks_are_reported() {
     assert!(message.contains("rateLimit.exempt"), "{message}");
     assert!(route(&c, 80, "/browse").rate_limits.is_empty());
 }
+
+#[test]
+fn grpcroute_rules_take_their_own_policy_and_the_gateways() {
+    let grpc = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {name: rpc, namespace: shop}
+spec:
+  parentRefs: [{name: edge, sectionName: admin}]
+  rules:
+  - name: orders
+    matches: [{method: {service: shop.Orders}}]
+    backendRefs: [{name: app, port: 80}]
+"#;
+    let gateway = policy(
+        "everyone",
+        "2026-01-01T00:00:00Z",
+        "[{group: gateway.networking.k8s.io, kind: Gateway, name: edge}]",
+        AUTH,
+    );
+    let orders = policy(
+        "orders",
+        "2026-01-02T00:00:00Z",
+        "[{group: gateway.networking.k8s.io, kind: GRPCRoute, name: rpc, sectionName: orders}]",
+        LIMIT,
+    );
+    let c = compile_yaml(&[BASE, grpc, &gateway, &orders]);
+    let rpc: Vec<snap::Route> = c.snapshots[&ScopeKey::SharedPool]
+        .listeners
+        .iter()
+        .filter(|l| l.port == 8080)
+        .flat_map(|l| &l.virtual_hosts)
+        .flat_map(|v| &v.routes)
+        .filter(|r| r.source.as_ref().is_some_and(|s| s.kind == "GRPCRoute"))
+        .cloned()
+        .collect();
+    assert!(!rpc.is_empty());
+    for r in &rpc {
+        assert_eq!(realm(r).as_deref(), Some("Staff"), "the Gateway's auth");
+        assert_eq!(r.rate_limits.len(), 1);
+        assert_eq!(r.rate_limits[0].id, "CoxswainAccessPolicy/shop/orders");
+    }
+    assert_eq!(accepted(&c, "orders").0, ConditionStatus::True);
+
+    let typo = policy(
+        "typo",
+        "2026-01-03T00:00:00Z",
+        "[{group: gateway.networking.k8s.io, kind: GRPCRoute, name: rpc, sectionName: refunds}]",
+        LIMIT,
+    );
+    let c = compile_yaml(&[BASE, grpc, &typo]);
+    let (status, reason, message) = accepted(&c, "typo");
+    assert_eq!((status, reason), (ConditionStatus::False, "TargetNotFound"));
+    assert!(
+        message.contains("GRPCRoute shop/rpc has no rule named \"refunds\""),
+        "{message}"
+    );
+}
