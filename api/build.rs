@@ -2,9 +2,10 @@
 
 const SNAPSHOT: &str = "proto/coxswain/snapshot/v1/snapshot.proto";
 const DISCOVERY: &str = "proto/coxswain/discovery/v1/discovery.proto";
+const EXT_AUTHZ: &str = "proto/envoy/service/auth/v3/external_auth.proto";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    for p in [SNAPSHOT, DISCOVERY] {
+    for p in [SNAPSHOT, DISCOVERY, EXT_AUTHZ] {
         println!("cargo:rerun-if-changed={p}");
     }
     // The snapshot: messages only, with serde so it prints as JSON/YAML.
@@ -52,6 +53,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "RateLimit.key",
             "#[serde(with = \"crate::snapshot::serde_enum::rate_limit_key\")]",
         )
+        .field_attribute(
+            "ExternalAuth.protocol",
+            "#[serde(with = \"crate::snapshot::serde_enum::external_auth_protocol\")]",
+        )
         .compile_fds(protox::compile([SNAPSHOT], ["proto"])?)?;
     // Discovery: gRPC services; snapshot types come from the module above.
     tonic_prost_build::configure()
@@ -59,5 +64,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_client(true)
         .extern_path(".coxswain.snapshot.v1", "crate::snapshot")
         .compile_fds(protox::compile([DISCOVERY], ["proto"])?)?;
+    // External authorization (Envoy's protocol): the proxy's client; the server for tests and
+    // for anyone writing an authorization service against these types.
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(protox::compile([EXT_AUTHZ], ["proto"])?)?;
     Ok(())
 }

@@ -7,6 +7,8 @@
 //!   audience, SPIFFE IDs) so no other crate spells one.
 //! - [`snapshot`]: the compiled routing snapshot a proxy serves (protobuf).
 //! - [`discovery`]: the controller-proxy protocol (gRPC): SVID bootstrap and the snapshot stream.
+//! - [`ext_authz`]: Envoy's external authorization protocol, which the proxy speaks to
+//!   authorization services.
 //!
 //! This crate depends on kube's derive and core types only, never on its client: the proxy
 //! links it and must hold no Kubernetes credentials.
@@ -14,6 +16,7 @@
 
 pub mod crd;
 pub mod discovery;
+pub mod ext_authz;
 pub mod names;
 pub mod snapshot;
 

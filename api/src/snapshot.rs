@@ -34,6 +34,7 @@ impl Snapshot {
 pub mod feature {
     pub const BASIC_AUTH: &str = "basic-auth";
     pub const RATE_LIMIT: &str = "rate-limit";
+    pub const EXTERNAL_AUTH: &str = "external-auth";
 }
 
 impl Snapshot {
@@ -94,6 +95,10 @@ pub(crate) mod serde_enum {
     by_name!(lb_algorithm, super::super::load_balancer::Algorithm);
     by_name!(session_kind, super::super::session_persistence::Kind);
     by_name!(rate_limit_key, super::super::rate_limit::Key);
+    by_name!(
+        external_auth_protocol,
+        super::super::external_auth::Protocol
+    );
 }
 
 #[cfg(test)]

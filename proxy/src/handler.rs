@@ -3,6 +3,7 @@
 //! bodies, upstream peers, timeouts, mirrors) and answers what `request` decided.
 
 use crate::access_log::{AccessLine, access_line};
+use crate::external_auth::{AuthRequest, ExternalAuth, Verdict};
 use crate::filters::{self, EditHeaders};
 use crate::forwarded;
 use crate::limits::Limits;
@@ -12,7 +13,7 @@ use crate::request::{self, Decision};
 use crate::router::Headers;
 use crate::table::SharedTable;
 use crate::workers;
-use answers::{content_length, respond, respond_preflight};
+use answers::{content_length, respond, respond_denial, respond_preflight};
 use async_trait::async_trait;
 use coxswain_api::snapshot::{self as snap, filter};
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -41,7 +42,13 @@ enum Answer {
     Redirect(u16, String),
     /// A CORS preflight answered here, with the request's Origin.
     Preflight(Arc<RoutePolicy>, Option<String>),
+    /// Ask the route's authorization service about this request, then decide again.
+    Authorize(Arc<ExternalAuth>, Box<AuthRequest>),
 }
+
+/// A route's authorization service is asked again at most this often for one request (only a
+/// snapshot swapped in meanwhile, giving the route another service, asks twice).
+const AUTHORIZE_ROUNDS: usize = 3;
 
 impl Gateway {
     /// Fills the context of a request going upstream.
@@ -210,6 +217,8 @@ pub struct Ctx {
     /// The forwarded fields to send upstream, and whether a received `Forwarded` is kept.
     forwarded: Vec<(&'static str, String)>,
     keep_forwarded: bool,
+    /// What the route's authorization service asked to change in the request.
+    auth_edits: crate::external_auth::Edits,
 }
 
 impl EditHeaders for RequestHeader {
@@ -251,94 +260,131 @@ impl ProxyHttp for Gateway {
             .and_then(|a| a.as_inet())
             .map(|a| a.ip());
         ctx.client = peer;
-        // Decide everything from one load of the table; nothing after this reads it again.
-        let (answer, normalized) = {
-            let head = PingoraHead(session.req_header());
-            let checked = match request::check(&head, &self.limits) {
-                Ok(c) => c,
-                Err(reject) => {
-                    tracing::debug!(reason = reject.reason(), "request refused");
-                    crate::metrics::Metrics::count(&self.table.metrics().requests_refused);
-                    session.set_keepalive(None);
-                    return respond(session, reject.status(), None).await;
+        // The authorization service that allowed this request (see `Decision::Authorize`).
+        let mut allowed_by: Option<Arc<ExternalAuth>> = None;
+        for _ in 0..AUTHORIZE_ROUNDS {
+            let first_round = allowed_by.is_none();
+            // Decide everything from one load of the table; nothing after this reads it again
+            // (but for a second round, after an authorization service allowed the request).
+            let (answer, normalized) = {
+                let head = PingoraHead(session.req_header());
+                let checked = match request::check(&head, &self.limits) {
+                    Ok(c) => c,
+                    Err(reject) => {
+                        tracing::debug!(reason = reject.reason(), "request refused");
+                        crate::metrics::Metrics::count(&self.table.metrics().requests_refused);
+                        session.set_keepalive(None);
+                        return respond(session, reject.status(), None).await;
+                    }
+                };
+                let forwarded =
+                    request::forwarded(&head, &checked, peer, self.port, self.https, &self.limits);
+                if first_round {
+                    ctx.client = forwarded.client;
+                    ctx.keep_forwarded = forwarded.trusted_peer;
+                    forwarded.each(&mut |name, parts| ctx.forwarded.push((name, parts.concat())));
+                }
+                let arrival = request::Arrival {
+                    port: self.port,
+                    https: self.https,
+                    client: forwarded.client,
+                    authorized_by: allowed_by.as_deref(),
+                };
+                let table = self.table.load();
+                let sni = session
+                    .digest()
+                    .and_then(|d| d.ssl_digest.as_ref())
+                    .and_then(|t| t.extension.get::<crate::tls::ConnectionSni>());
+                if self.https
+                    && request::misdirected(&table, self.port, sni.map(|s| &*s.0), &checked)
+                {
+                    crate::metrics::Metrics::count(&self.table.metrics().misdirected);
+                    return respond(session, 421, None).await;
+                }
+                let route = request::route(&table, self.port, &head, &checked);
+                if let Some(route) = route {
+                    ctx.counters = Some(route.counters.clone());
+                    ctx.route = Some(route.route.clone());
+                    ctx.access_log_off = !route.policy.access_log;
+                }
+                let answer = match request::decide(route, &head, &checked, &arrival) {
+                    Decision::NotFound => Answer::Status(404),
+                    Decision::Status(code) => Answer::Status(code),
+                    Decision::Redirect { status, location } => Answer::Redirect(status, location),
+                    Decision::Preflight(policy) => {
+                        Answer::Preflight(policy.clone(), head.get("origin").map(str::to_owned))
+                    }
+                    Decision::Unauthorized(challenge) => {
+                        crate::metrics::Metrics::count(&self.table.metrics().auth_refused);
+                        Answer::StatusWith(401, "www-authenticate", challenge.to_owned())
+                    }
+                    Decision::Limited { retry_after } => {
+                        crate::metrics::Metrics::count(&self.table.metrics().rate_limited);
+                        Answer::StatusWith(429, "retry-after", retry_after.to_string())
+                    }
+                    Decision::Authorize { service, slots } => {
+                        ctx.slots = slots;
+                        let asked = AuthRequest::new(&head, &checked, &arrival, sni.map(|s| &*s.0));
+                        Answer::Authorize(service.clone(), Box::new(asked))
+                    }
+                    Decision::Forward(mut f) => {
+                        ctx.slots.append(&mut f.slots);
+                        self.prepare(ctx, &f, &checked);
+                        Answer::Forward
+                    }
+                };
+                let normalized = checked
+                    .rewritten()
+                    .then(|| checked.path_and_query.clone().into_owned());
+                (answer, normalized)
+            };
+            // The backend, the filters, mirrors and the access log all see the normalised target.
+            if let Some(target) = normalized {
+                match target.parse() {
+                    Ok(uri) => session.req_header_mut().set_uri(uri),
+                    Err(e) => {
+                        tracing::debug!(error = %e, "normalised target is not a URI");
+                        session.set_keepalive(None);
+                        return respond(session, 400, None).await;
+                    }
+                }
+            }
+            return match answer {
+                Answer::Forward => Ok(false),
+                Answer::Status(code) => respond(session, code, None).await,
+                Answer::StatusWith(code, name, value) => {
+                    respond(session, code, Some((name, &value))).await
+                }
+                Answer::Redirect(code, location) => {
+                    respond(session, code, Some(("location", &location))).await
+                }
+                Answer::Preflight(policy, origin) => match &policy.cors {
+                    Some(cors) => respond_preflight(session, cors, origin.as_deref()).await,
+                    None => respond(session, 204, None).await,
+                },
+                Answer::Authorize(service, asked) => {
+                    let metrics = self.table.metrics();
+                    match service.check(&asked).await {
+                        Verdict::Allow(edits) => {
+                            crate::metrics::Metrics::count(&metrics.external_auth_allowed);
+                            ctx.auth_edits = edits;
+                            allowed_by = Some(service);
+                            continue;
+                        }
+                        Verdict::Deny(denial) => {
+                            crate::metrics::Metrics::count(&metrics.external_auth_denied);
+                            respond_denial(session, &denial).await
+                        }
+                        Verdict::Failed(_) => {
+                            crate::metrics::Metrics::count(&metrics.external_auth_failed);
+                            respond(session, service.failure_status, None).await
+                        }
+                    }
                 }
             };
-            let forwarded =
-                request::forwarded(&head, &checked, peer, self.port, self.https, &self.limits);
-            ctx.client = forwarded.client;
-            ctx.keep_forwarded = forwarded.trusted_peer;
-            forwarded.each(&mut |name, parts| ctx.forwarded.push((name, parts.concat())));
-            let arrival = request::Arrival {
-                port: self.port,
-                https: self.https,
-                client: forwarded.client,
-            };
-            let table = self.table.load();
-            let sni = session
-                .digest()
-                .and_then(|d| d.ssl_digest.as_ref())
-                .and_then(|t| t.extension.get::<crate::tls::ConnectionSni>());
-            if self.https && request::misdirected(&table, self.port, sni.map(|s| &*s.0), &checked) {
-                crate::metrics::Metrics::count(&self.table.metrics().misdirected);
-                return respond(session, 421, None).await;
-            }
-            let route = request::route(&table, self.port, &head, &checked);
-            if let Some(route) = route {
-                ctx.counters = Some(route.counters.clone());
-                ctx.route = Some(route.route.clone());
-                ctx.access_log_off = !route.policy.access_log;
-            }
-            let answer = match request::decide(route, &head, &checked, &arrival) {
-                Decision::NotFound => Answer::Status(404),
-                Decision::Status(code) => Answer::Status(code),
-                Decision::Redirect { status, location } => Answer::Redirect(status, location),
-                Decision::Preflight(policy) => {
-                    Answer::Preflight(policy.clone(), head.get("origin").map(str::to_owned))
-                }
-                Decision::Unauthorized(challenge) => {
-                    crate::metrics::Metrics::count(&self.table.metrics().auth_refused);
-                    Answer::StatusWith(401, "www-authenticate", challenge.to_owned())
-                }
-                Decision::Limited { retry_after } => {
-                    crate::metrics::Metrics::count(&self.table.metrics().rate_limited);
-                    Answer::StatusWith(429, "retry-after", retry_after.to_string())
-                }
-                Decision::Forward(mut f) => {
-                    ctx.slots = std::mem::take(&mut f.slots);
-                    self.prepare(ctx, &f, &checked);
-                    Answer::Forward
-                }
-            };
-            let normalized = checked
-                .rewritten()
-                .then(|| checked.path_and_query.clone().into_owned());
-            (answer, normalized)
-        };
-        // The backend, the filters, mirrors and the access log all see the normalised target.
-        if let Some(target) = normalized {
-            match target.parse() {
-                Ok(uri) => session.req_header_mut().set_uri(uri),
-                Err(e) => {
-                    tracing::debug!(error = %e, "normalised target is not a URI");
-                    session.set_keepalive(None);
-                    return respond(session, 400, None).await;
-                }
-            }
         }
-        match answer {
-            Answer::Forward => Ok(false),
-            Answer::Status(code) => respond(session, code, None).await,
-            Answer::StatusWith(code, name, value) => {
-                respond(session, code, Some((name, &value))).await
-            }
-            Answer::Redirect(code, location) => {
-                respond(session, code, Some(("location", &location))).await
-            }
-            Answer::Preflight(policy, origin) => match &policy.cors {
-                Some(cors) => respond_preflight(session, cors, origin.as_deref()).await,
-                None => respond(session, 204, None).await,
-            },
-        }
+        tracing::warn!("the route's authorization service kept changing; request refused");
+        respond(session, 503, None).await
     }
 
     /// Counts a streamed body against the route's limit; past it, the request fails with 413
@@ -588,6 +634,13 @@ impl ProxyHttp for Gateway {
         }
         for (name, value) in &ctx.forwarded {
             upstream.insert_header(*name, value.as_str())?;
+        }
+        // The authorization service's fields, before the route's filters as Envoy orders them.
+        for name in &ctx.auth_edits.remove {
+            upstream.remove_header(name.as_str());
+        }
+        for (name, value) in &ctx.auth_edits.add {
+            upstream.append_header(name.clone(), value.as_str())?;
         }
         let Some(route) = ctx.route.clone() else {
             return Ok(());

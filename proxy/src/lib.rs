@@ -15,6 +15,7 @@ pub mod auth;
 pub mod balance;
 mod conn;
 pub mod discovery;
+pub mod external_auth;
 pub mod fastpath;
 pub mod filters;
 pub mod forwarded;

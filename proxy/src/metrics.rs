@@ -62,6 +62,10 @@ pub struct Metrics {
     pub rate_limited: AtomicU64,
     /// Requests answered 401: no or wrong credentials for a route's authentication.
     pub auth_refused: AtomicU64,
+    /// External authorization: requests the service allowed, refused, or could not decide.
+    pub external_auth_allowed: AtomicU64,
+    pub external_auth_denied: AtomicU64,
+    pub external_auth_failed: AtomicU64,
     /// Snapshots that could not be turned into a table (the previous one kept serving).
     pub snapshots_rejected: AtomicU64,
 }
@@ -244,6 +248,21 @@ impl Metrics {
                 "coxswain_proxy_auth_refused_total",
                 "Requests answered 401: missing or wrong credentials for a route's authentication.",
                 &self.auth_refused,
+            ),
+            (
+                "coxswain_proxy_external_auth_allowed_total",
+                "Requests an external authorization service allowed.",
+                &self.external_auth_allowed,
+            ),
+            (
+                "coxswain_proxy_external_auth_denied_total",
+                "Requests an external authorization service refused (its answer went to the client).",
+                &self.external_auth_denied,
+            ),
+            (
+                "coxswain_proxy_external_auth_failed_total",
+                "Requests refused because the external authorization service could not be asked (unreachable, timed out, malformed answer).",
+                &self.external_auth_failed,
             ),
         ];
         for (name, help, value) in counters {

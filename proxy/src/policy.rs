@@ -25,6 +25,8 @@ pub struct RoutePolicy {
     pub rate_limits: Vec<std::sync::Arc<crate::ratelimit::Limiter>>,
     /// Some: requests need a user and password of this list.
     pub basic_auth: Option<crate::auth::BasicAuth>,
+    /// Some: an authorization service decides each request before it is forwarded.
+    pub external_auth: Option<std::sync::Arc<crate::external_auth::ExternalAuth>>,
 }
 
 /// Session persistence (GEP-1619, Ingress cookie affinity): the answer names its endpoint in a
@@ -149,8 +151,16 @@ impl RetryPolicy {
 }
 
 impl RoutePolicy {
-    /// `limits`: where rate-limit buckets outlive this table.
-    pub fn new(route: &snap::Route, limits: &crate::ratelimit::Registry) -> Self {
+    /// `limits`: where rate-limit buckets outlive this table; `clusters`: where an
+    /// authorization service's endpoints are.
+    pub fn new(
+        route: &snap::Route,
+        limits: &crate::ratelimit::Registry,
+        clusters: &std::collections::HashMap<
+            Box<str>,
+            std::sync::Arc<crate::upstream::ClusterState>,
+        >,
+    ) -> Self {
         let mut cors = None;
         let mut rewrite = None;
         for f in &route.filters {
@@ -189,6 +199,10 @@ impl RoutePolicy {
                 .basic_auth
                 .as_ref()
                 .map(|b| crate::auth::BasicAuth::new(&b.realm, &b.users)),
+            external_auth: route
+                .external_auth
+                .as_ref()
+                .map(|e| std::sync::Arc::new(crate::external_auth::ExternalAuth::new(e, clusters))),
         }
     }
 }

@@ -429,11 +429,15 @@ pub fn misdirected(table: &Table, port: u16, sni: Option<&str>, checked: &Checke
 
 /// The connection the request came on.
 #[derive(Debug, Clone, Copy)]
-pub struct Arrival {
+pub struct Arrival<'a> {
     pub port: u16,
     pub https: bool,
     /// The client as [`forwarded`] decided it: the peer, or what trusted proxies say.
     pub client: Option<IpAddr>,
+    /// The authorization service that allowed the request ([`Decision::Authorize`]): when it
+    /// is still the route's, the access checks are done and counted, and [`decide`] goes on
+    /// from there. (A snapshot swapped in meanwhile may have given the route another one.)
+    pub authorized_by: Option<&'a crate::external_auth::ExternalAuth>,
 }
 
 /// Who the client is and what the backend is told about it (see `forwarded`). `peer`: the
@@ -475,6 +479,13 @@ pub enum Decision<'t> {
     Limited {
         retry_after: u64,
     },
+    /// Ask this authorization service first; if it allows, call [`decide`] again with
+    /// `Arrival::authorized_by` set to it (and the edits it asks for applied upstream). `slots`: the
+    /// request's places under in-progress limits, held until it ends.
+    Authorize {
+        service: &'t Arc<crate::external_auth::ExternalAuth>,
+        slots: Vec<crate::ratelimit::Slot>,
+    },
     Forward(Forward<'t>),
 }
 
@@ -497,7 +508,8 @@ pub struct Forward<'t> {
 }
 
 /// Applies the route's policies and picks the backend. Counts toward the route's
-/// round robin and mirror shares: call it once per request, from the engine that serves it.
+/// round robin and mirror shares: call it once per request, from the engine that serves it
+/// (twice when it answers [`Decision::Authorize`] and the service allows).
 pub fn decide<'t, H: Head + ?Sized>(
     route: Option<&'t CompiledRoute>,
     head: &H,
@@ -508,31 +520,41 @@ pub fn decide<'t, H: Head + ?Sized>(
         return Decision::NotFound;
     };
     let policy = &route.policy;
-    // As nginx orders its phases: limits count every request, then access control decides.
+    // As nginx orders its phases: limits count every request, then access control decides,
+    // the external service last (it is the costly one).
     let mut slots = Vec::new();
-    for limiter in &policy.rate_limits {
-        let key = limiter
-            .header()
-            .and_then(|h| head.get(h))
-            .map(str::as_bytes);
-        match limiter.admit(arrival.client, key) {
-            Ok(slot) => slots.extend(slot),
-            Err(limited) => {
-                return Decision::Limited {
-                    retry_after: limited.retry_after_secs(),
-                };
+    let authorized = match (&policy.external_auth, arrival.authorized_by) {
+        (Some(service), Some(by)) => std::ptr::eq(&**service, by),
+        _ => false,
+    };
+    if !authorized {
+        for limiter in &policy.rate_limits {
+            let key = limiter
+                .header()
+                .and_then(|h| head.get(h))
+                .map(str::as_bytes);
+            match limiter.admit(arrival.client, key) {
+                Ok(slot) => slots.extend(slot),
+                Err(limited) => {
+                    return Decision::Limited {
+                        retry_after: limited.retry_after_secs(),
+                    };
+                }
             }
         }
-    }
-    if let Some(list) = &policy.allowlist
-        && !arrival.client.is_some_and(|ip| list.allows(ip))
-    {
-        return Decision::Status(403);
-    }
-    if let Some(auth) = &policy.basic_auth
-        && !auth.allows(head.get("authorization").map(str::as_bytes))
-    {
-        return Decision::Unauthorized(&auth.challenge);
+        if let Some(list) = &policy.allowlist
+            && !arrival.client.is_some_and(|ip| list.allows(ip))
+        {
+            return Decision::Status(403);
+        }
+        if let Some(auth) = &policy.basic_auth
+            && !auth.allows(head.get("authorization").map(str::as_bytes))
+        {
+            return Decision::Unauthorized(&auth.challenge);
+        }
+        if let Some(service) = &policy.external_auth {
+            return Decision::Authorize { service, slots };
+        }
     }
     let redirect = route.route.filters.iter().find_map(|f| match &f.kind {
         Some(filter::Kind::RequestRedirect(r)) => Some(r),

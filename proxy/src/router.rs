@@ -613,15 +613,17 @@ fn compile_route(
             filters: b.filters.clone(),
         })
         .collect();
-    let policy = crate::policy::RoutePolicy::new(r, &metrics.rate_limits);
+    let policy = crate::policy::RoutePolicy::new(r, &metrics.rate_limits, clusters);
     let plain_http1 = |c: &ClusterState| match policy.upstream_protocol {
         snap::UpstreamProtocol::Unspecified => c.app_protocol != snap::AppProtocol::H2c,
         snap::UpstreamProtocol::Http1 => true,
         _ => false,
     };
     // Rate limits and Basic authentication stay on the fast path: `request::decide` decides
-    // them for both engines, and the fast path writes their 401 and 429 itself.
+    // them for both engines, and the fast path writes their 401 and 429 itself. External
+    // authorization waits on another service and edits the request: Pingora serves it.
     let passthrough = r.filters.is_empty()
+        && policy.external_auth.is_none()
         && r.direct_status == 0
         && r.client_allowlist.is_none()
         && r.timeouts.is_none_or(|t| t == snap::Timeouts::default())

@@ -15,7 +15,11 @@ pub struct Table {
 }
 
 /// What this proxy implements of what a snapshot may require (`Snapshot.requires`).
-pub const FEATURES: &[&str] = &[feature::BASIC_AUTH, feature::RATE_LIMIT];
+pub const FEATURES: &[&str] = &[
+    feature::BASIC_AUTH,
+    feature::RATE_LIMIT,
+    feature::EXTERNAL_AUTH,
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum TableError {

@@ -7,16 +7,10 @@
 mod support;
 
 use base64::Engine;
-use bytes::Bytes;
 use coxswain_proxy::limits::Limits;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
-use rustls::pki_types::ServerName;
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use support::*;
-use tokio::net::TcpSocket;
 
 // "correct horse" as `openssl passwd -apr1 -salt r31Jzq3U` writes it.
 const APR1: &str = "$apr1$r31Jzq3U$oriiaS31APatLwvTBKE3D.";
@@ -98,67 +92,6 @@ async fn start(fast_path: bool) -> Setup {
     }
 }
 
-/// A keep-alive client connection from a loopback address of its own.
-struct Client {
-    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
-}
-
-struct Answer {
-    status: u16,
-    headers: hyper::HeaderMap,
-    body: serde_json::Value,
-}
-
-impl Client {
-    async fn connect(from: [u8; 4], port: u16, tls: bool) -> Self {
-        let socket = TcpSocket::new_v4().unwrap();
-        socket.bind(SocketAddr::from((from, 0))).unwrap();
-        let tcp = socket
-            .connect(SocketAddr::from(([127, 0, 0, 1], port)))
-            .await
-            .unwrap();
-        let sender = if tls {
-            let stream = connector(&[b"http/1.1"])
-                .connect(ServerName::try_from("gw.example").unwrap(), tcp)
-                .await
-                .unwrap();
-            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-                .await
-                .unwrap();
-            tokio::spawn(conn);
-            sender
-        } else {
-            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-                .await
-                .unwrap();
-            tokio::spawn(conn);
-            sender
-        };
-        Self { sender }
-    }
-
-    async fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> Answer {
-        let mut req = hyper::Request::get(path).header("host", "gw.example");
-        for (n, v) in headers {
-            req = req.header(*n, *v);
-        }
-        self.sender.ready().await.unwrap();
-        let resp = self
-            .sender
-            .send_request(req.body(Full::default()).unwrap())
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let headers = resp.headers().clone();
-        let body = resp.into_body().collect().await.unwrap().to_bytes();
-        Answer {
-            status,
-            headers,
-            body: serde_json::from_slice(&body).unwrap_or(serde_json::Value::Null),
-        }
-    }
-}
-
 fn basic(user: &str, password: &str) -> String {
     let token = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
     format!("Basic {token}")
@@ -175,7 +108,7 @@ async fn basic_auth_lets_a_right_password_in_and_answers_401_with_the_challenge_
         for (port, tls) in [(s.http, false), (s.https, true)] {
             let what = format!("{engine} tls={tls}");
             // One connection for every case: a 401 keeps the connection for the next request.
-            let mut c = Client::connect([127, 0, 0, 2], port, tls).await;
+            let mut c = Conn::connect([127, 0, 0, 2], port, tls).await;
             let before = s.hits.load(Ordering::Relaxed);
             let alice = basic("alice", "correct horse");
             let refused = [
@@ -233,7 +166,7 @@ async fn basic_auth_lets_a_right_password_in_and_answers_401_with_the_challenge_
 }
 
 /// Sends a request every 20 ms (50 a second) for `seconds`; returns (accepted, refused).
-async fn pace(c: &mut Client, path: &str, seconds: u64, what: &str) -> (usize, usize) {
+async fn pace(c: &mut Conn, path: &str, seconds: u64, what: &str) -> (usize, usize) {
     let mut tick = tokio::time::interval(Duration::from_millis(20));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let (mut accepted, mut refused) = (0, 0);
@@ -265,7 +198,7 @@ async fn pace(c: &mut Client, path: &str, seconds: u64, what: &str) -> (usize, u
 async fn a_10_rps_limit_lets_about_50_of_250_requests_through_in_5_seconds() {
     for (fast_path, engine) in engines() {
         let s = start(fast_path).await;
-        let mut c = Client::connect([127, 0, 0, 2], s.http, false).await;
+        let mut c = Conn::connect([127, 0, 0, 2], s.http, false).await;
         let (accepted, refused) = pace(&mut c, "/rate", 5, engine).await;
         eprintln!(
             "{engine}: 10 rps limit, 250 requests at 50 rps: {accepted} accepted, {refused} refused"
@@ -295,8 +228,8 @@ async fn each_client_address_has_its_own_bucket_and_an_exempt_one_is_never_limit
             } else {
                 ([127, 0, 0, 2], [127, 0, 0, 3])
             };
-            let mut a = Client::connect(a_addr, port, tls).await;
-            let mut b = Client::connect(b_addr, port, tls).await;
+            let mut a = Conn::connect(a_addr, port, tls).await;
+            let mut b = Conn::connect(b_addr, port, tls).await;
             assert_eq!(a.get("/minute", &[]).await.status, 200, "{what}");
             let second = a.get("/minute", &[]).await;
             assert_eq!(second.status, 429, "{what}");
@@ -312,7 +245,7 @@ async fn each_client_address_has_its_own_bucket_and_an_exempt_one_is_never_limit
                 "{what}: own bucket"
             );
             assert_eq!(b.get("/minute", &[]).await.status, 429, "{what}");
-            let mut exempt = Client::connect([127, 0, 0, 9], port, tls).await;
+            let mut exempt = Conn::connect([127, 0, 0, 9], port, tls).await;
             for i in 0..20 {
                 assert_eq!(exempt.get("/minute", &[]).await.status, 200, "{what}: {i}");
             }
@@ -327,7 +260,7 @@ async fn requests_in_progress_are_bounded_per_client() {
         let s = start(fast_path).await;
         let port = s.http;
         let slow = tokio::spawn(async move {
-            let mut c = Client::connect([127, 0, 0, 2], port, false).await;
+            let mut c = Conn::connect([127, 0, 0, 2], port, false).await;
             c.get("/busy?delay_ms=1500", &[]).await.status
         });
         // Wait until the slow request is at the backend, i.e. in progress.
@@ -338,8 +271,8 @@ async fn requests_in_progress_are_bounded_per_client() {
             assert!(waited < 500, "{engine}: the slow request did not arrive");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let mut same = Client::connect([127, 0, 0, 2], port, false).await;
-        let mut other = Client::connect([127, 0, 0, 3], port, false).await;
+        let mut same = Conn::connect([127, 0, 0, 2], port, false).await;
+        let mut other = Conn::connect([127, 0, 0, 3], port, false).await;
         assert_eq!(same.get("/busy", &[]).await.status, 429, "{engine}");
         assert_eq!(other.get("/busy", &[]).await.status, 200, "{engine}");
         assert_eq!(slow.await.unwrap(), 200, "{engine}");
@@ -355,7 +288,7 @@ async fn requests_in_progress_are_bounded_per_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_requiring_an_unknown_feature_is_refused_and_the_last_one_kept() {
     let s = start(true).await;
-    let mut c = Client::connect([127, 0, 0, 2], s.http, false).await;
+    let mut c = Conn::connect([127, 0, 0, 2], s.http, false).await;
     assert_eq!(c.get("/auth", &[]).await.status, 401);
     let before = s.proxy.metric("coxswain_proxy_snapshot_swaps_total").await;
     // The same routes without authentication, from a controller that knows a feature this

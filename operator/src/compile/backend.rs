@@ -7,7 +7,8 @@ use super::status::{ObjectKey, Problem, reason};
 use super::store::Store;
 use coxswain_api::snapshot as snap;
 use gateway_api::apis::experimental::httproutes::{
-    HttpRouteRulesBackendRefs, HttpRouteRulesFiltersRequestMirrorBackendRef,
+    HttpRouteRulesBackendRefs, HttpRouteRulesFiltersExternalAuthBackendRef,
+    HttpRouteRulesFiltersRequestMirrorBackendRef,
 };
 
 /// A backendRef as resolution reads it, whichever generated type it came from: a rule's
@@ -35,6 +36,18 @@ impl<'a> From<&'a HttpRouteRulesBackendRefs> for BackendRef<'a> {
 
 impl<'a> From<&'a HttpRouteRulesFiltersRequestMirrorBackendRef> for BackendRef<'a> {
     fn from(b: &'a HttpRouteRulesFiltersRequestMirrorBackendRef) -> Self {
+        Self {
+            group: b.group.as_deref(),
+            kind: b.kind.as_deref(),
+            namespace: b.namespace.as_deref(),
+            name: &b.name,
+            port: b.port,
+        }
+    }
+}
+
+impl<'a> From<&'a HttpRouteRulesFiltersExternalAuthBackendRef> for BackendRef<'a> {
+    fn from(b: &'a HttpRouteRulesFiltersExternalAuthBackendRef) -> Self {
         Self {
             group: b.group.as_deref(),
             kind: b.kind.as_deref(),

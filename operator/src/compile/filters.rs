@@ -3,7 +3,10 @@
 use super::backend::Referrer;
 use super::status::{Problem, reason};
 use coxswain_api::snapshot::{self as snap, Filter, filter};
-use gateway_api::apis::experimental::httproutes::HttpRouteRulesFilters;
+use gateway_api::apis::experimental::httproutes::{
+    HttpRouteRulesFilters, HttpRouteRulesFiltersExternalAuth,
+    HttpRouteRulesFiltersExternalAuthProtocol,
+};
 
 /// One filter of a rule or of a backendRef. A mirror's backend that does not resolve leaves
 /// its verdict in `resolved` (the first one wins) and mirrors nowhere.
@@ -107,9 +110,11 @@ pub(super) fn compile_filter(
             "ExtensionRef filters are not supported".into(),
         ));
     } else if f.external_auth.is_some() {
+        // A rule's ExternalAuth is taken by `external_auth` before this; here it is on a
+        // backendRef, where it would authorize only some of a rule's requests.
         return Err(Problem::new(
             reason::UNSUPPORTED_VALUE,
-            "ExternalAuth filters are not supported yet".into(),
+            "an ExternalAuth filter belongs on the rule, not on a backendRef".into(),
         ));
     } else {
         return Err(Problem::new(
@@ -118,6 +123,83 @@ pub(super) fn compile_filter(
         ));
     };
     Ok(Filter { kind: Some(kind) })
+}
+
+/// Answer when the authorization service cannot be asked (Gateway API: "MUST fail closed").
+pub const EXTERNAL_AUTH_FAILURE_STATUS: u32 = 503;
+
+/// A rule's ExternalAuth filter (GEP-1494) to the route's authorization service. A backendRef
+/// that does not resolve leaves its verdict in `resolved`; the proxy then refuses every
+/// request of the rule with 503, never serves it unchecked.
+pub(super) fn external_auth(
+    from: &Referrer<'_>,
+    e: &HttpRouteRulesFiltersExternalAuth,
+    clusters: &mut Vec<snap::Cluster>,
+    resolved: &mut Result<(), Problem>,
+) -> Result<snap::ExternalAuth, Problem> {
+    if e.forward_body
+        .as_ref()
+        .and_then(|b| b.max_size)
+        .is_some_and(|n| n > 0)
+    {
+        return Err(Problem::new(
+            reason::UNSUPPORTED_VALUE,
+            "ExternalAuth forwardBody is not supported: the request body is never sent to the \
+             authorization service (remove forwardBody or set maxSize to 0)"
+                .into(),
+        ));
+    }
+    let cluster = match from.resolve((&e.backend_ref).into(), clusters) {
+        Ok(c) => c,
+        Err(p) => {
+            if resolved.is_ok() {
+                *resolved = Err(p);
+            }
+            String::new()
+        }
+    };
+    let mut out = snap::ExternalAuth {
+        cluster,
+        failure_status: EXTERNAL_AUTH_FAILURE_STATUS,
+        ..Default::default()
+    };
+    let lower = |names: &Option<Vec<String>>| -> Vec<String> {
+        let mut v: Vec<String> = names
+            .iter()
+            .flatten()
+            .map(|n| n.to_ascii_lowercase())
+            .collect();
+        v.sort();
+        v.dedup();
+        v
+    };
+    match e.protocol {
+        HttpRouteRulesFiltersExternalAuthProtocol::Http => {
+            out.protocol = snap::external_auth::Protocol::Http as i32;
+            let http = e.http.clone().unwrap_or_default();
+            let path = http.path.unwrap_or_default();
+            if !path.is_empty() && !path.starts_with('/') {
+                return Err(Problem::new(
+                    reason::UNSUPPORTED_VALUE,
+                    format!("ExternalAuth http.path {path:?} must start with /"),
+                ));
+            }
+            out.path = path;
+            out.path_is_prefix = true;
+            out.request_fields = lower(&http.allowed_headers);
+            out.response_fields = lower(&http.allowed_response_headers);
+            // "If this list is empty, then all headers from the authorization server except
+            // Authority or Host must be copied."
+            out.all_response_fields = out.response_fields.is_empty();
+        }
+        HttpRouteRulesFiltersExternalAuthProtocol::Grpc => {
+            out.protocol = snap::external_auth::Protocol::Grpc as i32;
+            out.request_fields = lower(&e.grpc.as_ref().and_then(|g| g.allowed_headers.clone()));
+            // "If this list is empty, then all headers must be sent."
+            out.all_request_fields = out.request_fields.is_empty();
+        }
+    }
+    Ok(out)
 }
 
 /// The shape both header modifier filters share. The generated Gateway API types give request

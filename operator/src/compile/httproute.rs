@@ -346,6 +346,7 @@ fn compile_route(
                                     retry: rule.retry.clone(),
                                     session_persistence: rule.session_persistence.clone(),
                                     direct_status: rule.direct_status,
+                                    external_auth: rule.external_auth.clone(),
                                     ..Default::default()
                                 },
                                 // A ListenerSet's listener is not one of the Gateway's own

@@ -405,6 +405,11 @@ fn assemble(
                             used_clusters.insert(b.cluster.clone());
                         }
                         collect_filter_clusters(&r.filters, &mut used_clusters);
+                        if let Some(auth) = &r.external_auth
+                            && !auth.cluster.is_empty()
+                        {
+                            used_clusters.insert(auth.cluster.clone());
+                        }
                         for b in &r.backends {
                             collect_filter_clusters(&b.filters, &mut used_clusters);
                         }
@@ -535,5 +540,9 @@ fn requirements(listeners: &[snap::Listener]) -> Vec<String> {
     if routes().any(|r| !r.rate_limits.is_empty()) {
         out.push(snap::feature::RATE_LIMIT.to_owned());
     }
+    if routes().any(|r| r.external_auth.is_some()) {
+        out.push(snap::feature::EXTERNAL_AUTH.to_owned());
+    }
+    out.sort();
     out
 }

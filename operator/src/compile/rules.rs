@@ -3,7 +3,7 @@
 //! persistence.
 
 use super::backend::Referrer;
-use super::filters::compile_filter;
+use super::filters::{compile_filter, external_auth};
 use super::status::{Problem, reason};
 use coxswain_api::snapshot::{
     self as snap, Filter, HeaderMatch, PathMatch, QueryParamMatch, RouteMatch, WeightedBackend,
@@ -26,6 +26,7 @@ pub(super) struct CompiledRule {
     pub retry: Option<snap::Retry>,
     pub session_persistence: Option<snap::SessionPersistence>,
     pub direct_status: u32,
+    pub external_auth: Option<snap::ExternalAuth>,
 }
 
 /// Compiles the rules once. Returns the rules, the route's ResolvedRefs verdict, and a problem
@@ -53,6 +54,7 @@ pub(super) fn compile_rules(
                 retry,
                 session_persistence,
                 direct_status,
+                external_auth,
                 resolved: rule_resolved,
             }) => {
                 if let (Ok(()), Err(e)) = (&resolved, rule_resolved) {
@@ -68,6 +70,7 @@ pub(super) fn compile_rules(
                     retry,
                     session_persistence,
                     direct_status,
+                    external_auth,
                 });
             }
             Err(p) => {
@@ -87,6 +90,7 @@ struct RuleParts {
     retry: Option<snap::Retry>,
     session_persistence: Option<snap::SessionPersistence>,
     direct_status: u32,
+    external_auth: Option<snap::ExternalAuth>,
     resolved: Result<(), Problem>,
 }
 
@@ -228,8 +232,20 @@ fn compile_rule(
     };
     let mut resolved = Ok(());
     let mut filters = Vec::new();
+    let mut auth = None;
     for f in rule.filters.iter().flatten() {
-        filters.push(compile_filter(from, f, clusters, &mut resolved)?);
+        match &f.external_auth {
+            Some(e) if auth.is_none() => {
+                auth = Some(external_auth(from, e, clusters, &mut resolved)?);
+            }
+            Some(_) => {
+                return Err(Problem::new(
+                    reason::UNSUPPORTED_VALUE,
+                    "a rule has at most one ExternalAuth filter".into(),
+                ));
+            }
+            None => filters.push(compile_filter(from, f, clusters, &mut resolved)?),
+        }
     }
     let mut backends = Vec::new();
     for b in rule.backend_refs.iter().flatten() {
@@ -307,6 +323,7 @@ fn compile_rule(
         retry,
         session_persistence,
         direct_status,
+        external_auth: auth,
         resolved,
     })
 }

@@ -65,3 +65,24 @@ pub(super) async fn respond(
     session.write_response_header(Box::new(resp), true).await?;
     Ok(true)
 }
+
+/// An authorization service's refusal, as it answered: status, fields and body.
+pub(super) async fn respond_denial(
+    session: &mut Session,
+    denial: &crate::external_auth::Denial,
+) -> pingora::Result<bool> {
+    let mut resp = ResponseHeader::build(denial.status, Some(denial.fields.len() + 1))?;
+    for (name, value) in &denial.fields {
+        resp.append_header(name.clone(), value.as_str())?;
+    }
+    resp.insert_header("content-length", denial.body.len().to_string())?;
+    let body = (!denial.body.is_empty() && session.req_header().method != "HEAD")
+        .then(|| denial.body.clone());
+    session
+        .write_response_header(Box::new(resp), body.is_none())
+        .await?;
+    if let Some(body) = body {
+        session.write_response_body(Some(body), true).await?;
+    }
+    Ok(true)
+}

@@ -638,3 +638,88 @@ pub fn cert(name: &str) -> Cert {
 pub fn yaml_escape(pem: &str) -> String {
     pem.replace('\n', "\\n")
 }
+
+/// A keep-alive HTTP/1.1 connection to the proxy from a loopback address of its own (127.0.0.2,
+/// .3, ...: a client address as a real client has), in clear or over TLS (SNI gw.example).
+pub struct Conn {
+    sender: hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+}
+
+/// An answer read by [`Conn`]: `body` as JSON when it is JSON (the echo backend's), else Null.
+pub struct Answer {
+    pub status: u16,
+    pub headers: hyper::HeaderMap,
+    pub body: serde_json::Value,
+    pub raw: Bytes,
+}
+
+impl Answer {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+impl Conn {
+    pub async fn connect(from: [u8; 4], port: u16, tls: bool) -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((from, 0))).unwrap();
+        let tcp = socket
+            .connect(SocketAddr::from(([127, 0, 0, 1], port)))
+            .await
+            .unwrap();
+        let sender = if tls {
+            let stream = connector(&[b"http/1.1"])
+                .connect(ServerName::try_from("gw.example").unwrap(), tcp)
+                .await
+                .unwrap();
+            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            sender
+        } else {
+            let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            sender
+        };
+        Self { sender }
+    }
+
+    pub async fn get(&mut self, path: &str, headers: &[(&str, &str)]) -> Answer {
+        self.send("GET", path, headers, Bytes::new()).await
+    }
+
+    /// One request with Host gw.example; a non-empty body goes with its Content-Length.
+    pub async fn send(
+        &mut self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Bytes,
+    ) -> Answer {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", "gw.example");
+        for (n, v) in headers {
+            req = req.header(*n, *v);
+        }
+        self.sender.ready().await.unwrap();
+        let resp = self
+            .sender
+            .send_request(req.body(Full::new(body)).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let headers = resp.headers().clone();
+        let raw = resp.into_body().collect().await.unwrap().to_bytes();
+        Answer {
+            status,
+            headers,
+            body: serde_json::from_slice(&raw).unwrap_or(serde_json::Value::Null),
+            raw,
+        }
+    }
+}

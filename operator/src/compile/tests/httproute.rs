@@ -591,3 +591,90 @@ fn invalid_regular_expressions_make_the_route_unacceptable() {
     );
     assert!(routes_for(shared(&c), 80, "any").is_empty());
 }
+
+#[test]
+fn external_auth_filters_become_the_routes_authorization_service() {
+    // GEP-1494: the service is a backendRef (resolved like any other, its cluster shipped with
+    // the snapshot); HTTP prefixes the request's path, an empty allowedResponseHeaders copies
+    // every field; GRPC with no allowedHeaders sends them all. A failure is refused (fail
+    // closed), forwardBody is refused outright since the body is never sent, and a service
+    // that does not resolve is a ResolvedRefs problem the proxy answers 503 for.
+    let authed = route(
+        "authed",
+        r#"  parentRefs: [{name: edge}]
+  rules:
+  - matches: [{path: {type: PathPrefix, value: /http}}]
+    filters:
+    - type: ExternalAuth
+      externalAuth:
+        protocol: HTTP
+        backendRef: {name: echo, port: 8080}
+        http: {path: /check, allowedHeaders: [X-Tenant], allowedResponseHeaders: [X-User]}
+    backendRefs: [{name: echo, port: 8080}]
+  - matches: [{path: {type: PathPrefix, value: /grpc}}]
+    filters:
+    - {type: ExternalAuth, externalAuth: {protocol: GRPC, backendRef: {name: echo, port: 8080}}}
+    backendRefs: [{name: echo, port: 8080}]
+  - matches: [{path: {type: PathPrefix, value: /missing}}]
+    filters:
+    - {type: ExternalAuth, externalAuth: {protocol: HTTP, backendRef: {name: nowhere, port: 80}}}
+    backendRefs: [{name: echo, port: 8080}]
+"#,
+    );
+    let body = route(
+        "body",
+        r#"  parentRefs: [{name: edge}]
+  rules:
+  - filters:
+    - {type: ExternalAuth, externalAuth: {protocol: HTTP, backendRef: {name: echo, port: 8080}, forwardBody: {maxSize: 1024}}}
+    backendRefs: [{name: echo, port: 8080}]
+"#,
+    );
+    let c = compile_yaml(&[BASE, GATEWAY, &authed, &body]);
+    assert!(route_condition(&c, "authed", "Accepted").is_true());
+    let resolved = route_condition(&c, "authed", "ResolvedRefs");
+    assert_eq!(
+        (resolved.status, resolved.reason),
+        (ConditionStatus::False, "BackendNotFound")
+    );
+    let refused = route_condition(&c, "body", "Accepted");
+    assert_eq!(
+        (refused.status, refused.reason),
+        (ConditionStatus::False, "UnsupportedValue")
+    );
+    assert!(
+        refused.message.contains("forwardBody"),
+        "{}",
+        refused.message
+    );
+    let s = shared(&c);
+    assert_eq!(s.requires, [snap::feature::EXTERNAL_AUTH]);
+    let auth_of = |rule: u32| {
+        s.listeners[0].virtual_hosts[0]
+            .routes
+            .iter()
+            .find(|r| {
+                let src = r.source.as_ref().unwrap();
+                src.name == "authed" && src.rule == rule
+            })
+            .and_then(|r| r.external_auth.clone())
+            .unwrap()
+    };
+    let http = auth_of(0);
+    assert_eq!(http.protocol, snap::external_auth::Protocol::Http as i32);
+    assert_eq!(http.cluster, "web/echo:8080");
+    assert_eq!((http.path.as_str(), http.path_is_prefix), ("/check", true));
+    assert_eq!(http.request_fields, ["x-tenant"]);
+    assert_eq!(http.response_fields, ["x-user"]);
+    assert!(!http.all_response_fields && !http.all_request_fields);
+    assert_eq!(http.failure_status, 503);
+    let grpc = auth_of(1);
+    assert_eq!(grpc.protocol, snap::external_auth::Protocol::Grpc as i32);
+    assert!(grpc.all_request_fields);
+    let missing = auth_of(2);
+    assert_eq!(
+        missing.cluster, "",
+        "nothing to ask: the proxy refuses with 503"
+    );
+    assert!(s.clusters.iter().any(|c| c.name == "web/echo:8080"));
+}
