@@ -649,3 +649,212 @@ async fn ingress_nginx_basic_auth_and_limit_rps_behave_as_there_under_compat() {
         );
     }
 }
+
+/// A stand-in for httpbin's `/basic-auth/{user}/{passwd}`, which ingress-nginx's external
+/// authentication example uses as its auth-url: 200 for the right Basic credentials (here also
+/// naming the user in `x-auth-user`), else 401 with a Basic challenge.
+async fn httpbin() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                let path_ok = head.starts_with("get /basic-auth/user/passwd ");
+                // "user:passwd", lower-cased with the rest of the head.
+                let credentials = head.contains("\r\nauthorization: basic dxnlcjpwyxnzd2q=\r\n");
+                let reply = if path_ok && credentials {
+                    let body = r#"{"authenticated": true, "user": "user"}"#;
+                    format!(
+                        "HTTP/1.1 200 OK\r\nx-auth-user: user\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                } else {
+                    "HTTP/1.1 401 UNAUTHORIZED\r\nwww-authenticate: Basic realm=\"Fake Realm\"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned()
+                };
+                let _ = s.write_all(reply.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+/// ingress-nginx's "External Basic Authentication" example (auth-url to httpbin), once with the
+/// URL as an address and once as an in-cluster Service name with auth-response-headers and
+/// auth-signin, plus an auth-url nobody answers.
+fn nginx_external_auth(httpbin: SocketAddr, closed: u16) -> String {
+    format!(
+        r#"
+---
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {{name: nginx}}
+spec: {{controller: coxswain-labs.dev/gateway-controller}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: httpbin, namespace: auth}}
+spec:
+  ports: [{{name: http, port: 80, targetPort: {port}}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: httpbin-1
+  namespace: auth
+  labels: {{kubernetes.io/service-name: httpbin}}
+addressType: IPv4
+ports: [{{name: http, port: {port}}}]
+endpoints:
+- addresses: [127.0.0.1]
+  conditions: {{ready: true}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: external-auth
+  namespace: web
+  annotations:
+    nginx.ingress.kubernetes.io/enable-access-log: "false"
+    nginx.ingress.kubernetes.io/auth-url: http://127.0.0.1:{port}/basic-auth/user/passwd
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: external-auth-01.sample.com
+    http:
+      paths:
+      - {{path: /, pathType: Prefix, backend: {{service: {{name: main, port: {{number: 80}}}}}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: external-auth-svc
+  namespace: web
+  annotations:
+    nginx.ingress.kubernetes.io/enable-access-log: "false"
+    nginx.ingress.kubernetes.io/auth-url: http://httpbin.auth.svc.cluster.local/basic-auth/user/passwd
+    nginx.ingress.kubernetes.io/auth-response-headers: X-Auth-User
+    nginx.ingress.kubernetes.io/auth-signin: https://login.sample.com/start
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: external-auth-02.sample.com
+    http:
+      paths:
+      - {{path: /, pathType: Prefix, backend: {{service: {{name: main, port: {{number: 80}}}}}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: external-auth-down
+  namespace: web
+  annotations:
+    nginx.ingress.kubernetes.io/enable-access-log: "false"
+    nginx.ingress.kubernetes.io/auth-url: http://127.0.0.1:{closed}/basic-auth/user/passwd
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: external-auth-03.sample.com
+    http:
+      paths:
+      - {{path: /, pathType: Prefix, backend: {{service: {{name: main, port: {{number: 80}}}}}}}}
+"#,
+        port = httpbin.port()
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingress_nginx_external_auth_behaves_as_there_under_compat() {
+    access_log();
+    let main = backend("main").await;
+    let canary = backend("canary").await;
+    let bin = httpbin().await;
+    let yaml = [
+        services(main, canary),
+        nginx_external_auth(bin, free_port()),
+    ]
+    .concat();
+    let (port, compiled, proxy) = serve(&yaml, true).await;
+    // "user:passwd", as `curl -u user:passwd` sends it.
+    let good = [("authorization", "Basic dXNlcjpwYXNzd2Q=")];
+    let wrong = [("authorization", "Basic dXNlcjp3cm9uZw==")];
+
+    // The example's three curls: no credentials and wrong ones get the service's 401 with its
+    // challenge (the backend never sees them), the right ones reach the backend.
+    for host in ["external-auth-01.sample.com", "external-auth-02.sample.com"] {
+        for headers in [&[][..], &wrong[..]] {
+            let r = request(port, "GET", host, "/", headers).await;
+            if host.ends_with("01.sample.com") {
+                assert_eq!(r.status, 401, "{host}");
+                assert_eq!(
+                    r.header("www-authenticate"),
+                    Some("Basic realm=\"Fake Realm\""),
+                    "{host}"
+                );
+            } else {
+                // auth-signin: a 401 becomes a redirect to sign in, back to where it was.
+                assert_eq!(r.status, 302, "{host}");
+                assert_eq!(
+                    r.header("location"),
+                    Some(
+                        "https://login.sample.com/start?rd=http%3A%2F%2Fexternal-auth-02.sample.com%2F"
+                    ),
+                    "{host}"
+                );
+            }
+            assert_eq!(r.header("x-backend"), None, "{host}");
+        }
+        let r = request(port, "GET", host, "/", &good).await;
+        assert_eq!(r.status, 200, "{host}: {}", r.body);
+        assert_eq!(r.header("x-backend"), Some("main"), "{host}");
+    }
+    // auth-response-headers: the service's X-Auth-User replaces a forged one.
+    let r = request(
+        port,
+        "GET",
+        "external-auth-02.sample.com",
+        "/",
+        &[good[0], ("x-auth-user", "admin")],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let sent = r.body.to_ascii_lowercase();
+    assert!(sent.contains("\r\nx-auth-user: user\r\n"), "{}", r.body);
+    assert!(!sent.contains("admin"), "{}", r.body);
+    // The service cannot be reached: 500, as nginx answers a failed auth subrequest.
+    let r = request(port, "GET", "external-auth-03.sample.com", "/", &good).await;
+    assert_eq!(r.status, 500);
+    assert_eq!(r.header("x-backend"), None);
+    proxy.stop().await;
+
+    for name in ["external-auth", "external-auth-svc", "external-auth-down"] {
+        let status = &compiled.status.ingresses[&compile::status::ObjectKey::new("web", name)];
+        assert!(
+            status.warnings.is_empty() && status.problems.is_empty(),
+            "{name}: {status:?}"
+        );
+    }
+    // The in-cluster name went to the Service's endpoints, not to DNS.
+    let snapshot = &compiled.snapshots[&compile::ScopeKey::SharedPool];
+    let svc_auth = snapshot
+        .listeners
+        .iter()
+        .flat_map(|l| &l.virtual_hosts)
+        .filter(|v| v.hostname == "external-auth-02.sample.com")
+        .flat_map(|v| &v.routes)
+        .find_map(|r| r.external_auth.clone())
+        .unwrap();
+    assert_eq!(svc_auth.cluster, "auth/httpbin:80");
+    assert_eq!(svc_auth.address, "");
+}

@@ -222,8 +222,12 @@ fn bad_auth_annotations_fail_closed_with_403() {
         "{ingress.coxswain-labs.dev/auth-type: basic}",
         "{ingress.coxswain-labs.dev/auth-type: basic, ingress.coxswain-labs.dev/auth-secret: Not_A_Name}",
         "{ingress.coxswain-labs.dev/auth-type: basic, ingress.coxswain-labs.dev/auth-secret: basic-auth, ingress.coxswain-labs.dev/auth-secret-type: ldap}",
-        // External auth is not implemented yet: under compatibility it must deny.
-        "{nginx.ingress.kubernetes.io/auth-url: http://auth.example/check}",
+        // Client certificates are not implemented yet: under compatibility they must deny.
+        "{nginx.ingress.kubernetes.io/auth-tls-verify-client: \"on\"}",
+        "{nginx.ingress.kubernetes.io/auth-url: ftp://auth.example/check}",
+        "{ingress.coxswain-labs.dev/auth-url: \"http://auth.example/check?u=$remote_user\"}",
+        "{ingress.coxswain-labs.dev/auth-url: http://auth.example/, ingress.coxswain-labs.dev/auth-signin: \"https://login.example/?n=$arg_n\"}",
+        "{ingress.coxswain-labs.dev/auth-url: http://auth.example/, ingress.coxswain-labs.dev/auth-response-headers: \"X-Ok, Bad@Name\"}",
     ] {
         let c = compile_with(true, &[BASE, &ingress(annotations, false)]);
         let route = only_route(&c);
@@ -359,5 +363,51 @@ fn our_rate_limit_annotations_set_burst_and_key() {
             "ingress.coxswain-labs.dev/rate-limit-rps",
             "ingress.coxswain-labs.dev/rate-limit-burst"
         ]
+    );
+}
+
+#[test]
+fn auth_url_compiles_to_an_external_authorization_service_as_nginx_asks_it() {
+    let c = compile_with(
+        true,
+        &[
+            BASE,
+            &ingress(
+                "{nginx.ingress.kubernetes.io/auth-url: \"https://$host/oauth2/auth\", nginx.ingress.kubernetes.io/auth-signin: \"https://$host/oauth2/start?rd=$escaped_request_uri\", nginx.ingress.kubernetes.io/auth-response-headers: \"X-Auth-Request-User, X-Auth-Request-Email\", nginx.ingress.kubernetes.io/auth-method: post}",
+                false,
+            ),
+        ],
+    );
+    assert!(status(&c).warnings.is_empty(), "{:?}", status(&c).warnings);
+    let route = only_route(&c);
+    assert_eq!(route.direct_status, 0);
+    let auth = route.external_auth.expect("external auth");
+    assert_eq!(
+        auth,
+        snap::ExternalAuth {
+            protocol: snap::external_auth::Protocol::Http as i32,
+            cluster: String::new(),
+            address: "$host:443".into(),
+            tls_hostname: "$host".into(),
+            path: "/oauth2/auth".into(),
+            path_is_prefix: false,
+            method: "POST".into(),
+            host: "$host".into(),
+            request_fields: Vec::new(),
+            all_request_fields: true,
+            response_fields: vec!["x-auth-request-email".into(), "x-auth-request-user".into()],
+            all_response_fields: false,
+            deny_401_403_only: true,
+            original_fields: true,
+            signin_url: "https://$host/oauth2/start?rd=$escaped_request_uri".into(),
+            failure_status: 500,
+            timeout_ms: 0,
+        }
+    );
+    let snapshot = c.snapshots.values().next().expect("a snapshot");
+    assert!(
+        snapshot
+            .requires
+            .contains(&snap::feature::EXTERNAL_AUTH.to_owned())
     );
 }

@@ -11,7 +11,7 @@
 //! applies), except for access control: an invalid or unsupported one denies every request of
 //! the Ingress (`deny_all`) rather than open paths up.
 
-pub use access::{BasicAuth, RateKey, RateLimits, SecretFormat, SecretRef};
+pub use access::{AuthUrl, BasicAuth, ExternalAuth, RateKey, RateLimits, SecretFormat, SecretRef};
 
 use super::status::AnnotationWarning;
 use std::collections::{BTreeMap, BTreeSet};
@@ -76,6 +76,10 @@ const KNOWN: &[(&str, &[&str])] = &[
     ("auth-secret", &["auth-secret"]),
     ("auth-secret-type", &["auth-secret-type"]),
     ("auth-realm", &["auth-realm"]),
+    ("auth-url", &["auth-url"]),
+    ("auth-method", &["auth-method"]),
+    ("auth-signin", &["auth-signin"]),
+    ("auth-response-headers", &["auth-response-headers"]),
     ("rate-limit-rps", &["limit-rps"]),
     ("rate-limit-rpm", &["limit-rpm"]),
     ("rate-limit-connections", &["limit-connections"]),
@@ -161,6 +165,8 @@ pub struct IngressAnnotations {
     pub affinity: Option<CookieAffinity>,
     /// auth-type: basic, with its Secret (resolved by the Ingress compiler).
     pub basic_auth: Option<access::BasicAuth>,
+    /// auth-url and its companions: an authorization service asked before each request.
+    pub external_auth: Option<access::ExternalAuth>,
     /// limit-rps, limit-rpm, limit-connections.
     pub rate_limits: Option<access::RateLimits>,
     /// An access-control annotation was invalid or is unsupported: every path answers 403.
@@ -190,6 +196,7 @@ impl Default for IngressAnnotations {
             load_balance: None,
             affinity: None,
             basic_auth: None,
+            external_auth: None,
             rate_limits: None,
             deny_all: false,
         }
@@ -402,6 +409,11 @@ pub fn parse(
     match access::basic_auth(&mut r) {
         Access::Unset => {}
         Access::Allow(auth) => a.basic_auth = Some(auth),
+        Access::Deny => a.deny_all = true,
+    }
+    match access::external_auth(&mut r) {
+        Access::Unset => {}
+        Access::Allow(auth) => a.external_auth = Some(auth),
         Access::Deny => a.deny_all = true,
     }
     a.rate_limits = access::rate_limits(&mut r);

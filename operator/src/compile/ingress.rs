@@ -438,7 +438,14 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
         // when asked, or under compatibility, where a migrated Ingress keeps that default.
         let ssl_redirect = a.force_ssl_redirect
             || (has_tls && a.ssl_redirect.unwrap_or(config.ingress_nginx_compat));
-        let policy = RoutePolicy::new(&a, class_access_log_off, &key, index, &mut status);
+        let policy = RoutePolicy::new(
+            &a,
+            class_access_log_off,
+            &key,
+            index,
+            &mut out.clusters,
+            &mut status,
+        );
         for path in paths {
             let canary = canaries.get(&path_key(&path));
             for (port, protocol) in &ports {

@@ -1,8 +1,12 @@
 //! Access-control annotations the proxy enforces itself: Basic authentication from an htpasswd
-//! Secret, and local rate limits. The names follow ingress-nginx (`auth-type`, `auth-secret`,
-//! `limit-rps`, ...) so an Ingress written for it keeps its meaning under compatibility.
+//! Secret, an external authorization service (auth-url), and local rate limits. The names
+//! follow ingress-nginx (`auth-type`, `auth-secret`, `auth-url`, `limit-rps`, ...) so an
+//! Ingress written for it keeps its meaning under compatibility.
 
-use super::{Access, Cidr, Reader, parse_cidrs, parse_header_name};
+use super::{
+    Access, Cidr, Reader, is_token, no_spaces_or_controls, parse_cidrs, parse_header_name,
+    parse_header_names,
+};
 
 /// ingress-nginx multiplies the rate by this to get the burst.
 pub const DEFAULT_BURST_MULTIPLIER: u32 = 5;
@@ -58,6 +62,68 @@ impl RateLimits {
     }
 }
 
+/// auth-url and its companions: ingress-nginx's external authentication, where a request is
+/// first put to an HTTP service and forwarded only on a 2xx.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExternalAuth {
+    pub url: AuthUrl,
+    /// The auth request's method (auth-method); None: GET, as nginx's subrequest.
+    pub method: Option<String>,
+    /// Where a 401 sends the client (auth-signin), with ingress-nginx's variables.
+    pub signin: Option<String>,
+    /// Fields of the service's answer copied into the request (auth-response-headers).
+    pub response_headers: Vec<String>,
+}
+
+/// An auth-url: http or https, a host (a name, an address, or `$host` for the request's own)
+/// with its port, and the path and query to ask.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AuthUrl {
+    pub tls: bool,
+    /// As written, without brackets for an IPv6 address.
+    pub host: String,
+    pub port: u16,
+    /// Whether the URL named the port (then Host carries it, as nginx sends it).
+    pub explicit_port: bool,
+    pub path_and_query: String,
+}
+
+impl AuthUrl {
+    /// The Host field of the auth request, as nginx sends the URL's authority.
+    pub fn authority(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        if self.explicit_port {
+            format!("{host}:{}", self.port)
+        } else {
+            host
+        }
+    }
+
+    /// "host:port" for connecting.
+    pub fn address(&self) -> String {
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
+    }
+
+    /// The Service an in-cluster name (`svc.ns.svc` or `svc.ns.svc.cluster.local`) points at.
+    pub fn service(&self) -> Option<(&str, &str)> {
+        let rest = self
+            .host
+            .strip_suffix(".svc.cluster.local")
+            .or_else(|| self.host.strip_suffix(".svc"))?;
+        let (name, namespace) = rest.split_once('.')?;
+        (!name.is_empty() && !namespace.is_empty() && !namespace.contains('.'))
+            .then_some((namespace, name))
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RateKey {
     ClientAddress,
@@ -105,6 +171,42 @@ pub(super) fn basic_auth(r: &mut Reader<'_>) -> Access<BasicAuth> {
             })
         }
     }
+}
+
+/// auth-url and its companions. Access control: a bad value denies every path rather than
+/// serve without asking.
+pub(super) fn external_auth(r: &mut Reader<'_>) -> Access<ExternalAuth> {
+    let url = match r.get_or_deny("auth-url", parse_auth_url) {
+        Access::Unset => {
+            for name in ["auth-method", "auth-signin", "auth-response-headers"] {
+                r.note(name, "has no effect without auth-url");
+            }
+            return Access::Unset;
+        }
+        Access::Deny => return Access::Deny,
+        Access::Allow(url) => url,
+    };
+    let method = match r.get_or_deny("auth-method", parse_auth_method) {
+        Access::Allow(m) => Some(m),
+        Access::Unset => None,
+        Access::Deny => return Access::Deny,
+    };
+    let signin = match r.get_or_deny("auth-signin", parse_signin) {
+        Access::Allow(s) => Some(s),
+        Access::Unset => None,
+        Access::Deny => return Access::Deny,
+    };
+    let response_headers = match r.get_or_deny("auth-response-headers", parse_header_names) {
+        Access::Allow(h) => h,
+        Access::Unset => Vec::new(),
+        Access::Deny => return Access::Deny,
+    };
+    Access::Allow(ExternalAuth {
+        url,
+        method,
+        signin,
+        response_headers,
+    })
 }
 
 /// The rate-limit annotations; None when no limit is set (or every limit is 0).
@@ -185,6 +287,112 @@ fn parse_secret_format(v: &str) -> Result<SecretFormat, String> {
     }
 }
 
+fn parse_auth_url(v: &str) -> Result<AuthUrl, String> {
+    let v = v.trim();
+    let lower = v.to_ascii_lowercase();
+    let (tls, rest) = if lower.starts_with("https://") {
+        (true, &v[8..])
+    } else if lower.starts_with("http://") {
+        (false, &v[7..])
+    } else {
+        return Err("auth-url must be an http:// or https:// URL".into());
+    };
+    if !no_spaces_or_controls(rest) {
+        return Err("auth-url may not hold spaces or control characters".into());
+    }
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, path) = rest.split_at(end);
+    let path = path.split('#').next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err("auth-url may not carry user information".into());
+    }
+    if path.contains('$') {
+        return Err("auth-url's path may not use nginx variables (only $host, as the host)".into());
+    }
+    let (host, port) = if let Some(inside) = authority.strip_prefix('[') {
+        let (addr, after) = inside
+            .split_once(']')
+            .ok_or("auth-url has an unclosed [ in its host")?;
+        (addr, after.strip_prefix(':'))
+    } else {
+        match authority.rsplit_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (authority, None),
+        }
+    };
+    let host_ok = host == "$host"
+        || host.parse::<std::net::IpAddr>().is_ok()
+        || (!host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.'));
+    if !host_ok {
+        return Err(format!(
+            "auth-url's host {host:?} is not a name, an address or $host"
+        ));
+    }
+    let default_port = if tls { 443 } else { 80 };
+    let port_number = match port {
+        None => default_port,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("auth-url's port {p:?} is not a port number"))?,
+    };
+    let path_and_query = match path.chars().next() {
+        None => "/".to_owned(),
+        Some('?') => format!("/{path}"),
+        Some(_) => path.to_owned(),
+    };
+    Ok(AuthUrl {
+        tls,
+        host: host.to_ascii_lowercase(),
+        port: port_number,
+        explicit_port: port.is_some(),
+        path_and_query,
+    })
+}
+
+fn parse_auth_method(v: &str) -> Result<String, String> {
+    let m = v.trim().to_ascii_uppercase();
+    if m.is_empty() || !is_token(&m) {
+        return Err("auth-method must be an HTTP method such as GET or POST".into());
+    }
+    Ok(m)
+}
+
+/// An auth-signin URL; the variables the proxy fills in are the only `$` names allowed.
+fn parse_signin(v: &str) -> Result<String, String> {
+    let v = v.trim();
+    let lower = v.to_ascii_lowercase();
+    if !(lower.starts_with("https://") || lower.starts_with("http://") || v.starts_with('/')) {
+        return Err("auth-signin must be an http:// or https:// URL or a path".into());
+    }
+    if !no_spaces_or_controls(v) {
+        return Err("auth-signin may not hold spaces or control characters".into());
+    }
+    const VARIABLES: [&str; 5] = [
+        "$escaped_request_uri",
+        "$request_uri",
+        "$http_host",
+        "$scheme",
+        "$host",
+    ];
+    let mut rest = v;
+    while let Some(i) = rest.find('$') {
+        let tail = &rest[i..];
+        let Some(known) = VARIABLES.iter().find(|name| tail.starts_with(**name)) else {
+            return Err(format!(
+                "auth-signin uses a variable Coxswain does not fill in; the known ones are {}",
+                VARIABLES.join(", ")
+            ));
+        };
+        rest = &tail[known.len()..];
+    }
+    Ok(v.to_owned())
+}
+
 fn parse_realm(v: &str) -> Result<String, String> {
     if v.chars().any(|c| c.is_control() || c == '"' || c == '\\') {
         return Err("the realm may not hold quotes, backslashes or control characters".into());
@@ -226,6 +434,62 @@ fn parse_rate_key(v: &str) -> Result<RateKey, String> {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn auth_urls_parse_or_say_why_not() {
+        use super::{AuthUrl, parse_auth_url, parse_signin};
+        let url = parse_auth_url("https://httpbin.org/basic-auth/user/passwd").unwrap();
+        assert_eq!(
+            url,
+            AuthUrl {
+                tls: true,
+                host: "httpbin.org".into(),
+                port: 443,
+                explicit_port: false,
+                path_and_query: "/basic-auth/user/passwd".into(),
+            }
+        );
+        assert_eq!(url.address(), "httpbin.org:443");
+        let svc = parse_auth_url("http://Auth.Security.svc.cluster.local:8080?x=1").unwrap();
+        assert_eq!(svc.service(), Some(("security", "auth")));
+        assert_eq!(svc.authority(), "auth.security.svc.cluster.local:8080");
+        assert_eq!(svc.path_and_query, "/?x=1");
+        assert_eq!(
+            parse_auth_url("http://auth.security.svc/")
+                .unwrap()
+                .service(),
+            Some(("security", "auth"))
+        );
+        assert_eq!(
+            parse_auth_url("http://auth.example.com/")
+                .unwrap()
+                .service(),
+            None
+        );
+        let v6 = parse_auth_url("http://[::1]:9000/check").unwrap();
+        assert_eq!(
+            (v6.address().as_str(), v6.authority().as_str()),
+            ("[::1]:9000", "[::1]:9000")
+        );
+        assert_eq!(
+            parse_auth_url("https://$host/oauth2/auth").unwrap().host,
+            "$host"
+        );
+        for bad in [
+            "auth.example.com/check",
+            "ftp://auth.example.com/",
+            "http://user:pw@auth.example.com/",
+            "http://auth.example.com:99999/",
+            "http://$host/oauth2/auth?rd=$request_uri",
+            "http://auth example.com/",
+            "http://exa_mple$/",
+        ] {
+            assert!(parse_auth_url(bad).is_err(), "{bad} accepted");
+        }
+        assert!(parse_signin("https://$host/oauth2/start?rd=$escaped_request_uri").is_ok());
+        assert!(parse_signin("https://login.example.com/?next=$arg_next").is_err());
+        assert!(parse_signin("javascript:alert(1)").is_err());
+    }
+
     use super::*;
 
     #[test]

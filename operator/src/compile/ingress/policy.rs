@@ -20,6 +20,7 @@ pub(super) struct RoutePolicy {
     session_persistence: Option<snap::SessionPersistence>,
     rate_limits: Vec<snap::RateLimit>,
     basic_auth: Option<snap::BasicAuth>,
+    external_auth: Option<snap::ExternalAuth>,
     /// auth-type: basic whose Secret cannot be used: every path answers 503 (fail closed).
     auth_unavailable: bool,
     deny_all: bool,
@@ -31,6 +32,7 @@ impl RoutePolicy {
         class_access_log_off: bool,
         key: &ObjectKey,
         index: &Index<'_>,
+        clusters: &mut Vec<snap::Cluster>,
         status: &mut IngressStatus,
     ) -> Self {
         use snap::filter::Kind;
@@ -161,6 +163,10 @@ impl RoutePolicy {
                 .map(|l| rate_limits(l, key))
                 .unwrap_or_default(),
             basic_auth,
+            external_auth: a
+                .external_auth
+                .as_ref()
+                .map(|e| external_auth(e, index, clusters)),
             auth_unavailable,
             deny_all: a.deny_all,
         }
@@ -215,6 +221,63 @@ impl RoutePolicy {
         // clear.
         route.rate_limits = self.rate_limits.clone();
         route.basic_auth = self.basic_auth.clone();
+        route.external_auth = self.external_auth.clone();
+    }
+}
+
+/// What nginx answers when its auth subrequest fails (unreachable, 5xx, other statuses).
+pub const EXTERNAL_AUTH_FAILURE_STATUS: u32 = 500;
+
+/// auth-url as ingress-nginx's auth_request does it: GET (or auth-method) to the URL with every
+/// field of the request and X-Original-*, no body; 2xx allows, 401 and 403 go back to the
+/// client, anything else is a 500. An in-cluster Service name is sent to the Service's
+/// endpoints (no DNS on the proxy) unless TLS would go unverified: https to a Service is only
+/// sent that way when a BackendTLSPolicy says how to verify it; otherwise the proxy resolves
+/// the name and verifies against its system CAs.
+fn external_auth(
+    e: &annotations::ExternalAuth,
+    index: &Index<'_>,
+    clusters: &mut Vec<snap::Cluster>,
+) -> snap::ExternalAuth {
+    let cluster = e
+        .url
+        .service()
+        .and_then(|(namespace, name)| index.cluster(namespace, name, i32::from(e.url.port)))
+        .filter(|c| !e.url.tls || c.tls.is_some())
+        .map(|c| {
+            let name = c.name.clone();
+            clusters.push(c);
+            name
+        });
+    let mut response_fields = e.response_headers.clone();
+    response_fields.sort();
+    response_fields.dedup();
+    snap::ExternalAuth {
+        protocol: snap::external_auth::Protocol::Http as i32,
+        address: if cluster.is_none() {
+            e.url.address()
+        } else {
+            String::new()
+        },
+        cluster: cluster.unwrap_or_default(),
+        tls_hostname: if e.url.tls {
+            e.url.host.clone()
+        } else {
+            String::new()
+        },
+        path: e.url.path_and_query.clone(),
+        path_is_prefix: false,
+        method: e.method.clone().unwrap_or_else(|| "GET".into()),
+        host: e.url.authority(),
+        request_fields: Vec::new(),
+        all_request_fields: true,
+        response_fields,
+        all_response_fields: false,
+        deny_401_403_only: true,
+        original_fields: true,
+        signin_url: e.signin.clone().unwrap_or_default(),
+        failure_status: EXTERNAL_AUTH_FAILURE_STATUS,
+        timeout_ms: 0,
     }
 }
 
