@@ -21,8 +21,9 @@ pub mod names;
 pub mod snapshot;
 
 pub use crd::accesspolicy::{
-    AccessPolicyTargetRef, CoxswainAccessPolicy, CoxswainAccessPolicySpec,
-    CoxswainAccessPolicyStatus, RateLimit, RateLimitKey, RateLimitKeyType, RateUnit, SecretName,
+    AccessPolicyTargetRef, ClaimToHeader, CoxswainAccessPolicy, CoxswainAccessPolicySpec,
+    CoxswainAccessPolicyStatus, JwksRef, Jwt, JwtProvider, RateLimit, RateLimitKey,
+    RateLimitKeyType, RateUnit, SecretName,
 };
 pub use crd::backendpolicy::{
     AncestorRef, BackendPolicyTargetRef, ConsistentHash, CoxswainBackendPolicy,

@@ -35,6 +35,7 @@ pub mod feature {
     pub const BASIC_AUTH: &str = "basic-auth";
     pub const RATE_LIMIT: &str = "rate-limit";
     pub const EXTERNAL_AUTH: &str = "external-auth";
+    pub const JWT: &str = "jwt";
 }
 
 impl Snapshot {

@@ -74,6 +74,21 @@ metadata: {{name: lost-secret, namespace: {ns}}}
 spec:
   targetRefs: [{{group: gateway.networking.k8s.io, kind: Gateway, name: edge}}]
   basicAuth: {{secretRef: {{name: nobody}}}}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: idp-keys, namespace: {ns}}}
+data:
+  jwks.json: '{{"keys": [{{"kty": "OKP", "crv": "Ed25519", "kid": "a", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}}]}}'
+---
+apiVersion: gateway.coxswain-labs.dev/v1alpha1
+kind: CoxswainAccessPolicy
+metadata: {{name: tokens, namespace: {ns}}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: app, sectionName: all}}]
+  jwt:
+    providers:
+    - {{name: idp, issuer: "https://idp.example", audiences: [shop], jwks: {{name: idp-keys}}}}
 "#
         ),
     )
@@ -134,6 +149,42 @@ spec:
             .is_some_and(|n| n.contains("Basic-auth Secret") && n.contains("nobody not found")),
         "{warning:?}"
     );
+
+    // A JWT policy reads its keys from a ConfigMap; a new document there is compiled again
+    // (here one without keys, so the policy says so and its rule fails closed).
+    let accepted = |name: &'static str, reason: &'static str| {
+        let entries = entries;
+        async move {
+            entries(name)
+                .await
+                .filter(|l| l[0].3.as_ref().is_some_and(|c| c.1 == reason))
+        }
+    };
+    coxswain_testenv::eventually(
+        "the JWT policy is Accepted",
+        Duration::from_secs(30),
+        || accepted("tokens", "Accepted"),
+    )
+    .await;
+    apply_yaml(
+        &env.client,
+        &format!(
+            r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: idp-keys, namespace: {ns}}}
+data:
+  jwks.json: '{{"keys": []}}'
+"#
+        ),
+    )
+    .await;
+    coxswain_testenv::eventually(
+        "the JWT policy whose JWKS lost its keys is Invalid",
+        Duration::from_secs(30),
+        || accepted("tokens", "Invalid"),
+    )
+    .await;
 
     let out = env
         .cluster()

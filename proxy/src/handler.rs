@@ -322,13 +322,21 @@ impl ProxyHttp for Gateway {
                         crate::metrics::Metrics::count(&self.table.metrics().rate_limited);
                         Answer::StatusWith(429, "retry-after", retry_after.to_string())
                     }
-                    Decision::Authorize { service, slots } => {
+                    Decision::Authorize {
+                        service,
+                        slots,
+                        edits,
+                    } => {
                         ctx.slots = slots;
+                        ctx.auth_edits = edits;
                         let asked = AuthRequest::new(&head, &checked, &arrival, sni.map(|s| &*s.0));
                         Answer::Authorize(service.clone(), Box::new(asked))
                     }
                     Decision::Forward(mut f) => {
                         ctx.slots.append(&mut f.slots);
+                        if allowed_by.is_none() {
+                            ctx.auth_edits = std::mem::take(&mut f.edits);
+                        }
                         self.prepare(ctx, &f, &checked);
                         Answer::Forward
                     }
@@ -365,9 +373,11 @@ impl ProxyHttp for Gateway {
                 Answer::Authorize(service, asked) => {
                     let metrics = self.table.metrics();
                     match service.check(&asked).await {
-                        Verdict::Allow(edits) => {
+                        Verdict::Allow(mut edits) => {
                             crate::metrics::Metrics::count(&metrics.external_auth_allowed);
-                            ctx.auth_edits = edits;
+                            // The service's edits come after the token's, so they win.
+                            ctx.auth_edits.remove.append(&mut edits.remove);
+                            ctx.auth_edits.add.append(&mut edits.add);
                             allowed_by = Some(service);
                             continue;
                         }

@@ -23,6 +23,7 @@ pub mod handler;
 pub mod head;
 pub mod head_deadline;
 pub mod http1;
+pub mod jwt;
 pub mod limits;
 pub mod listeners;
 pub mod metrics;

@@ -25,6 +25,8 @@ pub struct RoutePolicy {
     pub rate_limits: Vec<std::sync::Arc<crate::ratelimit::Limiter>>,
     /// Some: requests need a user and password of this list.
     pub basic_auth: Option<crate::auth::BasicAuth>,
+    /// Some: requests need a JSON Web Token one of its providers signed.
+    pub jwt: Option<crate::jwt::JwtAuth>,
     /// Some: an authorization service decides each request before it is forwarded.
     pub external_auth: Option<std::sync::Arc<crate::external_auth::ExternalAuth>>,
 }
@@ -199,6 +201,7 @@ impl RoutePolicy {
                 .basic_auth
                 .as_ref()
                 .map(|b| crate::auth::BasicAuth::new(&b.realm, &b.users)),
+            jwt: route.jwt.as_ref().map(crate::jwt::JwtAuth::new),
             external_auth: route
                 .external_auth
                 .as_ref()

@@ -485,6 +485,8 @@ pub enum Decision<'t> {
     Authorize {
         service: &'t Arc<crate::external_auth::ExternalAuth>,
         slots: Vec<crate::ratelimit::Slot>,
+        /// Fields a verified JWT sets on the request, kept for the forward after.
+        edits: crate::external_auth::Edits,
     },
     Forward(Forward<'t>),
 }
@@ -505,6 +507,8 @@ pub struct Forward<'t> {
     pub session: Option<(&'t crate::policy::SessionPolicy, u64)>,
     /// Held until the request ends when the route limits requests in progress.
     pub slots: Vec<crate::ratelimit::Slot>,
+    /// Fields a verified JWT sets on the request (none on a fast-path route).
+    pub edits: crate::external_auth::Edits,
 }
 
 /// Applies the route's policies and picks the backend. Counts toward the route's
@@ -523,6 +527,7 @@ pub fn decide<'t, H: Head + ?Sized>(
     // As nginx orders its phases: limits count every request, then access control decides,
     // the external service last (it is the costly one).
     let mut slots = Vec::new();
+    let mut edits = crate::external_auth::Edits::default();
     let authorized = match (&policy.external_auth, arrival.authorized_by) {
         (Some(service), Some(by)) => std::ptr::eq(&**service, by),
         _ => false,
@@ -552,8 +557,25 @@ pub fn decide<'t, H: Head + ?Sized>(
         {
             return Decision::Unauthorized(&auth.challenge);
         }
+        if let Some(jwt) = &policy.jwt {
+            match jwt.verify(head.get("authorization"), crate::jwt::unix_now()) {
+                Ok(fields) => {
+                    // A claim's field is always the token's: the client's own never passes.
+                    edits.remove = fields.iter().map(|(n, _)| n.clone()).collect();
+                    edits.add = fields;
+                }
+                Err(why) => {
+                    tracing::debug!(reason = %why, "JWT refused");
+                    return Decision::Unauthorized(&jwt.challenge);
+                }
+            }
+        }
         if let Some(service) = &policy.external_auth {
-            return Decision::Authorize { service, slots };
+            return Decision::Authorize {
+                service,
+                slots,
+                edits,
+            };
         }
     }
     let redirect = route.route.filters.iter().find_map(|f| match &f.kind {
@@ -631,6 +653,7 @@ pub fn decide<'t, H: Head + ?Sized>(
                     mirrors,
                     session: None,
                     slots,
+                    edits,
                 });
             }
         }
@@ -674,6 +697,7 @@ pub fn decide<'t, H: Head + ?Sized>(
                     .as_ref()
                     .map(|s| (s, cluster.endpoint_id(endpoint))),
                 slots,
+                edits,
             })
         }
         Pick::InvalidBackend => Decision::Status(500),

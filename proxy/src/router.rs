@@ -621,9 +621,11 @@ fn compile_route(
     };
     // Rate limits and Basic authentication stay on the fast path: `request::decide` decides
     // them for both engines, and the fast path writes their 401 and 429 itself. External
-    // authorization waits on another service and edits the request: Pingora serves it.
+    // authorization waits on another service and edits the request, as a JWT whose claims
+    // become fields does: Pingora serves those.
     let passthrough = r.filters.is_empty()
         && policy.external_auth.is_none()
+        && policy.jwt.as_ref().is_none_or(|j| !j.sets_fields())
         && r.direct_status == 0
         && r.client_allowlist.is_none()
         && r.timeouts.is_none_or(|t| t == snap::Timeouts::default())

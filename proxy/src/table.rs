@@ -19,6 +19,7 @@ pub const FEATURES: &[&str] = &[
     feature::BASIC_AUTH,
     feature::RATE_LIMIT,
     feature::EXTERNAL_AUTH,
+    feature::JWT,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
     category = "coxswain",
     namespaced,
     status = "CoxswainAccessPolicyStatus",
-    doc = "Basic authentication and rate limits for HTTPRoutes, GRPCRoutes and Gateways, attached by targetRefs.",
+    doc = "Basic authentication, JWT validation and rate limits for HTTPRoutes, GRPCRoutes and Gateways, attached by targetRefs.",
     printcolumn(
         name = "Accepted",
         type_ = "string",
@@ -39,8 +39,8 @@ use serde::{Deserialize, Serialize};
         json_path = ".metadata.creationTimestamp"
     )
 )]
-#[x_kube(validation = Rule::new("has(self.basicAuth) || has(self.rateLimit)")
-    .message("set basicAuth, rateLimit or both"))]
+#[x_kube(validation = Rule::new("has(self.basicAuth) || has(self.jwt) || has(self.rateLimit)")
+    .message("set basicAuth, jwt, rateLimit or several"))]
 #[serde(rename_all = "camelCase")]
 pub struct CoxswainAccessPolicySpec {
     /// The HTTPRoutes, GRPCRoutes and Gateways this policy applies to, in the policy's own
@@ -52,9 +52,90 @@ pub struct CoxswainAccessPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub basic_auth: Option<BasicAuth>,
 
+    /// Requests must carry a JSON Web Token (`Authorization: Bearer`) one of these providers
+    /// signed, else 401.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<Jwt>,
+
     /// Requests over this rate (or over this many in progress) are answered 429.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimit>,
+}
+
+/// JWT validation (RFC 7519): the signature, `iss`, `aud`, `exp` and `nbf` are checked by the
+/// proxy against keys the controller reads from the provider's JWKS; `alg: none` and HS*
+/// tokens are always refused.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Jwt {
+    /// A token is accepted when one provider accepts it.
+    #[schemars(length(min = 1, max = 8))]
+    pub providers: Vec<JwtProvider>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JwtProvider {
+    /// Names the provider in status messages.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+
+    /// The token's `iss` must be this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub issuer: Option<String>,
+
+    /// The token's `aud` must name one of these; unset: not checked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub audiences: Vec<String>,
+
+    /// Where the provider's public keys (a JWKS document, RFC 7517) are. Updating that object
+    /// rotates the keys on every proxy without a restart.
+    pub jwks: JwksRef,
+
+    /// Claims (string, number or boolean) copied into request fields for the backend; a
+    /// client's own value of such a field never reaches it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub claims_to_headers: Vec<ClaimToHeader>,
+
+    /// Leeway for `exp` and `nbf`, in seconds. Default 60.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 600))]
+    pub clock_skew_seconds: Option<u32>,
+}
+
+/// A ConfigMap (or Secret) in the policy's namespace holding a JWKS document.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.kind) || self.kind in ['ConfigMap', 'Secret']")
+    .message("kind is ConfigMap or Secret"))]
+pub struct JwksRef {
+    /// ConfigMap (default) or Secret.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+
+    /// The key holding the document. Default: jwks.json.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimToHeader {
+    #[schemars(length(min = 1, max = 256))]
+    pub claim: String,
+
+    #[schemars(
+        length(min = 1, max = 256),
+        regex(pattern = r"^[A-Za-z0-9!#$%&'*+\-.^_`|~]+$")
+    )]
+    pub header: String,
 }
 
 /// A route or Gateway in the policy's namespace, optionally one named rule or listener.

@@ -1,5 +1,5 @@
-//! CoxswainAccessPolicies: Basic authentication and rate limits for HTTPRoute and GRPCRoute
-//! rules, and each policy's Accepted condition.
+//! CoxswainAccessPolicies: Basic authentication, JWT validation and rate limits for HTTPRoute
+//! and GRPCRoute rules, and each policy's Accepted condition.
 //!
 //! Policies are taken oldest first (then by namespace/name). A policy whose target (a route,
 //! one named rule of it, a Gateway, or one named listener) an older policy already
@@ -7,7 +7,8 @@
 //! policy that sets it: the rule's, the route's, the listener's, then the Gateway's.
 //!
 //! Access control fails closed: a policy whose Secret is missing, or lists no user the proxy
-//! can check, still holds its targets, and their rules answer 503 until it is fixed.
+//! can check (or whose JWT providers have no key the proxy can use), still holds its targets,
+//! and their rules answer 503 until it is fixed.
 
 use super::entries::Entry;
 use super::htpasswd;
@@ -15,13 +16,17 @@ use super::refs::Index;
 use super::status::{AncestorRef, Condition, ObjectKey, PolicyAncestorStatus, reason};
 use super::store::Store;
 use coxswain_api::crd::accesspolicy::{
-    CoxswainAccessPolicy, RateLimit, RateLimitKeyType, RateUnit,
+    CoxswainAccessPolicy, Jwt, RateLimit, RateLimitKeyType, RateUnit,
 };
 use coxswain_api::snapshot as snap;
 use std::collections::{BTreeMap, BTreeSet};
 
 const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
 const DEFAULT_REALM: &str = "Authentication Required";
+/// Leeway for a token's `exp` and `nbf` when a provider names none.
+pub const DEFAULT_CLOCK_SKEW_SECONDS: u32 = 60;
+/// The key of the JWKS document when a provider's jwks names none.
+pub const DEFAULT_JWKS_KEY: &str = "jwks.json";
 
 /// (namespace, kind, name, section name or "").
 type Target = (String, String, String, String);
@@ -32,6 +37,8 @@ struct Held {
     policy: ObjectKey,
     /// None: not set by this policy. Some(None): set, but its Secret cannot be used (503).
     basic_auth: Option<Option<snap::BasicAuth>>,
+    /// As `basic_auth`: Some(None) when no provider has a usable key.
+    jwt: Option<Option<snap::JwtAuth>>,
     rate_limit: Option<snap::RateLimit>,
 }
 
@@ -132,6 +139,11 @@ fn decide(
             }
         }
     });
+    let jwt = policy
+        .spec
+        .jwt
+        .as_ref()
+        .map(|j| jwt_auth(store, ns, j, &mut problems));
     let mut targets: BTreeSet<Target> = BTreeSet::new();
     let mut missing = Vec::new();
     for t in &policy.spec.target_refs {
@@ -168,6 +180,7 @@ fn decide(
             Held {
                 policy: me.clone(),
                 basic_auth: basic_auth.clone(),
+                jwt: jwt.clone(),
                 rate_limit: rate_limit.clone(),
             },
         );
@@ -184,10 +197,108 @@ fn decide(
             format!("{}{applied}", missing.join("; ")),
         );
     }
-    if basic_auth.as_ref().is_some_and(Option::is_none) {
+    if basic_auth.as_ref().is_some_and(Option::is_none) || jwt.as_ref().is_some_and(Option::is_none)
+    {
         return (false, reason::INVALID, problems.join("; "));
     }
     (true, reason::ACCEPTED, problems.join("; "))
+}
+
+/// The providers whose keys the proxy can use; a provider without any is reported in
+/// `problems`. None: no provider is usable, and the targeted rules answer 503.
+fn jwt_auth(
+    store: &Store,
+    ns: &str,
+    jwt: &Jwt,
+    problems: &mut Vec<String>,
+) -> Option<snap::JwtAuth> {
+    let mut providers = Vec::new();
+    for p in &jwt.providers {
+        let key = p.jwks.key.as_deref().unwrap_or(DEFAULT_JWKS_KEY);
+        let kind = p.jwks.kind.as_deref().unwrap_or("ConfigMap");
+        let what = format!(
+            "JWT provider {:?}: {kind} {ns}/{} key {key:?}",
+            p.name, p.jwks.name
+        );
+        let document = match jwks_document(store, ns, kind, &p.jwks.name, key) {
+            Ok(d) => d,
+            Err(why) => {
+                problems.push(format!("{what}: {why}"));
+                continue;
+            }
+        };
+        if coxswain_proxy::jwt::usable_keys(&document) == 0 {
+            problems.push(format!(
+                "{what} holds no signing key the proxy can use (RSA, EC P-256/P-384 or Ed25519 \
+                 in a JWKS document {{\"keys\": [...]}})"
+            ));
+            continue;
+        }
+        let mut audiences = p.audiences.clone();
+        audiences.sort();
+        audiences.dedup();
+        providers.push(snap::JwtProvider {
+            name: p.name.clone(),
+            issuer: p.issuer.clone().unwrap_or_default(),
+            audiences,
+            jwks: document,
+            claims_to_headers: p
+                .claims_to_headers
+                .iter()
+                .map(|c| snap::ClaimToHeader {
+                    claim: c.claim.clone(),
+                    header: c.header.to_ascii_lowercase(),
+                })
+                .collect(),
+            clock_skew_seconds: p.clock_skew_seconds.unwrap_or(DEFAULT_CLOCK_SKEW_SECONDS),
+        });
+    }
+    providers.sort_by(|a, b| a.name.cmp(&b.name));
+    if providers.is_empty() {
+        problems
+            .push("no JWT provider is usable; the targeted rules answer 503 until one is".into());
+        return None;
+    }
+    Some(snap::JwtAuth { providers })
+}
+
+/// The text of `key` in a ConfigMap or Secret of `ns`.
+fn jwks_document(
+    store: &Store,
+    ns: &str,
+    kind: &str,
+    name: &str,
+    key: &str,
+) -> Result<String, String> {
+    let here = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
+        m.namespace.as_deref() == Some(ns) && m.name.as_deref() == Some(name)
+    };
+    let text = if kind == "Secret" {
+        let secret = store
+            .secrets
+            .iter()
+            .find(|s| here(&s.metadata))
+            .ok_or("not found")?;
+        secret
+            .string_data
+            .as_ref()
+            .and_then(|d| d.get(key).cloned())
+            .or_else(|| {
+                secret
+                    .data
+                    .as_ref()
+                    .and_then(|d| d.get(key))
+                    .and_then(|v| String::from_utf8(v.0.clone()).ok())
+            })
+    } else {
+        let cm = store
+            .config_maps
+            .iter()
+            .find(|c| here(&c.metadata))
+            .ok_or("not found")?;
+        cm.data.as_ref().and_then(|d| d.get(key).cloned())
+    };
+    text.ok_or_else(|| "has no such text key".to_owned())
 }
 
 fn rate_limit(r: &RateLimit, me: &ObjectKey) -> Result<snap::RateLimit, String> {
@@ -327,8 +438,9 @@ pub fn apply(out: &mut Output, entries: &mut [Entry]) {
         }
         let holders: Vec<&Held> = candidates.iter().filter_map(|c| out.held.get(c)).collect();
         let auth = holders.iter().find(|h| h.basic_auth.is_some());
+        let jwt = holders.iter().find(|h| h.jwt.is_some());
         let limit = holders.iter().find(|h| h.rate_limit.is_some());
-        for h in auth.iter().chain(limit.iter()) {
+        for h in auth.iter().chain(jwt.iter()).chain(limit.iter()) {
             if let (Some(d), Some((gateway, _))) = (out.decided.get_mut(&h.policy), &entry.parent) {
                 d.gateways.insert(gateway.clone());
             }
@@ -347,6 +459,14 @@ pub fn apply(out: &mut Output, entries: &mut [Entry]) {
             .any(|f| matches!(f.kind, Some(snap::filter::Kind::RequestRedirect(_))));
         match auth.and_then(|h| h.basic_auth.clone()) {
             Some(Some(users)) if !redirects => route.basic_auth = Some(users),
+            Some(None) if !redirects => {
+                route.direct_status = 503;
+                route.backends.clear();
+            }
+            _ => {}
+        }
+        match jwt.and_then(|h| h.jwt.clone()) {
+            Some(Some(jwt)) if !redirects => route.jwt = Some(jwt),
             Some(None) if !redirects => {
                 route.direct_status = 503;
                 route.backends.clear();

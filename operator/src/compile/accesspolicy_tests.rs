@@ -366,3 +366,71 @@ spec:
         "{message}"
     );
 }
+
+/// A ConfigMap holding a provider's JWKS, as `kubectl create configmap idp-keys
+/// --from-file=jwks.json` makes it.
+fn jwks_config_map(keys: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: idp-keys, namespace: shop}}
+data:
+  jwks.json: {}
+"#,
+        serde_json::to_string(keys).unwrap()
+    )
+}
+
+const JWT: &str = r#"  jwt:
+    providers:
+    - name: idp
+      issuer: https://idp.example
+      audiences: [shop, shop]
+      jwks: {name: idp-keys}
+      claimsToHeaders: [{claim: sub, header: X-User}]
+    - {name: broken, jwks: {kind: Secret, name: nowhere}}"#;
+
+#[test]
+fn jwt_providers_ship_their_keys_and_a_new_jwks_is_a_new_snapshot() {
+    let ed = r#"{"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "a", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]}"#;
+    let rotated = r#"{"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "b", "x": "GbUZ8ns9sNXYVMLAu5UQEW6RP9ScKx8JfsQ9ARKeM_8"}]}"#;
+    let p = policy("tokens", "2026-01-01T00:00:00Z", ROUTE, JWT);
+    let c = compile_yaml(&[BASE, &p, &jwks_config_map(ed)]);
+    let r = route(&c, 80, "/browse");
+    let jwt = r.jwt.expect("jwt");
+    assert_eq!(jwt.providers.len(), 1, "the broken provider is left out");
+    let idp = &jwt.providers[0];
+    assert_eq!(idp.issuer, "https://idp.example");
+    assert_eq!(idp.audiences, ["shop"]);
+    assert_eq!(idp.jwks, ed);
+    assert_eq!(idp.claims_to_headers[0].header, "x-user");
+    assert_eq!(
+        idp.clock_skew_seconds,
+        accesspolicy::DEFAULT_CLOCK_SKEW_SECONDS
+    );
+    let (status, reason, message) = accepted(&c, "tokens");
+    assert_eq!((status, reason), (ConditionStatus::True, "Accepted"));
+    assert!(
+        message.contains("\"broken\"") && message.contains("not found"),
+        "{message}"
+    );
+    let shared = &c.snapshots[&ScopeKey::SharedPool];
+    assert!(shared.requires.contains(&snap::feature::JWT.to_owned()));
+
+    // Rotation: the ConfigMap's new document is the next snapshot's, nothing else to do.
+    let c2 = compile_yaml(&[BASE, &p, &jwks_config_map(rotated)]);
+    assert_eq!(
+        route(&c2, 80, "/browse").jwt.unwrap().providers[0].jwks,
+        rotated
+    );
+    assert_ne!(c2.snapshots[&ScopeKey::SharedPool].version, shared.version);
+
+    // No usable provider: the rules answer 503 (fail closed), and the policy says why.
+    let c3 = compile_yaml(&[BASE, &p, &jwks_config_map(r#"{"keys": []}"#)]);
+    let r = route(&c3, 80, "/browse");
+    assert_eq!((r.direct_status, r.jwt.is_none()), (503, true));
+    let (status, reason, message) = accepted(&c3, "tokens");
+    assert_eq!((status, reason), (ConditionStatus::False, "Invalid"));
+    assert!(message.contains("no signing key"), "{message}");
+}

@@ -543,6 +543,9 @@ fn requirements(listeners: &[snap::Listener]) -> Vec<String> {
     if routes().any(|r| r.external_auth.is_some()) {
         out.push(snap::feature::EXTERNAL_AUTH.to_owned());
     }
+    if routes().any(|r| r.jwt.is_some()) {
+        out.push(snap::feature::JWT.to_owned());
+    }
     out.sort();
     out
 }
