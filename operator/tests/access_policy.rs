@@ -153,7 +153,6 @@ spec:
     // A JWT policy reads its keys from a ConfigMap; a new document there is compiled again
     // (here one without keys, so the policy says so and its rule fails closed).
     let accepted = |name: &'static str, reason: &'static str| {
-        let entries = entries;
         async move {
             entries(name)
                 .await
