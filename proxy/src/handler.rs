@@ -495,10 +495,6 @@ impl ProxyHttp for Gateway {
 
     async fn logging(&self, session: &mut Session, _e: Option<&pingora::Error>, ctx: &mut Ctx) {
         self.record(session, ctx);
-        if let Some(span) = &ctx.span {
-            let status = session.response_written().map_or(0, |r| r.status.as_u16());
-            span.finish(status, ctx.upstream);
-        }
         if !ctx.access_log_off {
             access_log(session, ctx);
         }
@@ -815,11 +811,15 @@ impl ProxyHttp for Gateway {
 }
 
 impl Gateway {
+    /// Counts the request by its status, and ends its span.
     fn record(&self, session: &Session, ctx: &Ctx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         match &ctx.counters {
             Some(c) => c.record(status),
             None => self.table.metrics().unrouted(status),
+        }
+        if let Some(span) = &ctx.span {
+            span.finish(status, ctx.upstream);
         }
     }
 }
