@@ -36,6 +36,8 @@ pub struct State {
     /// Bootstrap refusals by reason (`identity::server::refused`).
     bootstrap_refused: Mutex<BTreeMap<&'static str, u64>>,
     svids_issued: AtomicU64,
+    /// The tracer's span counters, when tracing is on (rendered as zeros otherwise).
+    pub trace: std::sync::OnceLock<Arc<coxswain_proxy::trace::Counters>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -218,6 +220,12 @@ impl State {
         for (reason, n) in lock(&self.bootstrap_refused).iter() {
             let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {n}");
         }
+        match self.trace.get() {
+            Some(c) => c.render("coxswain_controller", &mut out),
+            None => {
+                coxswain_proxy::trace::Counters::default().render("coxswain_controller", &mut out)
+            }
+        }
         out
     }
 
@@ -306,6 +314,8 @@ mod tests {
             "coxswain_controller_objects{kind=\"HTTPRoute\"} 8",
             "coxswain_controller_bootstrap_refused_total{reason=\"rate_limited\"} 2",
             "coxswain_controller_svids_issued_total 1",
+            "coxswain_controller_trace_spans_exported_total 0",
+            "coxswain_controller_trace_spans_dropped_total{reason=\"export_failed\"} 0",
         ] {
             assert!(
                 text.lines().any(|l| l == line),

@@ -273,6 +273,9 @@ pub struct ControllerArgs {
     pub bootstrap_per_minute: u32,
 
     #[command(flatten)]
+    pub tracing: TracingArgs,
+
+    #[command(flatten)]
     pub admin: AdminArgs,
 }
 
@@ -334,6 +337,9 @@ pub struct ProxyArgs {
 
     #[command(flatten)]
     pub limits: ProxyLimitArgs,
+
+    #[command(flatten)]
+    pub tracing: TracingArgs,
 
     /// Controller discovery stream endpoint(s), comma-separated, `https://` (mTLS).
     #[arg(
@@ -467,6 +473,31 @@ mod tests {
     }
 
     #[test]
+    fn tracing_flags_are_checked_when_parsed() {
+        let p = proxy(&[
+            "--shared",
+            "--otlp-endpoint",
+            "http://collector.observability:4317",
+            "--trace-sampling-ratio",
+            "0.25",
+        ])
+        .unwrap();
+        assert_eq!(
+            p.tracing.otlp_endpoint.as_deref(),
+            Some("http://collector.observability:4317")
+        );
+        assert_eq!(p.tracing.trace_sampling_ratio, 0.25);
+        // Off by default, everything recorded once on.
+        let off = proxy(&["--shared"]).unwrap();
+        assert_eq!(off.tracing.otlp_endpoint, None);
+        assert_eq!(off.tracing.trace_sampling_ratio, 1.0);
+        let err = proxy(&["--shared", "--trace-sampling-ratio", "1.5"]).unwrap_err();
+        assert!(err.to_string().contains("not between 0 and 1"), "{err}");
+        let err = proxy(&["--shared", "--otlp-endpoint", "collector:4317"]).unwrap_err();
+        assert!(err.to_string().contains("http://"), "{err}");
+    }
+
+    #[test]
     fn trusted_proxies_are_checked_when_parsed() {
         let p = proxy(&["--shared", "--trusted-proxies", "10.0.0.0/8, 2001:db8::/32"]).unwrap();
         let limits = p.limits.limits();
@@ -502,6 +533,74 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(p.discovery_endpoint, ["https://a:1", "https://b:2"]);
+    }
+}
+
+/// OpenTelemetry traces, exported over OTLP/gRPC (`coxswain_proxy::trace`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct TracingArgs {
+    /// Export spans to this OTLP/gRPC collector, `http://host:port` (e.g.
+    /// http://otel-collector.observability:4317). Unset, tracing is off: no spans, and a proxy
+    /// passes a request's traceparent on as it came.
+    #[arg(long, env = "COXSWAIN_OTLP_ENDPOINT", value_name = "URL", value_parser = parse_otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
+
+    /// Share of new traces recorded, 0 to 1. A request whose traceparent continues a trace
+    /// follows that trace's sampled flag instead.
+    #[arg(long, env = "COXSWAIN_TRACE_SAMPLING_RATIO", value_name = "RATIO", default_value_t = 1.0, value_parser = parse_sampling_ratio)]
+    pub trace_sampling_ratio: f64,
+
+    /// `service.name` of the spans (default: coxswain-proxy, or coxswain-controller).
+    #[arg(long, env = "COXSWAIN_TRACE_SERVICE_NAME", value_name = "NAME")]
+    pub trace_service_name: Option<String>,
+}
+
+fn parse_otlp_endpoint(s: &str) -> Result<String, String> {
+    let s = s.trim();
+    coxswain_proxy::trace::check_endpoint(s)
+        .map(|()| s.to_owned())
+        .map_err(|e| e.to_string())
+}
+
+fn parse_sampling_ratio(s: &str) -> Result<f64, String> {
+    let ratio: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    coxswain_proxy::trace::check_ratio(ratio)
+        .map(|()| ratio)
+        .map_err(|e| e.to_string())
+}
+
+impl TracingArgs {
+    /// Starts the span exporter when an endpoint is set. `resource`: attributes naming this
+    /// process besides `service.name` (its Pod, the Gateway it serves).
+    pub fn tracer(
+        &self,
+        default_service: &str,
+        resource: Vec<(&'static str, String)>,
+    ) -> Result<
+        Option<std::sync::Arc<coxswain_proxy::trace::Tracer>>,
+        coxswain_proxy::trace::TraceError,
+    > {
+        let Some(endpoint) = &self.otlp_endpoint else {
+            return Ok(None);
+        };
+        let service = self
+            .trace_service_name
+            .as_deref()
+            .unwrap_or(default_service);
+        let mut settings =
+            coxswain_proxy::trace::Settings::new(endpoint, self.trace_sampling_ratio, service);
+        settings.resource = resource;
+        let tracer = coxswain_proxy::trace::Tracer::start(settings)?;
+        tracing::info!(
+            %endpoint,
+            sampling_ratio = self.trace_sampling_ratio,
+            service,
+            "exporting traces over OTLP/gRPC"
+        );
+        Ok(Some(tracer))
     }
 }
 
@@ -615,6 +714,8 @@ impl ProxyLimitArgs {
                 base_ejection: Duration::from_secs(self.outlier_ejection_seconds.max(1)),
                 max_ejected_percent: self.outlier_max_ejected_percent,
             },
+            // Started once per process by the caller (`TracingArgs::tracer`).
+            tracer: None,
         }
     }
 }

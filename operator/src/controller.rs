@@ -10,6 +10,7 @@ use crate::identity::Allowlist;
 use crate::identity::server::{IdentityService, KubeTokenReviewer};
 use crate::identity::store::{self, CaMode};
 use crate::reflector::Reflector;
+use coxswain_proxy::trace::Span;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, RwLock};
@@ -38,6 +39,8 @@ pub struct ControllerConfig {
     pub ingress_nginx_compat: bool,
     /// Bootstrap calls per source address.
     pub bootstrap_rate_limit: crate::identity::ratelimit::RateLimit,
+    /// Records a span per reconcile pass (`--otlp-endpoint`); None: tracing is off.
+    pub tracer: Option<Arc<coxswain_proxy::trace::Tracer>>,
     /// `/healthz` and `/readyz` (and `/metrics`); None: not served.
     pub health_addr: Option<SocketAddr>,
     /// `/metrics` (and the health endpoints); None or the same as `health_addr`: one listener.
@@ -94,6 +97,37 @@ async fn gateway_api_version(client: &kube::Client) -> Option<String> {
     }
 }
 
+/// A compile span's attributes: what went in (objects by kind) and what came out.
+fn describe_compile(
+    span: &mut Span,
+    counts: &std::collections::BTreeMap<&'static str, usize>,
+    compiled: &compile::Compiled,
+) {
+    const INPUTS: [(&str, &str); 6] = [
+        ("Gateway", "coxswain.input.gateways"),
+        ("HTTPRoute", "coxswain.input.httproutes"),
+        ("GRPCRoute", "coxswain.input.grpcroutes"),
+        ("TLSRoute", "coxswain.input.tlsroutes"),
+        ("Ingress", "coxswain.input.ingresses"),
+        ("Service", "coxswain.input.services"),
+    ];
+    if span.context().is_none() {
+        return;
+    }
+    for (kind, key) in INPUTS {
+        span.set(key, counts.get(kind).copied().unwrap_or(0));
+    }
+    let routes: usize = compiled
+        .snapshots
+        .values()
+        .flat_map(|s| &s.listeners)
+        .flat_map(|l| &l.virtual_hosts)
+        .map(|v| v.routes.len())
+        .sum();
+    span.set("coxswain.snapshots", compiled.snapshots.len());
+    span.set("coxswain.routes", routes);
+}
+
 /// Changes arriving within this window are compiled together.
 const DEBOUNCE: Duration = Duration::from_millis(50);
 /// How long provisioning may take to finish its reconciles in flight at shutdown.
@@ -124,6 +158,9 @@ pub async fn run(
 
     let leader = Arc::new(AtomicBool::new(config.lease.is_none()));
     let admin = Arc::new(crate::admin::State::new(leader.clone()));
+    if let Some(tracer) = &config.tracer {
+        let _ = admin.trace.set(tracer.counters().clone());
+    }
     for addr in [config.health_addr, config.metrics_addr]
         .into_iter()
         .flatten()
@@ -277,10 +314,16 @@ pub async fn run(
             compile_config.gateway_api_version = gateway_api_version(&client).await;
             version_checked = Some(std::time::Instant::now());
         }
+        // One trace per pass: compiling, then publishing and writing status.
+        let mut pass = Span::root(config.tracer.as_ref(), "reconcile");
         let store = reflector.snapshot();
+        let mut compiling = pass.child("compile");
         let started = std::time::Instant::now();
         let compiled = compile::compile(&store, &compile_config);
-        admin.compiled(started.elapsed(), store.counts());
+        let counts = store.counts();
+        describe_compile(&mut compiling, &counts, &compiled);
+        compiling.end();
+        admin.compiled(started.elapsed(), counts);
         // The compiler names the dedicated proxies and says which ServiceAccount may serve
         // each scope: those may bootstrap and subscribe. Replaced, not added to: a name freed
         // by a deleted Gateway may go to another Gateway's proxy, which must not read the
@@ -307,8 +350,16 @@ pub async fn run(
             tracing::debug!(?scope, version = %snapshot.version, "publishing snapshot");
             hub.publish(scope.clone(), snapshot.clone());
         }
+        let writing = pass.child("status");
         status.write(&store, &compiled, &hub, &names).await;
         parameters_status.write(&store).await;
+        writing.end();
+        pass.set(
+            "coxswain.leader",
+            leader.load(std::sync::atomic::Ordering::Acquire),
+        );
+        pass.set("coxswain.connected_proxies", hub.connected());
+        pass.end();
     }
     let _ = stop_provisioning.send(());
     // kube-runtime waits for reconciles in flight, and one blocked on an API request would

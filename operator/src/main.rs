@@ -77,6 +77,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     snap::scope::Kind::Gateway(snap::ObjectRef { namespace, name }),
                 ),
                 ProxyMode::Standalone(path) => {
+                    let limits = proxy_limits(&proxy, None)?;
                     coxswain_proxy::standalone::run(
                         coxswain_proxy::standalone::StandaloneConfig {
                             snapshot_file: path,
@@ -87,7 +88,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                             threads: proxy.threads.unwrap_or_else(|| {
                                 std::thread::available_parallelism().map_or(1, |n| n.get())
                             }),
-                            limits: proxy.limits.limits(),
+                            limits,
                         },
                     )?;
                     Ok(ExitCode::SUCCESS)
@@ -97,9 +98,33 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// A proxy's limits, with its tracer when `--otlp-endpoint` is set. `gateway`: the one a
+/// dedicated proxy serves (namespace, name), named on its spans.
+fn proxy_limits(
+    proxy: &ProxyArgs,
+    gateway: Option<&snap::ObjectRef>,
+) -> anyhow::Result<coxswain_proxy::limits::Limits> {
+    let mut resource = Vec::new();
+    if let Some(pod) = &proxy.node_id {
+        resource.push(("service.instance.id", pod.clone()));
+    }
+    if let Some(gw) = gateway {
+        resource.push(("coxswain.gateway.namespace", gw.namespace.clone()));
+        resource.push(("coxswain.gateway.name", gw.name.clone()));
+    }
+    let mut limits = proxy.limits.limits();
+    limits.tracer = proxy.tracing.tracer("coxswain-proxy", resource)?;
+    Ok(limits)
+}
+
 /// `serve proxy --shared|--dedicated`: a data plane fed by the controller's discovery stream.
 fn serve_discovery(proxy: &ProxyArgs, scope: snap::scope::Kind) -> anyhow::Result<ExitCode> {
     use anyhow::Context;
+    let gateway = match &scope {
+        snap::scope::Kind::Gateway(gw) => Some(gw),
+        _ => None,
+    };
+    let limits = proxy_limits(proxy, gateway)?;
     let config = coxswain_proxy::discovery::DiscoveryConfig {
         endpoints: proxy.discovery_endpoint.clone(),
         bootstrap_endpoint: proxy.discovery_bootstrap_endpoint.clone(),
@@ -111,7 +136,7 @@ fn serve_discovery(proxy: &ProxyArgs, scope: snap::scope::Kind) -> anyhow::Resul
         workers: proxy
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
-        limits: proxy.limits.limits(),
+        limits,
     };
     // Connections run on the workers; this runtime holds the discovery stream, the accept
     // loops and the admin endpoints.
@@ -198,6 +223,11 @@ fn serve_controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("starting the runtime")?;
+    let mut resource = Vec::new();
+    if let Some(pod) = &args.pod_name {
+        resource.push(("service.instance.id", pod.clone()));
+    }
+    let tracer = args.tracing.tracer("coxswain-controller", resource)?;
     runtime.block_on(async {
         let client = kube::Client::try_default()
             .await
@@ -225,6 +255,7 @@ fn serve_controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
                 per_minute: args.bootstrap_per_minute,
                 ..Default::default()
             },
+            tracer,
             health_addr: Some(args.admin.health_addr),
             metrics_addr: Some(args.admin.metrics_addr),
             lease: Some(coxswain_operator::leader::LeaseConfig {

@@ -37,6 +37,7 @@ pub mod reason {
     pub const INVALID_POD_TEMPLATE: &str = "InvalidPodTemplate";
     pub const AUTOSCALING_WITHOUT_MAX: &str = "AutoscalingWithoutMax";
     pub const INVALID_CLIENT_ADDRESS: &str = "InvalidClientAddress";
+    pub const INVALID_TRACING: &str = "InvalidTracing";
     pub const INVALID_DEFAULT_ANNOTATIONS: &str = "InvalidDefaultAnnotations";
 }
 /// Longest list of users in a status (the CRD schema's `maxItems`).
@@ -237,6 +238,17 @@ pub fn decide(
                 format!(
                     "{e}; fix spec.clientAddress.trustedProxies: until then the dedicated proxies \
                      of the Gateways that use these parameters are not updated ({in_use})"
+                ),
+                generation,
+            )
+        } else if let Err(e) = render::check_tracing(&[(layer.as_str(), Some(&params.spec))]) {
+            Condition::new(
+                ACCEPTED,
+                false,
+                reason::INVALID_TRACING,
+                format!(
+                    "{e}; fix spec.tracing: until then the dedicated proxies of the Gateways \
+                     that use these parameters are not updated ({in_use})"
                 ),
                 generation,
             )
@@ -786,6 +798,41 @@ kind: CoxswainGatewayParameters
 metadata: {name: p, namespace: web, generation: 3}
 spec:
   clientAddress: {trustedProxies: [10.0.0.0/8, "2001:db8::1"], proxyProtocol: true}
+"#,
+        );
+        let st = &decide(&ok, CONTROLLER, false).gateway[&ObjectKey::new("web", "p")];
+        assert_eq!(st.accepted.status, ConditionStatus::True, "{st:?}");
+    }
+
+    #[test]
+    fn tracing_the_proxy_would_refuse_is_not_accepted() {
+        let s = store(
+            r#"
+apiVersion: gateway.coxswain-labs.dev/v1alpha1
+kind: CoxswainGatewayParameters
+metadata: {name: p, namespace: web, generation: 4}
+spec:
+  tracing: {endpoint: "otel-collector:4317", samplingRatio: 0.5}
+"#,
+        );
+        let st = &decide(&s, CONTROLLER, false).gateway[&ObjectKey::new("web", "p")];
+        assert_eq!(st.accepted.status, ConditionStatus::False);
+        assert_eq!(st.accepted.reason, reason::INVALID_TRACING);
+        for says in ["\"otel-collector:4317\"", "http://", "fix spec.tracing"] {
+            assert!(
+                st.accepted.message.contains(says),
+                "{says}: {}",
+                st.accepted.message
+            );
+        }
+        assert_eq!(st.accepted.observed_generation, 4);
+        let ok = store(
+            r#"
+apiVersion: gateway.coxswain-labs.dev/v1alpha1
+kind: CoxswainGatewayParameters
+metadata: {name: p, namespace: web, generation: 4}
+spec:
+  tracing: {endpoint: "http://otel-collector.observability:4317", samplingRatio: 0.5}
 "#,
         );
         let st = &decide(&ok, CONTROLLER, false).gateway[&ObjectKey::new("web", "p")];

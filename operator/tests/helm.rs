@@ -108,6 +108,40 @@ fn container(objects: &BTreeMap<(String, String), Value>, deployment: &str) -> V
 }
 
 #[test]
+fn tracing_values_reach_both_deployments() {
+    let rendered = render(&[
+        "tracing.endpoint=http://otel-collector.observability:4317",
+        "tracing.samplingRatio=0.25",
+    ])
+    .unwrap();
+    for deployment in ["coxswain-controller", "coxswain-proxy"] {
+        let env = container(&rendered, deployment)["env"].clone();
+        let value = |name: &str| {
+            env.as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == name)
+                .map(|e| e["value"].clone())
+        };
+        assert_eq!(
+            value("COXSWAIN_OTLP_ENDPOINT"),
+            Some("http://otel-collector.observability:4317".into()),
+            "{deployment}: {env}"
+        );
+        assert_eq!(
+            value("COXSWAIN_TRACE_SAMPLING_RATIO"),
+            Some("0.25".into()),
+            "{deployment}: {env}"
+        );
+    }
+    // The values schema refuses what the binaries would refuse at start.
+    let err = render(&["tracing.endpoint=otel-collector:4317"]).unwrap_err();
+    assert!(err.contains("tracing"), "{err}");
+    let err = render(&["tracing.samplingRatio=2"]).unwrap_err();
+    assert!(err.contains("samplingRatio"), "{err}");
+}
+
+#[test]
 fn values_set_the_image_replicas_resources_and_what_is_installed() {
     let rendered = render(&[
         "image.repository=registry.example/coxswain",

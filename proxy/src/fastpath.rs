@@ -17,7 +17,7 @@
 
 use crate::access_log::{AccessLine, access_line};
 use crate::conn::Buffered;
-use crate::forwarded::{self, Forwarded};
+use crate::forwarded::Forwarded;
 use crate::http1::{self, H2_PREFACE};
 use crate::limits::Limits;
 use crate::request::{self, Arrival, Body, Decision, Head, Version};
@@ -352,11 +352,16 @@ struct Record {
     counters: Arc<crate::metrics::RouteCounters>,
     /// Some when the route logs and the access log target is enabled.
     access_log: Option<AccessFields>,
+    /// Some when tracing is on and the request sampled.
+    span: Option<crate::trace::RequestSpan>,
 }
 
 impl Record {
     fn done(&self, status: u16, upstream: Option<SocketAddr>, started: Instant) {
         self.counters.record(status);
+        if let Some(span) = &self.span {
+            span.finish(status, upstream);
+        }
         if let Some(log) = &self.access_log {
             access_line(&AccessLine {
                 client: log.client,
@@ -472,6 +477,14 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
             path: checked.path().to_owned(),
             route: route.route.clone(),
         }),
+        span: crate::request_trace::span(
+            env.limits,
+            &forwarded,
+            head,
+            &checked,
+            &arrival,
+            Some(route),
+        ),
     };
     let metrics = env.table.metrics();
     let forward = match request::decide(Some(route), head, &checked, &arrival) {
@@ -540,7 +553,7 @@ fn write_upstream_head(
     out.extend_from_slice(b" HTTP/1.1\r\n");
     for h in head.0.headers.iter() {
         let name = h.name.as_bytes();
-        if forwarded::is_field(name) && !forwarded.keeps(name) {
+        if forwarded.replaces(name) {
             continue;
         }
         out.extend_from_slice(name);

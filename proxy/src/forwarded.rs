@@ -13,6 +13,9 @@
 //!
 //! The peer is the TCP peer, or the source address of a PROXY protocol header when the
 //! listener takes one (`proxy_protocol`).
+//!
+//! With tracing on (`trace`), the backend is also told the request's trace context: a
+//! `traceparent` naming this proxy's span replaces the one received.
 
 use crate::addresses::AddressSet;
 use crate::head::Head;
@@ -71,6 +74,8 @@ pub struct Forwarded<'h> {
     host: &'h str,
     /// A trusted peer's X-Forwarded-Port, else the listener's port.
     port: Result<&'h str, u16>,
+    /// The request's trace context, when tracing is on (set by `request::forwarded`).
+    pub trace: Option<crate::trace::Begun>,
 }
 
 impl<'h> Forwarded<'h> {
@@ -126,6 +131,7 @@ impl<'h> Forwarded<'h> {
             proto: proto.unwrap_or(if https { "https" } else { "http" }),
             host: fwd_host.unwrap_or(host),
             port: fwd_port.ok_or(port),
+            trace: None,
         }
     }
 
@@ -158,6 +164,20 @@ impl<'h> Forwarded<'h> {
             let _ = write!(ip, "{c}");
             f("x-real-ip", &[ip.as_str()]);
         }
+        if let Some(t) = &self.trace {
+            f(
+                crate::trace::TRACEPARENT,
+                &[t.context.traceparent().as_str()],
+            );
+        }
+    }
+
+    /// Whether a received field is left out of the request sent upstream, because
+    /// [`Forwarded::each`] sends it instead: the forwarded fields (less a kept `Forwarded`),
+    /// and `traceparent` when tracing is on.
+    pub fn replaces(&self, name: &[u8]) -> bool {
+        (is_field(name) && !self.keeps(name))
+            || (self.trace.is_some() && name.eq_ignore_ascii_case(b"traceparent"))
     }
 
     /// Whether a received field is passed on as it came: only `Forwarded` from a trusted
@@ -165,6 +185,20 @@ impl<'h> Forwarded<'h> {
     pub fn keeps(&self, name: &[u8]) -> bool {
         self.trusted_peer && name.eq_ignore_ascii_case(b"forwarded")
     }
+}
+
+/// A request's one `traceparent` value; None when it has none or several (a context that
+/// cannot be told apart starts a new trace).
+pub fn traceparent<H: Head + ?Sized>(head: &H) -> Option<&[u8]> {
+    let mut found = None;
+    let mut count = 0;
+    head.each_header(&mut |name, value| {
+        if name.eq_ignore_ascii_case(b"traceparent") {
+            count += 1;
+            found = Some(value);
+        }
+    });
+    found.filter(|_| count == 1)
 }
 
 /// Room for an address or a port on the stack (the longest IPv6 text is 45 bytes).

@@ -219,6 +219,8 @@ pub struct Ctx {
     keep_forwarded: bool,
     /// What the route's authorization service asked to change in the request.
     auth_edits: crate::external_auth::Edits,
+    /// Some when tracing is on and the request sampled.
+    span: Option<crate::trace::RequestSpan>,
 }
 
 impl EditHeaders for RequestHeader {
@@ -306,6 +308,17 @@ impl ProxyHttp for Gateway {
                     ctx.counters = Some(route.counters.clone());
                     ctx.route = Some(route.route.clone());
                     ctx.access_log_off = !route.policy.access_log;
+                }
+                // The first round's trace context is the one sent upstream (`ctx.forwarded`).
+                if first_round {
+                    ctx.span = crate::request_trace::span(
+                        &self.limits,
+                        &forwarded,
+                        &head,
+                        &checked,
+                        &arrival,
+                        route,
+                    );
                 }
                 let answer = match request::decide(route, &head, &checked, &arrival) {
                     Decision::NotFound => Answer::Status(404),
@@ -808,11 +821,15 @@ impl ProxyHttp for Gateway {
 }
 
 impl Gateway {
+    /// Counts the request by its status, and ends its span.
     fn record(&self, session: &Session, ctx: &Ctx) {
         let status = session.response_written().map_or(0, |r| r.status.as_u16());
         match &ctx.counters {
             Some(c) => c.record(status),
             None => self.table.metrics().unrouted(status),
+        }
+        if let Some(span) = &ctx.span {
+            span.finish(status, ctx.upstream);
         }
     }
 }

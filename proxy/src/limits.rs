@@ -33,6 +33,9 @@ pub struct Limits {
     pub client_address: crate::forwarded::ClientAddress,
     /// When a failing backend endpoint is taken out of rotation (`outlier`).
     pub outlier: crate::outlier::Settings,
+    /// Records request spans and sends `traceparent` upstream; None: tracing is off
+    /// (`trace`).
+    pub tracer: Option<std::sync::Arc<crate::trace::Tracer>>,
 }
 
 impl Default for Limits {
@@ -48,6 +51,7 @@ impl Default for Limits {
             fast_path: true,
             client_address: crate::forwarded::ClientAddress::default(),
             outlier: crate::outlier::Settings::default(),
+            tracer: None,
         }
     }
 }

@@ -125,6 +125,9 @@ impl Listeners {
     /// Serves connections under these limits (call before the first `sync`).
     pub fn with_limits(mut self, limits: Limits) -> Self {
         self.permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+        if let Some(tracer) = &limits.tracer {
+            let _ = self.table.metrics().trace.set(tracer.counters().clone());
+        }
         self.limits = Arc::new(limits);
         self
     }

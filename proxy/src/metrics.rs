@@ -68,6 +68,8 @@ pub struct Metrics {
     pub external_auth_failed: AtomicU64,
     /// Snapshots that could not be turned into a table (the previous one kept serving).
     pub snapshots_rejected: AtomicU64,
+    /// The tracer's span counters, when tracing is on (rendered as zeros otherwise).
+    pub trace: std::sync::OnceLock<Arc<crate::trace::Counters>>,
 }
 
 impl Metrics {
@@ -269,6 +271,10 @@ impl Metrics {
             let _ = writeln!(out, "# HELP {name} {help}");
             let _ = writeln!(out, "# TYPE {name} counter");
             let _ = writeln!(out, "{name} {}", value.load(Ordering::Relaxed));
+        }
+        match self.trace.get() {
+            Some(c) => c.render("coxswain_proxy", out),
+            None => crate::trace::Counters::default().render("coxswain_proxy", out),
         }
     }
 

@@ -450,14 +450,19 @@ pub fn forwarded<'h, H: Head + ?Sized>(
     https: bool,
     limits: &Limits,
 ) -> Forwarded<'h> {
-    Forwarded::resolve(
+    let mut forwarded = Forwarded::resolve(
         head,
         peer,
         checked.host,
         https,
         port,
         &limits.client_address,
-    )
+    );
+    // The request's trace context, sent upstream with the forwarded fields (`trace`).
+    if let Some(tracer) = &limits.tracer {
+        forwarded.trace = Some(tracer.begin(crate::forwarded::traceparent(head)));
+    }
+    forwarded
 }
 
 /// What to do with a routed request.

@@ -84,6 +84,29 @@ pub struct CoxswainGatewayParametersSpec {
     /// a client sends are replaced.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_address: Option<ClientAddress>,
+
+    /// OpenTelemetry tracing of the proxy's requests: a span per request exported over
+    /// OTLP/gRPC, and a W3C `traceparent` sent to backends. Off without an endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<Tracing>,
+}
+
+/// Where the proxy exports its spans, and how many requests it records.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Tracing {
+    /// The collector's OTLP/gRPC endpoint, `http://host:port` (e.g.
+    /// `http://otel-collector.observability:4317`). Without it the proxy records no spans
+    /// and passes a request's `traceparent` on as it came.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 2048))]
+    pub endpoint: Option<String>,
+
+    /// Share of new traces recorded, from 0 to 1. A request whose `traceparent` continues a
+    /// trace follows that trace's sampled flag instead. Defaults to 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 1))]
+    pub sampling_ratio: Option<f64>,
 }
 
 /// Who the proxy believes about the client's address.

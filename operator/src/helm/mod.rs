@@ -8,6 +8,8 @@
 //! - `sharedPool.enabled` / `.replicas` / `.resources`: every object labelled
 //!   `app.kubernetes.io/component: shared-proxy` (the pool's Deployment, Services, account and
 //!   disruption budget) and its Deployment;
+//! - `tracing.endpoint` / `.samplingRatio`: OpenTelemetry traces of both Deployments
+//!   (`COXSWAIN_OTLP_ENDPOINT`, `COXSWAIN_TRACE_SAMPLING_RATIO`); empty, nothing is added;
 //! - `crds.install`: the CustomResourceDefinitions; `crds.keep` marks them
 //!   `helm.sh/resource-policy: keep`, so `helm uninstall` does not delete every parameters
 //!   object in the cluster with them.
@@ -216,6 +218,13 @@ impl Defaults {
         out.push_str("  resources:\n");
         out.push_str(&block(&self.shared_pool["resources"], 4)?);
         out.push_str(
+            "\n# OpenTelemetry traces of the controller and the shared pool, exported over OTLP/gRPC\n\
+             # to `endpoint` (http://host:port, e.g. http://otel-collector.observability:4317);\n\
+             # empty, tracing is off. `samplingRatio` (0 to 1) is the share of new traces recorded.\n\
+             # Dedicated proxies take theirs from CoxswainGatewayParameters spec.tracing.\n\
+             tracing:\n  endpoint: \"\"\n  samplingRatio: 1\n",
+        );
+        out.push_str(
             "\n# Coxswain's CustomResourceDefinitions (CoxswainGatewayParameters,\n\
              # CoxswainIngressClassParameters, CoxswainBackendPolicy, CoxswainAccessPolicy). `keep`\n\
              # leaves them, and every object of those kinds, in the cluster on `helm uninstall`.\n\
@@ -258,7 +267,7 @@ fn values_schema() -> Result<String, serde_json::Error> {
         "$schema": "https://json-schema.org/draft-07/schema#",
         "type": "object",
         "additionalProperties": false,
-        "required": ["image", "controller", "sharedPool", "crds"],
+        "required": ["image", "controller", "sharedPool", "tracing", "crds"],
         "properties": {
             "image": {
                 "type": "object",
@@ -283,6 +292,25 @@ fn values_schema() -> Result<String, serde_json::Error> {
                     "enabled": {"type": "boolean"},
                     "replicas": replicas,
                     "resources": resources,
+                },
+            },
+            "tracing": {
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["endpoint", "samplingRatio"],
+                "properties": {
+                    "endpoint": {
+                        "type": "string",
+                        "pattern": "^(http://[^/@]+:[0-9]+/?)?$",
+                        "description": "OTLP/gRPC collector, http://host:port; empty: off.",
+                    },
+                    // `--set` leaves decimals as strings: either form, 0 to 1.
+                    "samplingRatio": {
+                        "type": ["number", "string"],
+                        "minimum": 0,
+                        "maximum": 1,
+                        "pattern": "^(0|0?\\.[0-9]+|1|1\\.0+)$",
+                    },
                 },
             },
             "crds": {
@@ -444,6 +472,18 @@ fn template(obj: &ConfigObject) -> Result<String, HelmError> {
             let image = container["image"].clone();
             container["image"] = ph.add(Substitution::Scalar(format!("\"{IMAGE_EXPR}\"")));
             container["resources"] = ph.add(Substitution::Block(format!("{prefix}.resources")));
+            let tracing = ph.add(Substitution::Lines(vec![
+                "{{- with .Values.tracing.endpoint }}".into(),
+                "- name: COXSWAIN_OTLP_ENDPOINT".into(),
+                "  value: {{ . | quote }}".into(),
+                "- name: COXSWAIN_TRACE_SAMPLING_RATIO".into(),
+                "  value: {{ $.Values.tracing.samplingRatio | quote }}".into(),
+                "{{- end }}".into(),
+            ]));
+            match container["env"].as_array_mut() {
+                Some(env) => env.push(tracing),
+                None => container["env"] = Value::Array(vec![tracing]),
+            }
             for env in container["env"].as_array_mut().into_iter().flatten() {
                 if env["name"] == PROXY_IMAGE_ENV {
                     if env["value"] != image {

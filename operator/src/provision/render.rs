@@ -1,7 +1,9 @@
 //! Renders a dedicated Gateway's proxy objects from its effective parameters. Pure: the same
 //! inputs always give the same objects, so reconciles are idempotent and testable offline.
 
-use coxswain_api::crd::gateway::{ClientAddress, CoxswainGatewayParametersSpec, ServiceType};
+use coxswain_api::crd::gateway::{
+    ClientAddress, CoxswainGatewayParametersSpec, ServiceType, Tracing,
+};
 use coxswain_api::names::{self, labels};
 use gateway_api::apis::standard::gateways::Gateway;
 use k8s_openapi::DeepMerge;
@@ -50,6 +52,12 @@ pub enum RenderError {
         layer: String,
         #[source]
         source: coxswain_proxy::policy::BadCidr,
+    },
+    #[error("tracing of {layer}: {source}")]
+    Tracing {
+        layer: String,
+        #[source]
+        source: coxswain_proxy::trace::SettingsError,
     },
 }
 
@@ -120,7 +128,53 @@ pub fn effective(
         pod_template: None,
         autoscaling,
         client_address: client_address(class, gateway),
+        tracing: tracing(class, gateway),
     }
+}
+
+/// tracing field by field: each of the Gateway's fields wins over the class's.
+fn tracing(
+    class: Option<&CoxswainGatewayParametersSpec>,
+    gateway: Option<&CoxswainGatewayParametersSpec>,
+) -> Option<Tracing> {
+    let c = class.and_then(|c| c.tracing.as_ref());
+    let g = gateway.and_then(|g| g.tracing.as_ref());
+    if c.is_none() && g.is_none() {
+        return None;
+    }
+    Some(Tracing {
+        endpoint: g
+            .and_then(|g| g.endpoint.clone())
+            .or_else(|| c.and_then(|c| c.endpoint.clone())),
+        sampling_ratio: g
+            .and_then(|g| g.sampling_ratio)
+            .or(c.and_then(|c| c.sampling_ratio)),
+    })
+}
+
+/// The first tracing field of either layer the proxy would refuse: an endpoint that is not
+/// `http://host:port`, or a sampling ratio outside 0..=1.
+pub fn check_tracing(
+    layers: &[(&str, Option<&CoxswainGatewayParametersSpec>)],
+) -> Result<(), RenderError> {
+    for (layer, spec) in layers {
+        let Some(t) = spec.and_then(|s| s.tracing.as_ref()) else {
+            continue;
+        };
+        let checked = t
+            .endpoint
+            .as_deref()
+            .map_or(Ok(()), coxswain_proxy::trace::check_endpoint)
+            .and_then(|()| {
+                t.sampling_ratio
+                    .map_or(Ok(()), coxswain_proxy::trace::check_ratio)
+            });
+        checked.map_err(|source| RenderError::Tracing {
+            layer: (*layer).to_owned(),
+            source,
+        })?;
+    }
+    Ok(())
 }
 
 /// clientAddress field by field: each of the Gateway's fields wins over the class's.
@@ -173,10 +227,12 @@ pub fn render(inputs: &Inputs<'_>) -> Result<Rendered, RenderError> {
         return Err(RenderError::Unnamed);
     };
     let name = inputs.proxy_name.to_owned();
-    check_client_address(&[
+    let layers = [
         (inputs.class_params_name, inputs.class_params),
         (inputs.gateway_params_name, inputs.gateway_params),
-    ])?;
+    ];
+    check_client_address(&layers)?;
+    check_tracing(&layers)?;
     let params = effective(inputs.class_params, inputs.gateway_params);
     let infra = gw.spec.infrastructure.as_ref();
 
@@ -242,6 +298,7 @@ pub fn render(inputs: &Inputs<'_>) -> Result<Rendered, RenderError> {
         labels: object_labels.clone(),
         annotations: annotations.clone(),
         client_address: params.client_address.as_ref(),
+        tracing: params.tracing.as_ref(),
     });
     let (template, overrides) = merge_pod_templates(
         base,
@@ -400,6 +457,7 @@ struct ProxyPod<'a> {
     labels: BTreeMap<String, String>,
     annotations: Option<BTreeMap<String, String>>,
     client_address: Option<&'a ClientAddress>,
+    tracing: Option<&'a Tracing>,
 }
 
 fn proxy_security_context(low_port: bool) -> SecurityContext {
@@ -492,6 +550,17 @@ fn proxy_pod_template(p: &ProxyPod<'_>) -> PodTemplateSpec {
         }
         if a.proxy_protocol == Some(true) {
             args.push("--proxy-protocol".into());
+        }
+    }
+    // Without an endpoint a ratio means nothing: no flag, tracing stays off.
+    if let Some(t) = p.tracing
+        && let Some(endpoint) = &t.endpoint
+    {
+        args.push("--otlp-endpoint".into());
+        args.push(endpoint.clone());
+        if let Some(ratio) = t.sampling_ratio {
+            args.push("--trace-sampling-ratio".into());
+            args.push(ratio.to_string());
         }
     }
     let container = Container {
@@ -921,6 +990,45 @@ spec:
             matches!(&err, RenderError::TrustedProxies { layer, source } if layer == "class params" && source.given == "not-a-cidr"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn tracing_reaches_the_proxy_field_by_field() {
+        let class = params(
+            "{tracing: {endpoint: \"http://collector.observability:4317\", samplingRatio: 0.5}}",
+        );
+        let own = params("{tracing: {samplingRatio: 0.01}}");
+        let r = render_with(GW, Some(&class), Some(&own)).unwrap();
+        let args = pod(&r).containers[0].args.clone().unwrap();
+        let at = args.iter().position(|a| a == "--otlp-endpoint").unwrap();
+        assert_eq!(args[at + 1], "http://collector.observability:4317");
+        let at = args
+            .iter()
+            .position(|a| a == "--trace-sampling-ratio")
+            .unwrap();
+        assert_eq!(args[at + 1], "0.01");
+        // A ratio without an endpoint in either layer: tracing stays off, no flag.
+        let r = render_with(GW, None, Some(&own)).unwrap();
+        let args = pod(&r).containers[0].args.clone().unwrap();
+        assert!(
+            !args
+                .iter()
+                .any(|a| a == "--otlp-endpoint" || a == "--trace-sampling-ratio"),
+            "{args:?}"
+        );
+        // What the proxy would refuse is not rendered; the error names the layer and the field.
+        for (bad, says) in [
+            ("{tracing: {endpoint: \"collector:4317\"}}", "http://"),
+            ("{tracing: {endpoint: \"http://collector\"}}", "no port"),
+            ("{tracing: {samplingRatio: 2}}", "not between 0 and 1"),
+        ] {
+            let err = render_with(GW, Some(&class), Some(&params(bad))).unwrap_err();
+            assert!(
+                matches!(&err, RenderError::Tracing { layer, .. } if layer == "gateway params"),
+                "{err}"
+            );
+            assert!(err.to_string().contains(says), "{err}");
+        }
     }
 
     #[test]

@@ -339,6 +339,7 @@ pub fn local_controller_config(
         ingress_ports: (80, 443),
         ingress_nginx_compat: false,
         bootstrap_rate_limit: Default::default(),
+        tracer: None,
         health_addr: None,
         metrics_addr: None,
     }
