@@ -152,12 +152,10 @@ spec:
 
     // A JWT policy reads its keys from a ConfigMap; a new document there is compiled again
     // (here one without keys, so the policy says so and its rule fails closed).
-    let accepted = |name: &'static str, reason: &'static str| {
-        async move {
-            entries(name)
-                .await
-                .filter(|l| l[0].3.as_ref().is_some_and(|c| c.1 == reason))
-        }
+    let accepted = |name: &'static str, reason: &'static str| async move {
+        entries(name)
+            .await
+            .filter(|l| l[0].3.as_ref().is_some_and(|c| c.1 == reason))
     };
     coxswain_testenv::eventually(
         "the JWT policy is Accepted",
