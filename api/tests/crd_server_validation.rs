@@ -318,7 +318,7 @@ async fn access_policy_mistakes_are_rejected_by_the_server() {
         (
             "nothing",
             json!({"targetRefs": route}),
-            "set basicAuth, rateLimit or both",
+            "set basicAuth, jwt, rateLimit or several",
         ),
         (
             "a-service",

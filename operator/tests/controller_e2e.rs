@@ -78,8 +78,8 @@ spec:
   - matches: [{{path: {{type: PathPrefix, value: /old}}}}]
     filters: [{{type: RequestRedirect, requestRedirect: {{scheme: https, hostname: new.example, statusCode: 301}}}}]
 ---
-# Valid for the experimental-channel CRD, unreadable for the standard types this controller
-# compiles: it must be skipped without stalling the other HTTPRoutes.
+# An experimental-channel filter: the authorization service (app) has no endpoints, so the
+# route is served but fails closed.
 apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {{name: experimental, namespace: {ns}}}
@@ -123,6 +123,13 @@ spec:
             .unwrap()
             .starts_with("HTTP/1.1 404")
     );
+    assert!(
+        get(listen, "/ext/x")
+            .await
+            .unwrap()
+            .starts_with("HTTP/1.1 503"),
+        "an authorization service without endpoints: refused, never forwarded"
+    );
 
     // Status: what `kubectl get gateway -o yaml` shows a platform engineer.
     let gateways: Api<gateway_api::apis::standard::gateways::Gateway> = env.api();
@@ -152,7 +159,7 @@ spec:
     );
     let listener = &status.listeners.as_ref().unwrap()[0];
     assert_eq!(listener.name, "http");
-    assert_eq!(listener.attached_routes, 1);
+    assert_eq!(listener.attached_routes, 2);
     let listener_programmed = listener
         .conditions
         .iter()

@@ -10,7 +10,6 @@
 //! Connections to the service are kept per route policy (rebuilt with each snapshot): HTTP/1
 //! connections in a small idle list, gRPC channels (HTTP/2, one per endpoint) in a map.
 
-use crate::head::{Head, Version};
 use crate::upstream::ClusterState;
 use bytes::Bytes;
 use connect::{Connector, handshake, system_roots};
@@ -104,7 +103,10 @@ pub struct Denial {
 pub struct AuthRequest {
     pub method: String,
     pub scheme: &'static str,
+    /// As the client sent it, with its port if any.
     pub host: String,
+    /// `host` without its port.
+    pub hostname: String,
     pub path_and_query: String,
     /// Names in lower case, in the order received.
     pub fields: Vec<(String, String)>,
@@ -117,41 +119,6 @@ pub struct AuthRequest {
 }
 
 impl AuthRequest {
-    pub fn new<H: Head + ?Sized>(
-        head: &H,
-        checked: &crate::request::Checked<'_>,
-        arrival: &crate::request::Arrival,
-        sni: Option<&str>,
-    ) -> Self {
-        let mut fields = Vec::new();
-        head.each_header(&mut |name, value| {
-            fields.push((
-                String::from_utf8_lossy(name).to_ascii_lowercase(),
-                String::from_utf8_lossy(value).into_owned(),
-            ));
-        });
-        Self {
-            method: head.method().to_owned(),
-            scheme: if arrival.https { "https" } else { "http" },
-            host: checked.host.to_owned(),
-            path_and_query: checked.path_and_query.clone().into_owned(),
-            fields,
-            client: arrival.client,
-            port: arrival.port,
-            protocol: match head.version() {
-                Version::Http10 => "HTTP/1.0",
-                Version::Http11 => "HTTP/1.1",
-                Version::Http2 => "HTTP/2",
-            },
-            body_size: match checked.body {
-                crate::request::Body::None => 0,
-                crate::request::Body::Length(n) => i64::try_from(n).unwrap_or(-1),
-                crate::request::Body::Chunked => -1,
-            },
-            sni: sni.map(str::to_owned),
-        }
-    }
-
     fn field(&self, name: &str) -> Option<&str> {
         self.fields
             .iter()
@@ -672,7 +639,7 @@ fn hop_by_hop(name: &str) -> bool {
 /// `template` with `$host` replaced by the request's host (without its port).
 fn with_host<'t>(template: &'t str, req: &AuthRequest) -> std::borrow::Cow<'t, str> {
     if template.contains("$host") {
-        std::borrow::Cow::Owned(template.replace("$host", crate::router::strip_port(&req.host)))
+        std::borrow::Cow::Owned(template.replace("$host", req.hostname.as_str()))
     } else {
         std::borrow::Cow::Borrowed(template)
     }
@@ -690,7 +657,7 @@ fn signin_location(signin: &str, req: &AuthRequest) -> String {
             ("$request_uri", req.path_and_query.as_str()),
             ("$http_host", req.host.as_str()),
             ("$scheme", req.scheme),
-            ("$host", crate::router::strip_port(&req.host)),
+            ("$host", req.hostname.as_str()),
         ] {
             url = url.replace(name, value);
         }

@@ -260,7 +260,8 @@ impl ProxyHttp for Gateway {
                     } => {
                         ctx.slots = slots;
                         ctx.auth_edits = edits;
-                        let asked = AuthRequest::new(&head, &checked, &arrival, sni.map(|s| &*s.0));
+                        let asked =
+                            request::auth_request(&head, &checked, &arrival, sni.map(|s| &*s.0));
                         Answer::Authorize(service.clone(), Box::new(asked))
                     }
                     Decision::Forward(mut f) => {

@@ -14,6 +14,7 @@ fn asked() -> AuthRequest {
         method: "POST".into(),
         scheme: "https",
         host: "app.example.com".into(),
+        hostname: "app.example.com".into(),
         path_and_query: "/orders/7?full=1".into(),
         fields: vec![
             ("host".into(), "app.example.com".into()),
@@ -363,6 +364,7 @@ fn signin_variables_are_filled_in_and_rd_is_added_only_when_absent() {
 fn host_templates_take_the_requests_host_without_its_port() {
     let mut req = asked();
     req.host = "app.example.com:8443".into();
+    req.hostname = "app.example.com".into();
     assert_eq!(with_host("$host:443", &req), "app.example.com:443");
     let service = http_service(|e| e.host = "$host".into());
     let r = service.http_request(&req).expect("request");
