@@ -53,15 +53,21 @@ pub enum SnapshotCommand {
     /// Print, for every object Coxswain is responsible for, the status the controller would
     /// write.
     Status(CompileArgs),
-    /// Ask a snapshot's routing table what the proxy does with one request.
+    /// Ask a snapshot's routing table (or that of manifests compiled on the spot) what the
+    /// proxy does with one request.
     Match(MatchArgs),
 }
 
 #[derive(Debug, Args)]
 pub struct MatchArgs {
-    /// A snapshot written by `coxswain snapshot compile` (JSON or YAML).
-    #[arg(long)]
-    pub snapshot: PathBuf,
+    /// A snapshot written by `coxswain snapshot compile` (JSON or YAML) ...
+    #[arg(long, required_unless_present = "files", conflicts_with = "files")]
+    pub snapshot: Option<PathBuf>,
+    /// ... or manifests to compile first, as `coxswain snapshot compile -f` does.
+    #[arg(short = 'f', long = "filename", num_args = 1..)]
+    pub files: Vec<PathBuf>,
+    #[command(flatten)]
+    pub compile: CompileSettings,
     /// The port the request arrives on.
     #[arg(long)]
     pub port: u16,
@@ -86,13 +92,20 @@ pub struct CompileArgs {
     #[arg(short = 'f', long = "filename", required = true, num_args = 1..)]
     pub files: Vec<PathBuf>,
 
-    /// Which proxy scope: `shared`, or `gateway/NAMESPACE/NAME` for a dedicated Gateway.
-    #[arg(long, default_value = "shared")]
-    pub scope: String,
+    #[command(flatten)]
+    pub compile: CompileSettings,
 
     /// Output format.
     #[arg(short = 'o', long = "output", value_enum, default_value_t = OutputFormat::Yaml)]
     pub output: OutputFormat,
+}
+
+/// How manifests are compiled offline: as `serve controller` would with the same settings.
+#[derive(Debug, Args)]
+pub struct CompileSettings {
+    /// Which proxy scope: `shared`, or `gateway/NAMESPACE/NAME` for a dedicated Gateway.
+    #[arg(long, default_value = "shared")]
+    pub scope: String,
 
     /// `spec.controllerName` of the classes to compile for.
     #[arg(long, env = "COXSWAIN_CONTROLLER_NAME", default_value = names::CONTROLLER_NAME)]

@@ -1,6 +1,6 @@
-//! `coxswain snapshot compile|status`: the compiler, offline.
+//! `coxswain snapshot compile|status|match`: the compiler and the router, offline.
 
-use crate::cli::{CompileArgs, MatchArgs, OutputFormat, SnapshotCommand};
+use crate::cli::{CompileSettings, MatchArgs, OutputFormat, SnapshotCommand};
 use crate::compile::{self, ScopeKey, Store, status::ObjectKey};
 use coxswain_api::snapshot::Snapshot;
 use coxswain_proxy::router::{Request, Router};
@@ -28,27 +28,52 @@ pub enum SnapshotCmdError {
 pub fn run(command: &SnapshotCommand) -> Result<usize, SnapshotCmdError> {
     let (text, skipped) = match command {
         SnapshotCommand::Compile(args) => {
-            let (compiled, skipped) = load_and_compile(args);
-            let scope = parse_scope(&args.scope)?;
-            let snapshot = compiled
-                .snapshots
-                .get(&scope)
-                .ok_or_else(|| SnapshotCmdError::NoSuchScope(args.scope.clone()))?;
-            (encode(snapshot, args.output)?, skipped)
+            let (compiled, skipped) = load_and_compile(&args.files, &args.compile);
+            let snapshot = scope_snapshot(compiled, &args.compile.scope)?;
+            (encode(&snapshot, args.output)?, skipped)
         }
         SnapshotCommand::Status(args) => {
-            let (compiled, skipped) = load_and_compile(args);
+            let (compiled, skipped) = load_and_compile(&args.files, &args.compile);
             (encode(&compiled.status, args.output)?, skipped)
         }
-        SnapshotCommand::Match(args) => (match_request(args)?, 0),
+        SnapshotCommand::Match(args) => match &args.snapshot {
+            Some(path) => {
+                let read_err = |message: String| SnapshotCmdError::ReadSnapshot {
+                    path: path.display().to_string(),
+                    message,
+                };
+                let text = std::fs::read_to_string(path).map_err(|e| read_err(e.to_string()))?;
+                let snapshot = Snapshot::from_yaml(&text).map_err(|e| read_err(e.to_string()))?;
+                (match_request(args, &snapshot)?, 0)
+            }
+            None => {
+                let (compiled, skipped) = load_and_compile(&args.files, &args.compile);
+                let snapshot = scope_snapshot(compiled, &args.compile.scope)?;
+                (match_request(args, &snapshot)?, skipped)
+            }
+        },
     };
     std::io::stdout().lock().write_all(text.as_bytes())?;
     Ok(skipped)
 }
 
+/// The snapshot of `--scope`.
+fn scope_snapshot(
+    mut compiled: compile::Compiled,
+    scope: &str,
+) -> Result<Snapshot, SnapshotCmdError> {
+    compiled
+        .snapshots
+        .remove(&parse_scope(scope)?)
+        .ok_or_else(|| SnapshotCmdError::NoSuchScope(scope.to_owned()))
+}
+
 /// Loads the files (reporting what cannot be read on stderr) and compiles them.
-fn load_and_compile(args: &CompileArgs) -> (compile::Compiled, usize) {
-    let (store, errors) = Store::load_paths(&args.files);
+fn load_and_compile(
+    files: &[std::path::PathBuf],
+    args: &CompileSettings,
+) -> (compile::Compiled, usize) {
+    let (store, errors) = Store::load_paths(files);
     for e in &errors {
         eprintln!("coxswain: skipped: {e}");
     }
@@ -62,15 +87,17 @@ fn load_and_compile(args: &CompileArgs) -> (compile::Compiled, usize) {
     (compile::compile(&store, &config), errors.len())
 }
 
-/// `snapshot match`: the proxy's routing decision for one request, from the same router code.
-fn match_request(args: &MatchArgs) -> Result<String, SnapshotCmdError> {
+/// `snapshot match`: the proxy's routing decision for one request, from the same router code,
+/// with the access checks the route asks of it.
+fn match_request(args: &MatchArgs, snapshot: &Snapshot) -> Result<String, SnapshotCmdError> {
     let read_err = |message: String| SnapshotCmdError::ReadSnapshot {
-        path: args.snapshot.display().to_string(),
+        path: args
+            .snapshot
+            .as_ref()
+            .map_or_else(|| "(compiled)".to_owned(), |p| p.display().to_string()),
         message,
     };
-    let text = std::fs::read_to_string(&args.snapshot).map_err(|e| read_err(e.to_string()))?;
-    let snapshot = Snapshot::from_yaml(&text).map_err(|e| read_err(e.to_string()))?;
-    let router = Router::build(&snapshot).map_err(|e| read_err(e.to_string()))?;
+    let router = Router::build(snapshot).map_err(|e| read_err(e.to_string()))?;
     let headers = args
         .headers
         .iter()
@@ -103,13 +130,61 @@ fn match_request(args: &MatchArgs) -> Result<String, SnapshotCmdError> {
             }))
         })
         .collect();
-    let answer = serde_json::json!({
+    let mut answer = serde_json::json!({
         "status": outcome.status(),
         "route": source.map(|s| format!("{}/{}/{}", s.kind, s.namespace, s.name)),
         "rule": source.map(|s| s.rule),
         "backends": backends,
     });
+    if let Some(access) = route.and_then(|r| access_checks(&r.route)) {
+        answer["access"] = access;
+    }
     encode(&answer, args.output)
+}
+
+/// What a request must pass on this route before it is forwarded, in the order the proxy
+/// checks it (None when nothing).
+fn access_checks(r: &coxswain_api::snapshot::Route) -> Option<serde_json::Value> {
+    use coxswain_api::snapshot::external_auth::Protocol;
+    let mut checks = serde_json::Map::new();
+    if !r.rate_limits.is_empty() {
+        checks.insert(
+            "rateLimits".into(),
+            r.rate_limits.iter().map(|l| l.id.clone()).collect(),
+        );
+    }
+    if let Some(list) = &r.client_allowlist {
+        checks.insert("clientAllowlist".into(), list.cidrs.len().into());
+    }
+    if let Some(b) = &r.basic_auth {
+        checks.insert(
+            "basicAuth".into(),
+            serde_json::json!({"realm": b.realm, "users": b.users.len()}),
+        );
+    }
+    if let Some(j) = &r.jwt {
+        checks.insert(
+            "jwt".into(),
+            j.providers.iter().map(|p| p.name.clone()).collect(),
+        );
+    }
+    if let Some(e) = &r.external_auth {
+        let service = if e.cluster.is_empty() {
+            &e.address
+        } else {
+            &e.cluster
+        };
+        let protocol = if e.protocol == Protocol::Grpc as i32 {
+            "gRPC"
+        } else {
+            "HTTP"
+        };
+        checks.insert(
+            "externalAuth".into(),
+            serde_json::json!({"protocol": protocol, "service": service, "failureStatus": e.failure_status}),
+        );
+    }
+    (!checks.is_empty()).then_some(serde_json::Value::Object(checks))
 }
 
 fn encode<T: serde::Serialize>(

@@ -280,3 +280,81 @@ spec:
         assert!(none["route"].is_null() && none["rule"].is_null());
     }
 }
+
+#[test]
+fn snapshot_match_compiles_an_ingress_nginx_ingress_and_names_its_access_checks() {
+    // A migrating user asks what an ingress-nginx Ingress becomes before applying it: with
+    // compatibility its auth-url and limit-rps are access checks of the route; without it,
+    // they are not Coxswain's annotations and the route has none.
+    let ingress = r#"
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: nginx}
+spec: {controller: coxswain-labs.dev/gateway-controller}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: http-svc, namespace: default}
+spec: {ports: [{port: 80}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: external-auth
+  namespace: default
+  annotations:
+    nginx.ingress.kubernetes.io/auth-url: https://httpbin.org/basic-auth/user/passwd
+    nginx.ingress.kubernetes.io/limit-rps: "5"
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: external-auth-01.sample.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: http-svc, port: {number: 80}}}}
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("ingress.yaml");
+    std::fs::write(&input, ingress).unwrap();
+    let ask = |compat: bool| -> serde_json::Value {
+        let mut args = vec![
+            "snapshot",
+            "match",
+            "-f",
+            input.to_str().unwrap(),
+            "--port",
+            "80",
+            "--host",
+            "external-auth-01.sample.com",
+            "--path",
+            "/",
+        ];
+        if compat {
+            args.push("--ingress-nginx-compat");
+        }
+        let out = coxswain(&args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    let with = ask(true);
+    assert_eq!(with["route"], "Ingress/default/external-auth", "{with}");
+    assert_eq!(
+        with["access"],
+        serde_json::json!({
+            "rateLimits": ["Ingress/default/external-auth/rps"],
+            "externalAuth": {"protocol": "HTTP", "service": "httpbin.org:443", "failureStatus": 500},
+        }),
+        "{with}"
+    );
+    let without = ask(false);
+    assert_eq!(
+        without["route"], "Ingress/default/external-auth",
+        "{without}"
+    );
+    assert!(without["access"].is_null(), "{without}");
+    // --snapshot and -f are alternatives, and one of them is needed.
+    let out = coxswain(&[
+        "snapshot", "match", "--port", "80", "--host", "a", "--path", "/",
+    ]);
+    assert!(!out.status.success());
+}
