@@ -66,6 +66,38 @@ pub struct Reflector {
     sync: Vec<(String, Arc<AtomicU8>)>,
 }
 
+/// Delays between a kind's failed lists or watches: doubling from `RETRY_MIN` to `RETRY_MAX`,
+/// back to the start after a success. kube's default backoff reaches 30 s; with it, a kind
+/// whose list failed for a moment (as while its CRD is being removed) or whose CRD appears
+/// later could hold up compiling, or go unseen, for half a minute.
+struct Retry {
+    next: std::time::Duration,
+}
+
+const RETRY_MIN: std::time::Duration = std::time::Duration::from_millis(250);
+const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(5);
+
+impl Default for Retry {
+    fn default() -> Self {
+        Self { next: RETRY_MIN }
+    }
+}
+
+impl Iterator for Retry {
+    type Item = std::time::Duration;
+    fn next(&mut self) -> Option<std::time::Duration> {
+        let delay = self.next;
+        self.next = (delay * 2).min(RETRY_MAX);
+        Some(delay)
+    }
+}
+
+impl kube::runtime::utils::Backoff for Retry {
+    fn reset(&mut self) {
+        self.next = RETRY_MIN;
+    }
+}
+
 const LISTING: u8 = 0;
 const SYNCED: u8 = 1;
 /// The kind's CRD is not installed: nothing to wait for until it appears.
@@ -88,7 +120,7 @@ where
     let api: Api<DeserializeGuard<K>> = Api::all(client.clone());
     let (reader, writer) = reflector::store();
     let kind = K::kind(&K::DynamicType::default()).into_owned();
-    let stream = reflector(writer, watcher(api, config).default_backoff());
+    let stream = reflector(writer, watcher(api, config).backoff(Retry::default()));
     let state = Arc::new(AtomicU8::new(LISTING));
     sync.push((kind.clone(), state.clone()));
     tokio::spawn(async move {
@@ -221,5 +253,33 @@ impl Reflector {
             backend_policies: copy(&self.backend_policies),
             access_policies: copy(&self.access_policies),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::utils::Backoff;
+    use std::time::Duration;
+
+    #[test]
+    fn watch_retries_double_up_to_five_seconds_and_start_over_after_a_success() {
+        let mut retry = Retry::default();
+        let delays: Vec<Duration> = retry.by_ref().take(7).collect();
+        let ms = |v: u64| Duration::from_millis(v);
+        assert_eq!(
+            delays,
+            [
+                ms(250),
+                ms(500),
+                ms(1000),
+                ms(2000),
+                ms(4000),
+                ms(5000),
+                ms(5000)
+            ]
+        );
+        retry.reset();
+        assert_eq!(retry.next(), Some(ms(250)));
     }
 }
