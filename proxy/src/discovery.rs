@@ -343,7 +343,9 @@ pub async fn run(
                 tracing::warn!(error = %e, failures, "discovery stream lost; serving the last snapshot");
                 failures += 1;
                 endpoint_index += 1;
-                let base = 250u64.saturating_mul(1 << failures.min(7)).min(30_000);
+                let base = 250u64
+                    .saturating_mul(1 << failures.min(7))
+                    .min(MAX_RETRY_MS);
                 Duration::from_millis(base / 2 + jitter(base / 2))
             }
         };
@@ -353,6 +355,11 @@ pub async fn run(
         }
     }
 }
+
+/// The longest wait between two attempts to reach a controller. A proxy keeps serving its
+/// last snapshot meanwhile; a longer wait would only delay its first routes after the
+/// controller comes back (a restart, a new leader), and a connection refused costs nothing.
+const MAX_RETRY_MS: u64 = 5_000;
 
 /// A cheap jitter source: the clock's sub-second nanoseconds.
 fn jitter(max_ms: u64) -> u64 {
