@@ -366,9 +366,13 @@ pub struct ParametersStatusWriter {
     leader: Arc<AtomicBool>,
     admin: Arc<crate::admin::State>,
     recorder: Recorder,
-    /// (status, reason) last reported per object, so each transition is told once.
-    reported: HashMap<String, (ConditionStatus, &'static str)>,
+    /// (status, reason, used) last reported per object, so each transition is told once.
+    reported: HashMap<String, Told>,
 }
+
+/// What an object's Accepted condition was when last written, and whether a class or Gateway
+/// of ours used it then.
+type Told = (ConditionStatus, &'static str, bool);
 
 impl ParametersStatusWriter {
     pub fn new(
@@ -457,7 +461,7 @@ impl ParametersStatusWriter {
     /// out, as the API server would prune them).
     async fn write_one<K>(
         &self,
-        reported: &mut HashMap<String, (ConditionStatus, &'static str)>,
+        reported: &mut HashMap<String, Told>,
         object: &K,
         current: Option<Value>,
         (accepted, generation, lists): (&Condition, i64, Value),
@@ -477,7 +481,15 @@ impl ParametersStatusWriter {
         let kind: &'static str = K::KIND;
         let existing = existing_conditions(current.clone());
         let key = format!("{kind}/{ns}/{name}");
-        let told = (accepted.status, accepted.reason);
+        // Events only for objects a class or Gateway of ours uses. An object nothing uses yet
+        // may be another controller's whose class has not reached our cache (both arrive by
+        // separate watches): telling about it would put a second, foreign Event on it. When a
+        // class of ours starts using it, that is a change, and its state is told then.
+        let used = lists.as_object().is_some_and(|m| {
+            m.values()
+                .any(|l| l.as_array().is_some_and(|a| !a.is_empty()))
+        });
+        let told = (accepted.status, accepted.reason, used);
         let changed = match self.reported.get(&key) {
             Some(before) => *before != told,
             // First sight (a start, or a new leader): what the object carries is what was told.
@@ -488,7 +500,7 @@ impl ParametersStatusWriter {
             }),
         };
         reported.insert(key, told);
-        if changed {
+        if changed && used {
             self.announce(object.object_ref(&()), accepted, &existing);
         }
         let mut status = json!({
