@@ -23,17 +23,19 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A backend that names itself in `x-backend` and answers the request head it got as the body.
-async fn backend(name: &'static str) -> SocketAddr {
+/// A server that reads one request head per connection and writes what `reply` makes of it
+/// (one request per connection is enough for these tests).
+async fn one_shot_server(reply: impl Fn(&str) -> String + Send + Sync + 'static) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let reply = Arc::new(reply);
     tokio::spawn(async move {
         loop {
             let Ok((mut s, _)) = listener.accept().await else {
                 continue;
             };
+            let reply = reply.clone();
             tokio::spawn(async move {
-                // One request per connection is enough for these tests.
                 let mut head = Vec::new();
                 let mut buf = [0u8; 4096];
                 while !head.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -42,16 +44,23 @@ async fn backend(name: &'static str) -> SocketAddr {
                         Ok(n) => head.extend_from_slice(&buf[..n]),
                     }
                 }
-                let body = String::from_utf8_lossy(&head).into_owned();
-                let reply = format!(
-                    "HTTP/1.1 200 OK\r\nx-backend: {name}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = s.write_all(reply.as_bytes()).await;
+                let answer = reply(&String::from_utf8_lossy(&head));
+                let _ = s.write_all(answer.as_bytes()).await;
             });
         }
     });
     addr
+}
+
+/// A backend that names itself in `x-backend` and answers the request head it got as the body.
+async fn backend(name: &'static str) -> SocketAddr {
+    one_shot_server(move |body| {
+        format!(
+            "HTTP/1.1 200 OK\r\nx-backend: {name}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    })
+    .await
 }
 
 struct Reply {
@@ -654,40 +663,22 @@ async fn ingress_nginx_basic_auth_and_limit_rps_behave_as_there_under_compat() {
 /// authentication example uses as its auth-url: 200 for the right Basic credentials (here also
 /// naming the user in `x-auth-user`), else 401 with a Basic challenge.
 async fn httpbin() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut s, _)) = listener.accept().await else {
-                continue;
-            };
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => head.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&head).to_ascii_lowercase();
-                let path_ok = head.starts_with("get /basic-auth/user/passwd ");
-                // "user:passwd", lower-cased with the rest of the head.
-                let credentials = head.contains("\r\nauthorization: basic dxnlcjpwyxnzd2q=\r\n");
-                let reply = if path_ok && credentials {
-                    let body = r#"{"authenticated": true, "user": "user"}"#;
-                    format!(
-                        "HTTP/1.1 200 OK\r\nx-auth-user: user\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                        body.len()
-                    )
-                } else {
-                    "HTTP/1.1 401 UNAUTHORIZED\r\nwww-authenticate: Basic realm=\"Fake Realm\"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned()
-                };
-                let _ = s.write_all(reply.as_bytes()).await;
-            });
+    one_shot_server(|head| {
+        let head = head.to_ascii_lowercase();
+        let path_ok = head.starts_with("get /basic-auth/user/passwd ");
+        // "user:passwd", lower-cased with the rest of the head.
+        let credentials = head.contains("\r\nauthorization: basic dxnlcjpwyxnzd2q=\r\n");
+        if path_ok && credentials {
+            let body = r#"{"authenticated": true, "user": "user"}"#;
+            format!(
+                "HTTP/1.1 200 OK\r\nx-auth-user: user\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+        } else {
+            "HTTP/1.1 401 UNAUTHORIZED\r\nwww-authenticate: Basic realm=\"Fake Realm\"\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".to_owned()
         }
-    });
-    addr
+    })
+    .await
 }
 
 /// ingress-nginx's "External Basic Authentication" example (auth-url to httpbin), once with the
