@@ -97,10 +97,6 @@ fn basic(user: &str, password: &str) -> String {
     format!("Basic {token}")
 }
 
-fn engines() -> [(bool, &'static str); 2] {
-    [(true, "fast path"), (false, "pingora")]
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn basic_auth_lets_a_right_password_in_and_answers_401_with_the_challenge_otherwise() {
     for (fast_path, engine) in engines() {

@@ -276,10 +276,6 @@ async fn start(fast_path: bool) -> Setup {
     }
 }
 
-fn engines() -> [(bool, &'static str); 2] {
-    [(true, "fast path"), (false, "pingora")]
-}
-
 /// Every value of a field the backend received.
 fn values<'r>(r: &'r Recorded, name: &str) -> Vec<&'r str> {
     r.headers

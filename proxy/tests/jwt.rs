@@ -89,10 +89,6 @@ async fn start(fast_path: bool, keys: &str) -> Setup {
     }
 }
 
-fn engines() -> [(bool, &'static str); 2] {
-    [(true, "fast path"), (false, "pingora")]
-}
-
 fn claims() -> serde_json::Value {
     json!({"iss": "https://idp.example", "aud": "shop", "sub": "ada", "exp": now() + 300})
 }

@@ -723,3 +723,8 @@ impl Conn {
         }
     }
 }
+
+/// The two HTTP engines a test runs on: (`Limits::fast_path`, its name for messages).
+pub fn engines() -> [(bool, &'static str); 2] {
+    [(true, "fast path"), (false, "pingora")]
+}
