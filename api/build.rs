@@ -3,9 +3,10 @@
 const SNAPSHOT: &str = "proto/coxswain/snapshot/v1/snapshot.proto";
 const DISCOVERY: &str = "proto/coxswain/discovery/v1/discovery.proto";
 const EXT_AUTHZ: &str = "proto/envoy/service/auth/v3/external_auth.proto";
+const RATELIMIT: &str = "proto/envoy/service/ratelimit/v3/rls.proto";
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    for p in [SNAPSHOT, DISCOVERY, EXT_AUTHZ] {
+    for p in [SNAPSHOT, DISCOVERY, EXT_AUTHZ, RATELIMIT] {
         println!("cargo:rerun-if-changed={p}");
     }
     // The snapshot: messages only, with serde so it prints as JSON/YAML.
@@ -57,6 +58,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             "ExternalAuth.protocol",
             "#[serde(with = \"crate::snapshot::serde_enum::external_auth_protocol\")]",
         )
+        .field_attribute(
+            "RateLimitDescriptor.Entry.source",
+            "#[serde(with = \"crate::snapshot::serde_enum::descriptor_source\")]",
+        )
         .compile_fds(protox::compile([SNAPSHOT], ["proto"])?)?;
     // Discovery: gRPC services; snapshot types come from the module above.
     tonic_prost_build::configure()
@@ -70,5 +75,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .compile_fds(protox::compile([EXT_AUTHZ], ["proto"])?)?;
+    // Global rate limits (Envoy's rate limit service): the proxy's client; the server for tests.
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .compile_fds(protox::compile([RATELIMIT], ["proto"])?)?;
     Ok(())
 }

@@ -9,6 +9,8 @@
 //! - [`discovery`]: the controller-proxy protocol (gRPC): SVID bootstrap and the snapshot stream.
 //! - [`ext_authz`]: Envoy's external authorization protocol, which the proxy speaks to
 //!   authorization services.
+//! - [`ratelimit`]: Envoy's rate limit service protocol, which the proxy speaks for global
+//!   rate limits.
 //!
 //! This crate depends on kube's derive and core types only, never on its client: the proxy
 //! links it and must hold no Kubernetes credentials.
@@ -18,6 +20,7 @@ pub mod crd;
 pub mod discovery;
 pub mod ext_authz;
 pub mod names;
+pub mod ratelimit;
 pub mod snapshot;
 
 pub use crd::accesspolicy::{

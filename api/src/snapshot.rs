@@ -36,6 +36,7 @@ pub mod feature {
     pub const RATE_LIMIT: &str = "rate-limit";
     pub const EXTERNAL_AUTH: &str = "external-auth";
     pub const JWT: &str = "jwt";
+    pub const GLOBAL_RATE_LIMIT: &str = "global-rate-limit";
 }
 
 impl Snapshot {
@@ -99,6 +100,10 @@ pub(crate) mod serde_enum {
     by_name!(
         external_auth_protocol,
         super::super::external_auth::Protocol
+    );
+    by_name!(
+        descriptor_source,
+        super::super::rate_limit_descriptor::entry::Source
     );
 }
 

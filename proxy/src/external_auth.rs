@@ -10,9 +10,11 @@
 //! Connections to the service are kept per route policy (rebuilt with each snapshot): HTTP/1
 //! connections in a small idle list, gRPC channels (HTTP/2, one per endpoint) in a map.
 
+use crate::callout::{
+    CalloutError, Channels, HandshakeError, TlsTo, cluster_endpoint, handshake, system_roots,
+};
 use crate::upstream::ClusterState;
 use bytes::Bytes;
-use connect::{Connector, handshake, system_roots};
 use coxswain_api::ext_authz as pb;
 use coxswain_api::snapshot as snap;
 use http_body_util::{BodyExt, Full, Limited};
@@ -29,32 +31,14 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_ANSWER_BODY: usize = 64 * 1024;
 /// Idle HTTP connections kept per route policy.
 const MAX_IDLE: usize = 32;
-/// gRPC channels kept per route policy (one per endpoint); past this the map starts over.
-const MAX_CHANNELS: usize = 64;
-
-/// Verified TLS to the service, with the name to verify.
-type TlsTo = (
-    Arc<rustls::ClientConfig>,
-    rustls_pki_types::ServerName<'static>,
-);
 
 /// Why the service could not decide.
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
-    #[error("the authorization service has no endpoint")]
-    NoEndpoint,
-    #[error("the authorization service's BackendTLSPolicy is unusable")]
-    TlsRefused,
-    #[error("resolving {authority}: {source}")]
-    Resolve {
-        authority: Box<str>,
-        source: std::io::Error,
-    },
-    #[error("connecting to {addr}: {source}")]
-    Connect {
-        addr: SocketAddr,
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Callout(#[from] CalloutError),
+    #[error(transparent)]
+    Handshake(#[from] HandshakeError),
     #[error("building the auth request: {0}")]
     Request(#[from] hyper::http::Error),
     #[error("HTTP exchange: {0}")]
@@ -164,7 +148,7 @@ pub struct ExternalAuth {
     pub failure_status: u16,
     timeout: Duration,
     idle: Mutex<Vec<(SocketAddr, SendRequest<Full<Bytes>>)>>,
-    channels: Mutex<HashMap<SocketAddr, tonic::transport::Channel>>,
+    channels: Channels,
 }
 
 impl std::fmt::Debug for ExternalAuth {
@@ -220,7 +204,7 @@ impl ExternalAuth {
                 ms => Duration::from_millis(ms),
             },
             idle: Mutex::new(Vec::new()),
-            channels: Mutex::new(HashMap::new()),
+            channels: Channels::default(),
         }
     }
 
@@ -259,21 +243,7 @@ impl ExternalAuth {
     /// An endpoint of the service and the TLS to speak to it.
     async fn endpoint(&self, req: &AuthRequest) -> Result<(SocketAddr, Option<TlsTo>), AuthError> {
         match &self.target {
-            Target::Cluster(c) => {
-                let tls = match &c.backend_tls {
-                    None => None,
-                    Some(t) if t.refuse => return Err(AuthError::TlsRefused),
-                    Some(t) => match &t.mirror {
-                        Some(tls) => Some(tls.clone()),
-                        None => Some((
-                            system_roots(),
-                            rustls_pki_types::ServerName::try_from(t.hostname.to_string())
-                                .map_err(|_| AuthError::TlsRefused)?,
-                        )),
-                    },
-                };
-                Ok((c.pick().ok_or(AuthError::NoEndpoint)?, tls))
-            }
+            Target::Cluster(c) => Ok(cluster_endpoint(c)?),
             Target::Address {
                 authority,
                 tls_hostname,
@@ -284,18 +254,18 @@ impl ExternalAuth {
                     Some(name) => Some((
                         system_roots(),
                         rustls_pki_types::ServerName::try_from(with_host(name, req).into_owned())
-                            .map_err(|_| AuthError::TlsRefused)?,
+                            .map_err(|_| CalloutError::TlsRefused)?,
                     )),
                 };
                 let mut addrs = tokio::net::lookup_host(&*authority)
                     .await
-                    .map_err(|source| AuthError::Resolve {
+                    .map_err(|source| CalloutError::Resolve {
                         authority: authority.as_ref().into(),
                         source,
                     })?;
-                Ok((addrs.next().ok_or(AuthError::NoEndpoint)?, tls))
+                Ok((addrs.next().ok_or(CalloutError::NoEndpoint)?, tls))
             }
-            Target::Missing(_) => Err(AuthError::NoEndpoint),
+            Target::Missing(_) => Err(CalloutError::NoEndpoint.into()),
         }
     }
 
@@ -452,36 +422,10 @@ impl ExternalAuth {
 
     async fn check_grpc(&self, req: &AuthRequest) -> Result<Verdict, AuthError> {
         let (addr, tls) = self.endpoint(req).await?;
-        let channel = self.channel(addr, tls)?;
+        let channel = self.channels.get(addr, tls, self.timeout)?;
         let mut client = pb::authorization_client::AuthorizationClient::new(channel);
         let answer = client.check(self.check_request(req)).await?.into_inner();
         Ok(grpc_verdict(answer))
-    }
-
-    /// The endpoint's channel: HTTP/2, connected on first use and again after a failure.
-    fn channel(
-        &self,
-        addr: SocketAddr,
-        tls: Option<TlsTo>,
-    ) -> Result<tonic::transport::Channel, AuthError> {
-        let mut channels = self.channels.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = channels.get(&addr) {
-            return Ok(c.clone());
-        }
-        // gRPC over TLS needs h2 by ALPN; the verification settings stay the policy's.
-        let tls = tls.map(|(config, name)| {
-            let mut config = (*config).clone();
-            config.alpn_protocols = vec![b"h2".to_vec()];
-            (Arc::new(config), name)
-        });
-        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
-            .connect_timeout(self.timeout)
-            .connect_with_connector_lazy(Connector { addr, tls });
-        if channels.len() >= MAX_CHANNELS {
-            channels.clear();
-        }
-        channels.insert(addr, channel.clone());
-        Ok(channel)
     }
 
     fn check_request(&self, req: &AuthRequest) -> pb::CheckRequest {
@@ -682,8 +626,6 @@ fn percent_encode(s: &str) -> String {
     }
     out
 }
-
-mod connect;
 
 #[cfg(test)]
 mod tests;

@@ -463,7 +463,7 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
         port: env.port,
         https: false,
         client: forwarded.client,
-        authorized_by: None,
+        consulted: None,
     };
     let method = head.method();
     let record = |route: &crate::router::CompiledRoute| Record {

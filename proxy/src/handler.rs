@@ -3,7 +3,6 @@
 //! bodies, upstream peers, timeouts, mirrors) and answers what `request` decided.
 
 use crate::access_log::{AccessLine, access_line};
-use crate::external_auth::{AuthRequest, ExternalAuth, Verdict};
 use crate::filters;
 use crate::forwarded;
 use crate::limits::Limits;
@@ -13,8 +12,9 @@ use crate::request::{self, Decision};
 use crate::router::Headers;
 use crate::table::SharedTable;
 use crate::workers;
-use answers::{content_length, respond, respond_denial, respond_preflight};
+use answers::{content_length, respond, respond_preflight};
 use async_trait::async_trait;
+use consult::Consulting;
 use coxswain_api::snapshot::{self as snap, filter};
 use edits::{apply_request_filter, feed_mirrors};
 use pingora::http::{RequestHeader, ResponseHeader};
@@ -43,13 +43,14 @@ enum Answer {
     Redirect(u16, String),
     /// A CORS preflight answered here, with the request's Origin.
     Preflight(Arc<RoutePolicy>, Option<String>),
-    /// Ask the route's authorization service about this request, then decide again.
-    Authorize(Arc<ExternalAuth>, Box<AuthRequest>),
+    /// Ask the route's services (global rate limit, authorization) about this request, then
+    /// decide again.
+    Consult(Box<Consulting>),
 }
 
-/// A route's authorization service is asked again at most this often for one request (only a
-/// snapshot swapped in meanwhile, giving the route another service, asks twice).
-const AUTHORIZE_ROUNDS: usize = 3;
+/// A route's services are asked again at most this often for one request (only a snapshot
+/// swapped in meanwhile, giving the route another policy, asks twice).
+const CONSULT_ROUNDS: usize = 3;
 
 impl Gateway {
     /// Fills the context of a request going upstream.
@@ -180,10 +181,10 @@ impl ProxyHttp for Gateway {
             .and_then(|a| a.as_inet())
             .map(|a| a.ip());
         ctx.client = peer;
-        // The authorization service that allowed this request (see `Decision::Authorize`).
-        let mut allowed_by: Option<Arc<ExternalAuth>> = None;
-        for _ in 0..AUTHORIZE_ROUNDS {
-            let first_round = allowed_by.is_none();
+        // The route policy whose services let this request through (`Decision::Consult`).
+        let mut consulted: Option<Arc<RoutePolicy>> = None;
+        for _ in 0..CONSULT_ROUNDS {
+            let first_round = consulted.is_none();
             // Decide everything from one load of the table; nothing after this reads it again
             // (but for a second round, after an authorization service allowed the request).
             let (answer, normalized) = {
@@ -208,7 +209,7 @@ impl ProxyHttp for Gateway {
                     port: self.port,
                     https: self.https,
                     client: forwarded.client,
-                    authorized_by: allowed_by.as_deref(),
+                    consulted: consulted.as_deref(),
                 };
                 let table = self.table.load();
                 let sni = session
@@ -253,20 +254,27 @@ impl ProxyHttp for Gateway {
                         crate::metrics::Metrics::count(&self.table.metrics().rate_limited);
                         Answer::StatusWith(429, "retry-after", retry_after.to_string())
                     }
-                    Decision::Authorize {
-                        service,
-                        slots,
-                        edits,
-                    } => {
-                        ctx.slots = slots;
-                        ctx.auth_edits = edits;
-                        let asked =
-                            request::auth_request(&head, &checked, &arrival, sni.map(|s| &*s.0));
-                        Answer::Authorize(service.clone(), Box::new(asked))
+                    Decision::Consult(c) => {
+                        ctx.slots = c.slots;
+                        ctx.auth_edits = c.edits;
+                        let authorize =
+                            c.policy.external_auth.as_ref().filter(|_| c.authorize).map(
+                                |service| {
+                                    let sni = sni.map(|s| &*s.0);
+                                    let asked =
+                                        request::auth_request(&head, &checked, &arrival, sni);
+                                    (service.clone(), asked)
+                                },
+                            );
+                        Answer::Consult(Box::new(Consulting {
+                            policy: c.policy.clone(),
+                            limit: c.limit,
+                            authorize,
+                        }))
                     }
                     Decision::Forward(mut f) => {
                         ctx.slots.append(&mut f.slots);
-                        if allowed_by.is_none() {
+                        if consulted.is_none() {
                             ctx.auth_edits = std::mem::take(&mut f.edits);
                         }
                         self.prepare(ctx, &f, &checked);
@@ -302,30 +310,21 @@ impl ProxyHttp for Gateway {
                     Some(cors) => respond_preflight(session, cors, origin.as_deref()).await,
                     None => respond(session, 204, None).await,
                 },
-                Answer::Authorize(service, asked) => {
-                    let metrics = self.table.metrics();
-                    match service.check(&asked).await {
-                        Verdict::Allow(mut edits) => {
-                            crate::metrics::Metrics::count(&metrics.external_auth_allowed);
-                            // The service's edits come after the token's, so they win.
-                            ctx.auth_edits.remove.append(&mut edits.remove);
-                            ctx.auth_edits.add.append(&mut edits.add);
-                            allowed_by = Some(service);
-                            continue;
-                        }
-                        Verdict::Deny(denial) => {
-                            crate::metrics::Metrics::count(&metrics.external_auth_denied);
-                            respond_denial(session, &denial).await
-                        }
-                        Verdict::Failed(_) => {
-                            crate::metrics::Metrics::count(&metrics.external_auth_failed);
-                            respond(session, service.failure_status, None).await
-                        }
+                Answer::Consult(c) => {
+                    let policy = c.policy.clone();
+                    if let Some(answered) =
+                        consult::ask(session, ctx, *c, self.table.metrics()).await
+                    {
+                        return answered;
                     }
+                    consulted = Some(policy);
+                    continue;
                 }
             };
         }
-        tracing::warn!("the route's authorization service kept changing; request refused");
+        tracing::warn!(
+            "the route's policy kept changing while its services were asked; request refused"
+        );
         respond(session, 503, None).await
     }
 
@@ -776,5 +775,6 @@ fn access_log(session: &Session, ctx: &Ctx) {
 }
 
 mod answers;
+mod consult;
 mod edits;
 mod pingora_head;

@@ -13,6 +13,7 @@ pub mod addresses;
 pub mod admin;
 pub mod auth;
 pub mod balance;
+pub mod callout;
 mod conn;
 pub mod discovery;
 pub mod external_auth;

@@ -66,6 +66,10 @@ pub struct Metrics {
     pub external_auth_allowed: AtomicU64,
     pub external_auth_denied: AtomicU64,
     pub external_auth_failed: AtomicU64,
+    /// Global rate limits: requests the service said were over, and calls it could not answer
+    /// (let through or refused as the route's fail_open says).
+    pub global_rate_limit_over: AtomicU64,
+    pub global_rate_limit_errors: AtomicU64,
     /// Snapshots that could not be turned into a table (the previous one kept serving).
     pub snapshots_rejected: AtomicU64,
     /// The tracer's span counters, when tracing is on (rendered as zeros otherwise).
@@ -238,7 +242,7 @@ impl Metrics {
             ),
             (
                 "coxswain_proxy_rate_limited_total",
-                "Requests answered 429 by a route's rate limit or its limit on requests in progress.",
+                "Requests answered 429 by a route's rate limit (local or global) or its limit on requests in progress.",
                 &self.rate_limited,
             ),
             (
@@ -265,6 +269,16 @@ impl Metrics {
                 "coxswain_proxy_external_auth_failed_total",
                 "Requests refused because the external authorization service could not be asked (unreachable, timed out, malformed answer).",
                 &self.external_auth_failed,
+            ),
+            (
+                "coxswain_proxy_global_rate_limit_over_total",
+                "Requests answered 429 because the global rate limit service said over limit.",
+                &self.global_rate_limit_over,
+            ),
+            (
+                "coxswain_proxy_global_rate_limit_errors_total",
+                "Calls to the global rate limit service that got no usable answer (the request then went on or got 503, as the route's failure mode says).",
+                &self.global_rate_limit_errors,
             ),
         ];
         for (name, help, value) in counters {

@@ -29,6 +29,8 @@ pub struct RoutePolicy {
     pub jwt: Option<crate::jwt::JwtAuth>,
     /// Some: an authorization service decides each request before it is forwarded.
     pub external_auth: Option<std::sync::Arc<crate::external_auth::ExternalAuth>>,
+    /// Some: a rate limit service shared by all replicas counts each request.
+    pub global_limit: Option<crate::ratelimit::global::GlobalLimit>,
 }
 
 /// Session persistence (GEP-1619, Ingress cookie affinity): the answer names its endpoint in a
@@ -206,6 +208,10 @@ impl RoutePolicy {
                 .external_auth
                 .as_ref()
                 .map(|e| std::sync::Arc::new(crate::external_auth::ExternalAuth::new(e, clusters))),
+            global_limit: route
+                .global_rate_limit
+                .as_ref()
+                .map(|g| crate::ratelimit::global::GlobalLimit::new(g, clusters)),
         }
     }
 }

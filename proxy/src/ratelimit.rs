@@ -13,6 +13,8 @@
 //! again (they are the same as no bucket) and, when every bucket it holds is still in use,
 //! puts new keys in one shared bucket rather than growing.
 
+pub mod global;
+
 use crate::addresses::AddressSet;
 use coxswain_api::snapshot as snap;
 use std::collections::HashMap;

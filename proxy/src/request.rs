@@ -434,10 +434,11 @@ pub struct Arrival<'a> {
     pub https: bool,
     /// The client as [`forwarded`] decided it: the peer, or what trusted proxies say.
     pub client: Option<IpAddr>,
-    /// The authorization service that allowed the request ([`Decision::Authorize`]): when it
-    /// is still the route's, the access checks are done and counted, and [`decide`] goes on
-    /// from there. (A snapshot swapped in meanwhile may have given the route another one.)
-    pub authorized_by: Option<&'a crate::external_auth::ExternalAuth>,
+    /// The route policy whose services (global rate limit, authorization) let the request
+    /// through ([`Decision::Consult`]): when it is still the route's, the limits and access
+    /// checks are done and counted, and [`decide`] goes on from there. (A snapshot swapped in
+    /// meanwhile may have given the route another policy.)
+    pub consulted: Option<&'a RoutePolicy>,
 }
 
 /// Who the client is and what the backend is told about it (see `forwarded`). `peer`: the
@@ -484,15 +485,9 @@ pub enum Decision<'t> {
     Limited {
         retry_after: u64,
     },
-    /// Ask this authorization service first; if it allows, call [`decide`] again with
-    /// `Arrival::authorized_by` set to it (and the edits it asks for applied upstream). `slots`: the
-    /// request's places under in-progress limits, held until it ends.
-    Authorize {
-        service: &'t Arc<crate::external_auth::ExternalAuth>,
-        slots: Vec<crate::ratelimit::Slot>,
-        /// Fields a verified JWT sets on the request, kept for the forward after.
-        edits: crate::external_auth::Edits,
-    },
+    /// Ask the route's services first (see [`Consult`]); if they let the request through,
+    /// call [`decide`] again with `Arrival::consulted` set to the policy.
+    Consult(Consult<'t>),
     Forward(Forward<'t>),
 }
 
@@ -518,7 +513,7 @@ pub struct Forward<'t> {
 
 /// Applies the route's policies and picks the backend. Counts toward the route's
 /// round robin and mirror shares: call it once per request, from the engine that serves it
-/// (twice when it answers [`Decision::Authorize`] and the service allows).
+/// (twice when it answers [`Decision::Consult`] and the services let the request through).
 pub fn decide<'t, H: Head + ?Sized>(
     route: Option<&'t CompiledRoute>,
     head: &H,
@@ -533,11 +528,10 @@ pub fn decide<'t, H: Head + ?Sized>(
     // the external service last (it is the costly one).
     let mut slots = Vec::new();
     let mut edits = crate::external_auth::Edits::default();
-    let authorized = match (&policy.external_auth, arrival.authorized_by) {
-        (Some(service), Some(by)) => std::ptr::eq(&**service, by),
-        _ => false,
-    };
-    if !authorized {
+    let consulted = arrival
+        .consulted
+        .is_some_and(|p| std::ptr::eq(&**policy, p));
+    if !consulted {
         for limiter in &policy.rate_limits {
             let key = limiter
                 .header()
@@ -575,12 +569,27 @@ pub fn decide<'t, H: Head + ?Sized>(
                 }
             }
         }
-        if let Some(service) = &policy.external_auth {
-            return Decision::Authorize {
-                service,
+        // The services last: they are the costly checks, and a request refused above is
+        // never counted against the shared limit.
+        let limit = policy.global_limit.as_ref().and_then(|g| {
+            g.request(
+                |name| head.get(name),
+                crate::ratelimit::global::Described {
+                    client: arrival.client,
+                    method: head.method(),
+                    path: checked.path(),
+                },
+            )
+        });
+        let authorize = policy.external_auth.is_some();
+        if limit.is_some() || authorize {
+            return Decision::Consult(Consult {
+                policy,
+                limit,
+                authorize,
                 slots,
                 edits,
-            };
+            });
         }
     }
     let redirect = route.route.filters.iter().find_map(|f| match &f.kind {
@@ -710,44 +719,6 @@ pub fn decide<'t, H: Head + ?Sized>(
     }
 }
 
-/// What the route's authorization service is told about a request (owned: the engine's head
-/// is released while the service thinks).
-pub fn auth_request<H: Head + ?Sized>(
-    head: &H,
-    checked: &Checked<'_>,
-    arrival: &Arrival,
-    sni: Option<&str>,
-) -> crate::external_auth::AuthRequest {
-    let mut fields = Vec::new();
-    head.each_header(&mut |name, value| {
-        fields.push((
-            String::from_utf8_lossy(name).to_ascii_lowercase(),
-            String::from_utf8_lossy(value).into_owned(),
-        ));
-    });
-    crate::external_auth::AuthRequest {
-        method: head.method().to_owned(),
-        scheme: if arrival.https { "https" } else { "http" },
-        host: checked.host.to_owned(),
-        hostname: crate::router::strip_port(checked.host).to_owned(),
-        path_and_query: checked.path_and_query.clone().into_owned(),
-        fields,
-        client: arrival.client,
-        port: arrival.port,
-        protocol: match head.version() {
-            Version::Http10 => "HTTP/1.0",
-            Version::Http11 => "HTTP/1.1",
-            Version::Http2 => "HTTP/2",
-        },
-        body_size: match checked.body {
-            Body::None => 0,
-            Body::Length(n) => i64::try_from(n).unwrap_or(-1),
-            Body::Chunked => -1,
-        },
-        sni: sni.map(str::to_owned),
-    }
-}
-
 /// The endpoint a request's session cookie or header names, if any.
 fn session_requested<H: Head + ?Sized>(session: &SessionPolicy, head: &H) -> Option<u64> {
     let mut found = None;
@@ -774,6 +745,9 @@ pub fn is_preflight<H: Head + ?Sized>(head: &H) -> bool {
         && head.get("origin").is_some()
         && head.get("access-control-request-method").is_some()
 }
+
+mod consult;
+pub use consult::{Consult, auth_request};
 
 #[cfg(test)]
 mod tests;

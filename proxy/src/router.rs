@@ -621,10 +621,11 @@ fn compile_route(
     };
     // Rate limits and Basic authentication stay on the fast path: `request::decide` decides
     // them for both engines, and the fast path writes their 401 and 429 itself. External
-    // authorization waits on another service and edits the request, as a JWT whose claims
-    // become fields does: Pingora serves those.
+    // authorization and global rate limits wait on another service (and authorization edits
+    // the request, as a JWT whose claims become fields does): Pingora serves those.
     let passthrough = r.filters.is_empty()
         && policy.external_auth.is_none()
+        && policy.global_limit.is_none()
         && policy.jwt.as_ref().is_none_or(|j| !j.sets_fields())
         && r.direct_status == 0
         && r.client_allowlist.is_none()

@@ -20,6 +20,7 @@ pub const FEATURES: &[&str] = &[
     feature::RATE_LIMIT,
     feature::EXTERNAL_AUTH,
     feature::JWT,
+    feature::GLOBAL_RATE_LIMIT,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -336,7 +336,10 @@ fn a_missing_cluster_or_a_bad_failure_status_still_fails_closed() {
         .build()
         .expect("runtime");
     let verdict = runtime.block_on(service.check(&asked()));
-    assert!(matches!(verdict, Verdict::Failed(AuthError::NoEndpoint)));
+    assert!(matches!(
+        verdict,
+        Verdict::Failed(AuthError::Callout(crate::callout::CalloutError::NoEndpoint))
+    ));
 }
 
 #[test]

@@ -66,6 +66,22 @@ pub(super) async fn respond(
     Ok(true)
 }
 
+/// 429 from the global rate limit service, with Retry-After and the fields it asked for.
+pub(super) async fn respond_limited(
+    session: &mut Session,
+    retry_after: u64,
+    fields: &[(String, String)],
+) -> pingora::Result<bool> {
+    let mut resp = ResponseHeader::build(429, Some(fields.len() + 2))?;
+    for (name, value) in fields {
+        resp.append_header(name.clone(), value.as_str())?;
+    }
+    resp.insert_header("retry-after", retry_after.to_string())?;
+    resp.insert_header("content-length", "0")?;
+    session.write_response_header(Box::new(resp), true).await?;
+    Ok(true)
+}
+
 /// An authorization service's refusal, as it answered: status, fields and body.
 pub(super) async fn respond_denial(
     session: &mut Session,
