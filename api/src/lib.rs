@@ -21,9 +21,9 @@ pub mod names;
 pub mod snapshot;
 
 pub use crd::accesspolicy::{
-    AccessPolicyTargetRef, ClaimToHeader, CoxswainAccessPolicy, CoxswainAccessPolicySpec,
-    CoxswainAccessPolicyStatus, JwksRef, Jwt, JwtProvider, RateLimit, RateLimitKey,
-    RateLimitKeyType, RateUnit, SecretName,
+    AccessPolicyTargetRef, CaBundleRef, ClaimToHeader, CoxswainAccessPolicy,
+    CoxswainAccessPolicySpec, CoxswainAccessPolicyStatus, JwksRef, Jwt, JwtProvider, RateLimit,
+    RateLimitKey, RateLimitKeyType, RateUnit, RemoteJwks, SecretName,
 };
 pub use crd::backendpolicy::{
     AncestorRef, BackendPolicyTargetRef, ConsistentHash, CoxswainBackendPolicy,
