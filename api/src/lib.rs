@@ -24,9 +24,9 @@ pub mod ratelimit;
 pub mod snapshot;
 
 pub use crd::accesspolicy::{
-    AccessPolicyTargetRef, ClaimToHeader, CoxswainAccessPolicy, CoxswainAccessPolicySpec,
-    CoxswainAccessPolicyStatus, JwksRef, Jwt, JwtProvider, RateLimit, RateLimitKey,
-    RateLimitKeyType, RateUnit, SecretName,
+    AccessPolicyTargetRef, CaBundleRef, ClaimToHeader, CoxswainAccessPolicy,
+    CoxswainAccessPolicySpec, CoxswainAccessPolicyStatus, JwksRef, Jwt, JwtProvider, RateLimit,
+    RateLimitKey, RateLimitKeyType, RateUnit, RemoteJwks, SecretName,
 };
 pub use crd::backendpolicy::{
     AncestorRef, BackendPolicyTargetRef, ConsistentHash, CoxswainBackendPolicy,

@@ -346,6 +346,31 @@ async fn access_policy_mistakes_are_rejected_by_the_server() {
             "Unsupported value",
         ),
         (
+            "jwks-name-and-remote",
+            json!({"targetRefs": route, "jwt": {"providers": [{"name": "idp", "jwks": {"name": "keys", "remote": {"uri": "https://idp.example/jwks"}}}]}}),
+            "set name (a ConfigMap or Secret) or remote (a URL), exactly one",
+        ),
+        (
+            "jwks-neither",
+            json!({"targetRefs": route, "jwt": {"providers": [{"name": "idp", "jwks": {}}]}}),
+            "set name (a ConfigMap or Secret) or remote (a URL), exactly one",
+        ),
+        (
+            "jwks-key-with-remote",
+            json!({"targetRefs": route, "jwt": {"providers": [{"name": "idp", "jwks": {"key": "k", "remote": {"uri": "https://idp.example/jwks"}}}]}}),
+            "kind and key go with name, not with remote",
+        ),
+        (
+            "jwks-over-http",
+            json!({"targetRefs": route, "jwt": {"providers": [{"name": "idp", "jwks": {"remote": {"uri": "http://idp.example/jwks"}}}]}}),
+            "spec.jwt.providers[0].jwks.remote.uri",
+        ),
+        (
+            "jwks-refreshed-too-often",
+            json!({"targetRefs": route, "jwt": {"providers": [{"name": "idp", "jwks": {"remote": {"uri": "https://idp.example/jwks", "refreshSeconds": 5}}}]}}),
+            "spec.jwt.providers[0].jwks.remote.refreshSeconds",
+        ),
+        (
             "quote-in-realm",
             json!({"targetRefs": route, "basicAuth": {"secretRef": {"name": "users"}, "realm": "a\"b"}}),
             "spec.basicAuth.realm",

@@ -36,6 +36,9 @@ pub struct State {
     /// Bootstrap refusals by reason (`identity::server::refused`).
     bootstrap_refused: Mutex<BTreeMap<&'static str, u64>>,
     svids_issued: AtomicU64,
+    /// Remote JWKS fetches that gave a usable document, and those that did not.
+    jwks_fetches_ok: AtomicU64,
+    jwks_fetches_failed: AtomicU64,
     /// The tracer's span counters, when tracing is on (rendered as zeros otherwise).
     pub trace: std::sync::OnceLock<Arc<coxswain_proxy::trace::Counters>>,
 }
@@ -101,6 +104,15 @@ impl State {
 
     pub fn svid_issued(&self) {
         self.svids_issued.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn jwks_fetched(&self, ok: bool) {
+        let counter = if ok {
+            &self.jwks_fetches_ok
+        } else {
+            &self.jwks_fetches_failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn set_connected_proxies(&self, n: usize) {
@@ -220,6 +232,13 @@ impl State {
         for (reason, n) in lock(&self.bootstrap_refused).iter() {
             let _ = writeln!(out, "{name}{{reason=\"{reason}\"}} {n}");
         }
+        let name = "coxswain_controller_jwks_fetches_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Fetches of remote JWKS documents by outcome (failed: no usable document; the last good one stays in use).\n# TYPE {name} counter\n{name}{{outcome=\"ok\"}} {}\n{name}{{outcome=\"failed\"}} {}",
+            self.jwks_fetches_ok.load(Ordering::Relaxed),
+            self.jwks_fetches_failed.load(Ordering::Relaxed)
+        );
         match self.trace.get() {
             Some(c) => c.render("coxswain_controller", &mut out),
             None => {
@@ -300,6 +319,9 @@ mod tests {
         state.bootstrap_refused("rate_limited");
         state.bootstrap_refused("rate_limited");
         state.svid_issued();
+        state.jwks_fetched(true);
+        state.jwks_fetched(false);
+        state.jwks_fetched(false);
         let text = state.render();
         for line in [
             "coxswain_controller_leader 1",
@@ -314,6 +336,8 @@ mod tests {
             "coxswain_controller_objects{kind=\"HTTPRoute\"} 8",
             "coxswain_controller_bootstrap_refused_total{reason=\"rate_limited\"} 2",
             "coxswain_controller_svids_issued_total 1",
+            "coxswain_controller_jwks_fetches_total{outcome=\"ok\"} 1",
+            "coxswain_controller_jwks_fetches_total{outcome=\"failed\"} 2",
             "coxswain_controller_trace_spans_exported_total 0",
             "coxswain_controller_trace_spans_dropped_total{reason=\"export_failed\"} 0",
         ] {

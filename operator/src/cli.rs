@@ -285,6 +285,12 @@ pub struct ControllerArgs {
     #[arg(long, env = "COXSWAIN_BOOTSTRAP_PER_MINUTE", default_value_t = crate::identity::ratelimit::RateLimit::default().per_minute, value_parser = clap::value_parser!(u32).range(1..))]
     pub bootstrap_per_minute: u32,
 
+    /// Fetch every remote JWKS (a CoxswainAccessPolicy's jwks.remote) at least this often, in
+    /// seconds, even when its policy's refreshSeconds is longer. Unset: as the policies say
+    /// (30 s at the least). For clusters that rotate keys faster, and for tests.
+    #[arg(long, env = "COXSWAIN_JWKS_MAX_REFRESH_INTERVAL", value_parser = clap::value_parser!(u64).range(1..))]
+    pub jwks_max_refresh_interval: Option<u64>,
+
     #[command(flatten)]
     pub tracing: TracingArgs,
 

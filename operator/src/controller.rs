@@ -45,6 +45,8 @@ pub struct ControllerConfig {
     pub health_addr: Option<SocketAddr>,
     /// `/metrics` (and the health endpoints); None or the same as `health_addr`: one listener.
     pub metrics_addr: Option<SocketAddr>,
+    /// How remote JWKS documents are fetched.
+    pub jwks: crate::jwks::Settings,
 }
 
 /// The release image of this build, the dedicated proxies' default.
@@ -291,12 +293,14 @@ pub async fn run(
         ),
         ..Default::default()
     };
+    let jwks = crate::jwks::Fetcher::new(config.jwks.clone(), admin.clone());
     let mut version_checked: Option<std::time::Instant> = None;
     tokio::pin!(stop);
     loop {
         tokio::select! {
             () = reflector.changed.notified() => {}
             () = hub.changed.notified() => {}
+            () = jwks.changed.notified() => {}
             () = &mut stop => break,
         }
         tokio::time::sleep(DEBOUNCE).await;
@@ -316,7 +320,11 @@ pub async fn run(
         }
         // One trace per pass: compiling, then publishing and writing status.
         let mut pass = Span::root(config.tracer.as_ref(), "reconcile");
-        let store = reflector.snapshot();
+        let mut store = reflector.snapshot();
+        // The policies say which URLs to fetch; what was fetched so far is compiled now, and
+        // each new document wakes this loop again.
+        jwks.want(compile::jwks::sources(&store));
+        store.remote_jwks = jwks.documents();
         let mut compiling = pass.child("compile");
         let started = std::time::Instant::now();
         let compiled = compile::compile(&store, &compile_config);

@@ -9,6 +9,7 @@ pub mod controller;
 pub mod discovery;
 pub mod helm;
 pub mod identity;
+pub mod jwks;
 pub mod leader;
 pub mod manifests;
 pub mod parameters_status;

@@ -258,6 +258,12 @@ fn serve_controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
             tracer,
             health_addr: Some(args.admin.health_addr),
             metrics_addr: Some(args.admin.metrics_addr),
+            jwks: coxswain_operator::jwks::Settings {
+                refresh_cap: args
+                    .jwks_max_refresh_interval
+                    .map(std::time::Duration::from_secs),
+                ..Default::default()
+            },
             lease: Some(coxswain_operator::leader::LeaseConfig {
                 namespace: ns.clone(),
                 name: names::LEADER_LEASE.to_owned(),

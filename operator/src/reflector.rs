@@ -252,6 +252,8 @@ impl Reflector {
             gateway_parameters: copy(&self.gateway_parameters),
             backend_policies: copy(&self.backend_policies),
             access_policies: copy(&self.access_policies),
+            // Not a watched kind: the controller adds what its JWKS fetcher holds.
+            remote_jwks: Default::default(),
         }
     }
 }

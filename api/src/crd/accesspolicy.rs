@@ -90,8 +90,9 @@ pub struct JwtProvider {
     #[schemars(length(max = 16))]
     pub audiences: Vec<String>,
 
-    /// Where the provider's public keys (a JWKS document, RFC 7517) are. Updating that object
-    /// rotates the keys on every proxy without a restart.
+    /// Where the provider's public keys (a JWKS document, RFC 7517) are. A new document there
+    /// (an updated object, or a refresh of the URL that returns new keys) rotates the keys on
+    /// every proxy without a restart.
     pub jwks: JwksRef,
 
     /// Claims (string, number or boolean) copied into request fields for the backend; a
@@ -106,20 +107,78 @@ pub struct JwtProvider {
     pub clock_skew_seconds: Option<u32>,
 }
 
-/// A ConfigMap (or Secret) in the policy's namespace holding a JWKS document.
+/// Where a provider's JWKS document is: a ConfigMap or Secret in the policy's namespace
+/// (`name`), or an HTTPS URL the controller fetches (`remote`). Set exactly one of the two.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 #[x_kube(validation = Rule::new("!has(self.kind) || self.kind in ['ConfigMap', 'Secret']")
     .message("kind is ConfigMap or Secret"))]
+#[x_kube(validation = Rule::new("has(self.name) != has(self.remote)")
+    .message("set name (a ConfigMap or Secret) or remote (a URL), exactly one"))]
+#[x_kube(validation = Rule::new("!has(self.remote) || (!has(self.kind) && !has(self.key))")
+    .message("kind and key go with name, not with remote"))]
 pub struct JwksRef {
-    /// ConfigMap (default) or Secret.
+    /// ConfigMap (default) or Secret; with `name`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kind: Option<String>,
 
+    /// The ConfigMap or Secret holding the document, in the policy's namespace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub name: Option<String>,
+
+    /// The key holding the document, with `name`. Default: jwks.json.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: Option<String>,
+
+    /// A JWKS URL (an identity provider's `jwks_uri`) that the controller fetches and ships to
+    /// the proxies in their snapshots; proxies never reach the provider themselves. A refresh
+    /// that fails keeps the last good document; until a first fetch succeeds the provider is
+    /// left out and the policy's Accepted message says why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub remote: Option<RemoteJwks>,
+}
+
+/// A JWKS document the controller fetches over HTTPS.
+///
+/// The controller GETs `uri` every `refreshSeconds` (10 s timeout, documents up to 256 KiB,
+/// redirects not followed) and ships each new document to the proxies without a restart. When
+/// a refresh fails, or returns a document without a usable key, the last good document stays
+/// in use and the fetch is retried with backoff. Until a first fetch succeeds the provider is
+/// left out (the policy's Accepted message says why); with no provider left, the policy's
+/// rules answer 503.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RemoteJwks {
+    /// The document's URL: https only, without user information, e.g.
+    /// `https://idp.example.com/.well-known/jwks.json`. The controller must be able to reach
+    /// it (mind egress NetworkPolicies of its namespace).
+    #[schemars(
+        length(min = 9, max = 2048),
+        regex(pattern = r"^https://[^\s/?#@]+([/?#]\S*)?$")
+    )]
+    pub uri: String,
+
+    /// CA certificates the server's certificate may chain to, besides the system's (for a
+    /// provider with a private CA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<CaBundleRef>,
+
+    /// How often the document is fetched again, in seconds. Default 300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 30, max = 86_400))]
+    pub refresh_seconds: Option<u32>,
+}
+
+/// A ConfigMap in the policy's namespace holding PEM CA certificates.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CaBundleRef {
     #[schemars(length(min = 1, max = 253))]
     pub name: String,
 
-    /// The key holding the document. Default: jwks.json.
+    /// The key holding the certificates. Default: ca.crt.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub key: Option<String>,

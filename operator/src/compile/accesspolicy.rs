@@ -7,8 +7,8 @@
 //! policy that sets it: the rule's, the route's, the listener's, then the Gateway's.
 //!
 //! Access control fails closed: a policy whose Secret is missing, or lists no user the proxy
-//! can check (or whose JWT providers have no key the proxy can use), still holds its targets,
-//! and their rules answer 503 until it is fixed.
+//! can check (or whose JWT providers have no key the proxy can use, or only a URL not fetched
+//! yet), still holds its targets, and their rules answer 503 until it is fixed.
 
 use super::entries::Entry;
 use super::htpasswd;
@@ -25,8 +25,6 @@ const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
 const DEFAULT_REALM: &str = "Authentication Required";
 /// Leeway for a token's `exp` and `nbf` when a provider names none.
 pub const DEFAULT_CLOCK_SKEW_SECONDS: u32 = 60;
-/// The key of the JWKS document when a provider's jwks names none.
-pub const DEFAULT_JWKS_KEY: &str = "jwks.json";
 
 /// (namespace, kind, name, section name or "").
 type Target = (String, String, String, String);
@@ -214,13 +212,9 @@ fn jwt_auth(
 ) -> Option<snap::JwtAuth> {
     let mut providers = Vec::new();
     for p in &jwt.providers {
-        let key = p.jwks.key.as_deref().unwrap_or(DEFAULT_JWKS_KEY);
-        let kind = p.jwks.kind.as_deref().unwrap_or("ConfigMap");
-        let what = format!(
-            "JWT provider {:?}: {kind} {ns}/{} key {key:?}",
-            p.name, p.jwks.name
-        );
-        let document = match jwks_document(store, ns, kind, &p.jwks.name, key) {
+        let (source, document) = super::jwks::document(store, ns, &p.jwks);
+        let what = format!("JWT provider {:?}: {source}", p.name);
+        let document = match document {
             Ok(d) => d,
             Err(why) => {
                 problems.push(format!("{what}: {why}"));
@@ -260,45 +254,6 @@ fn jwt_auth(
         return None;
     }
     Some(snap::JwtAuth { providers })
-}
-
-/// The text of `key` in a ConfigMap or Secret of `ns`.
-fn jwks_document(
-    store: &Store,
-    ns: &str,
-    kind: &str,
-    name: &str,
-    key: &str,
-) -> Result<String, String> {
-    let here = |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| {
-        m.namespace.as_deref() == Some(ns) && m.name.as_deref() == Some(name)
-    };
-    let text = if kind == "Secret" {
-        let secret = store
-            .secrets
-            .iter()
-            .find(|s| here(&s.metadata))
-            .ok_or("not found")?;
-        secret
-            .string_data
-            .as_ref()
-            .and_then(|d| d.get(key).cloned())
-            .or_else(|| {
-                secret
-                    .data
-                    .as_ref()
-                    .and_then(|d| d.get(key))
-                    .and_then(|v| String::from_utf8(v.0.clone()).ok())
-            })
-    } else {
-        let cm = store
-            .config_maps
-            .iter()
-            .find(|c| here(&c.metadata))
-            .ok_or("not found")?;
-        cm.data.as_ref().and_then(|d| d.get(key).cloned())
-    };
-    text.ok_or_else(|| "has no such text key".to_owned())
 }
 
 fn rate_limit(r: &RateLimit, me: &ObjectKey) -> Result<snap::RateLimit, String> {

@@ -64,13 +64,17 @@ spec:
 "#;
 
 fn compile_yaml(docs: &[&str]) -> Compiled {
+    compile(&load(docs), &Config::default())
+}
+
+fn load(docs: &[&str]) -> Store {
     let mut store = Store::default();
     let mut errors = Vec::new();
     for d in docs {
         store.load_yaml(Path::new("fixture.yaml"), d, &mut errors);
     }
     assert!(errors.is_empty(), "{errors:?}");
-    compile(&store, &Config::default())
+    store
 }
 
 fn policy(name: &str, created: &str, targets: &str, spec: &str) -> String {
@@ -433,4 +437,154 @@ fn jwt_providers_ship_their_keys_and_a_new_jwks_is_a_new_snapshot() {
     let (status, reason, message) = accepted(&c3, "tokens");
     assert_eq!((status, reason), (ConditionStatus::False, "Invalid"));
     assert!(message.contains("no signing key"), "{message}");
+}
+
+const IDP_URI: &str = "https://idp.example/.well-known/jwks.json";
+const ED_A: &str = r#"{"keys": [{"kty": "OKP", "crv": "Ed25519", "kid": "a", "x": "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo"}]}"#;
+
+fn remote_jwt(extra: &str) -> String {
+    format!(
+        r#"  jwt:
+    providers:
+    - name: idp
+      issuer: https://idp.example
+      audiences: [shop]
+      jwks: {{remote: {{uri: "{IDP_URI}"{extra}}}}}
+      claimsToHeaders: [{{claim: sub, header: X-User}}]"#
+    )
+}
+
+/// The policies and objects of `docs`, with what the controller fetched from IDP_URI (no CA
+/// bundle), if anything.
+fn compile_fetched(docs: &[&str], fetched: Option<Result<&str, &str>>) -> Compiled {
+    let mut store = load(docs);
+    if let Some(f) = fetched {
+        let source = JwksSource {
+            uri: IDP_URI.into(),
+            ca_pem: None,
+        };
+        let f = f.map(str::to_owned).map_err(str::to_owned);
+        store.remote_jwks.insert(source, f);
+    }
+    compile(&store, &Config::default())
+}
+
+#[test]
+fn a_fetched_remote_jwks_compiles_like_a_config_map_one() {
+    let p = policy(
+        "tokens",
+        "2026-01-01T00:00:00Z",
+        ROUTE,
+        &remote_jwt(", refreshSeconds: 60"),
+    );
+    // The policy names the URL: the controller is asked to fetch it, as often as it says.
+    assert_eq!(
+        jwks::sources(&load(&[BASE, &p])),
+        BTreeMap::from([(
+            JwksSource {
+                uri: IDP_URI.into(),
+                ca_pem: None
+            },
+            std::time::Duration::from_secs(60)
+        )])
+    );
+    let c = compile_fetched(&[BASE, &p], Some(Ok(ED_A)));
+    let (status, reason, message) = accepted(&c, "tokens");
+    assert_eq!(
+        (status, reason, message.as_str()),
+        (ConditionStatus::True, "Accepted", "")
+    );
+
+    // The same provider reading the same document from a ConfigMap: the same route.
+    let from_config_map = JWT.replace(
+        "    - {name: broken, jwks: {kind: Secret, name: nowhere}}",
+        "",
+    );
+    let p2 = policy("tokens", "2026-01-01T00:00:00Z", ROUTE, &from_config_map);
+    let c2 = compile_yaml(&[BASE, &p2, &jwks_config_map(ED_A)]);
+    let remote = route(&c, 80, "/browse");
+    assert_eq!(remote.jwt.as_ref().unwrap().providers[0].jwks, ED_A);
+    assert_eq!(remote, route(&c2, 80, "/browse"));
+}
+
+#[test]
+fn a_remote_jwks_not_fetched_or_failing_fails_closed() {
+    let p = policy("tokens", "2026-01-01T00:00:00Z", ROUTE, &remote_jwt(""));
+    for (fetched, says) in [
+        (None, "not fetched yet"),
+        (
+            Some(Err(
+                "answered 503 Service Unavailable (redirects are not followed)",
+            )),
+            "fetching it failed: answered 503",
+        ),
+    ] {
+        let c = compile_fetched(&[BASE, &p], fetched);
+        let r = route(&c, 80, "/browse");
+        assert_eq!((r.direct_status, r.jwt.is_none()), (503, true), "{says}");
+        let (status, reason, message) = accepted(&c, "tokens");
+        assert_eq!((status, reason), (ConditionStatus::False, "Invalid"));
+        assert!(
+            message.contains(&format!("JWT provider \"idp\": {IDP_URI}: {says}"))
+                && message.contains("no JWT provider is usable"),
+            "{message}"
+        );
+    }
+
+    // Beside a usable ConfigMap provider, an unfetched one is only mentioned.
+    let both = format!(
+        "{}\n    - {{name: cm, jwks: {{name: idp-keys}}}}",
+        remote_jwt("")
+    );
+    let p = policy("tokens", "2026-01-01T00:00:00Z", ROUTE, &both);
+    let c = compile_fetched(&[BASE, &p, &jwks_config_map(ED_A)], None);
+    let providers = route(&c, 80, "/browse").jwt.unwrap().providers;
+    assert_eq!(providers.len(), 1);
+    assert_eq!(providers[0].name, "cm");
+    let (status, _, message) = accepted(&c, "tokens");
+    assert_eq!(status, ConditionStatus::True);
+    assert!(message.contains("not fetched yet"), "{message}");
+}
+
+#[test]
+fn a_remote_jwks_with_a_ca_bundle_is_fetched_trusting_it() {
+    let p = policy(
+        "tokens",
+        "2026-01-01T00:00:00Z",
+        ROUTE,
+        &remote_jwt(", caBundle: {name: idp-ca}"),
+    );
+    // Without its ConfigMap it is not fetched at all, and the policy says why.
+    assert!(jwks::sources(&load(&[BASE, &p])).is_empty());
+    let (_, _, message) = accepted(&compile_yaml(&[BASE, &p]), "tokens");
+    assert!(
+        message.contains("ConfigMap shop/idp-ca not found"),
+        "{message}"
+    );
+
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let pem = params.self_signed(&key).unwrap().pem();
+    let ca = format!(
+        r#"
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: idp-ca, namespace: shop}}
+data:
+  ca.crt: {}
+"#,
+        serde_json::to_string(&pem).unwrap()
+    );
+    let sources = jwks::sources(&load(&[BASE, &p, &ca]));
+    let source = JwksSource {
+        uri: IDP_URI.into(),
+        ca_pem: Some(pem),
+    };
+    assert_eq!(
+        sources.get(&source),
+        Some(&std::time::Duration::from_secs(
+            jwks::DEFAULT_REFRESH_SECONDS.into()
+        ))
+    );
 }

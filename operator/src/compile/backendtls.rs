@@ -148,7 +148,7 @@ fn validate(
                 ),
             ))
         } else {
-            match ca_bundle(store, ns, &r.name) {
+            match ca_bundle(store, ns, &r.name, "ca.crt") {
                 Ok(pem) => {
                     pems.push(pem);
                     None
@@ -191,8 +191,8 @@ fn validate(
     (tls, accepted, resolved)
 }
 
-/// The PEM CA bundle of a ConfigMap (key ca.crt), if every certificate in it parses.
-fn ca_bundle(store: &Store, ns: &str, name: &str) -> Result<String, String> {
+/// The PEM CA bundle under `key` of a ConfigMap, if every certificate in it parses.
+pub(super) fn ca_bundle(store: &Store, ns: &str, name: &str, key: &str) -> Result<String, String> {
     let cm = store
         .config_maps
         .iter()
@@ -203,18 +203,18 @@ fn ca_bundle(store: &Store, ns: &str, name: &str) -> Result<String, String> {
     let pem = cm
         .data
         .as_ref()
-        .and_then(|d| d.get("ca.crt"))
-        .ok_or_else(|| format!("ConfigMap {ns}/{name} has no ca.crt"))?;
+        .and_then(|d| d.get(key))
+        .ok_or_else(|| format!("ConfigMap {ns}/{name} has no {key}"))?;
     let mut count = 0;
     for block in x509_parser::pem::Pem::iter_from_buffer(pem.as_bytes()) {
-        let block = block.map_err(|e| format!("ConfigMap {ns}/{name} ca.crt: {e}"))?;
+        let block = block.map_err(|e| format!("ConfigMap {ns}/{name} {key}: {e}"))?;
         block
             .parse_x509()
-            .map_err(|e| format!("ConfigMap {ns}/{name} ca.crt: {e}"))?;
+            .map_err(|e| format!("ConfigMap {ns}/{name} {key}: {e}"))?;
         count += 1;
     }
     if count == 0 {
-        return Err(format!("ConfigMap {ns}/{name} ca.crt holds no certificate"));
+        return Err(format!("ConfigMap {ns}/{name} {key} holds no certificate"));
     }
     Ok(pem.clone())
 }

@@ -29,6 +29,7 @@ pub mod hostname;
 pub mod htpasswd;
 pub mod httproute;
 pub mod ingress;
+pub mod jwks;
 #[cfg(test)]
 mod lb_tests;
 pub mod listeners;
@@ -49,7 +50,7 @@ use proxies::{ProxyAccounts, ProxyNames};
 pub use status::ScopeKey;
 use status::{ObjectKey, StatusDecisions};
 use std::collections::{BTreeMap, BTreeSet};
-pub use store::Store;
+pub use store::{JwksSource, Store};
 
 /// What the compiler needs besides the objects.
 #[derive(Debug, Clone)]

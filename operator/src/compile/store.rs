@@ -42,6 +42,19 @@ pub struct Store {
     pub gateway_parameters: Vec<CoxswainGatewayParameters>,
     pub backend_policies: Vec<CoxswainBackendPolicy>,
     pub access_policies: Vec<CoxswainAccessPolicy>,
+    /// JWKS documents the controller fetched from policies' URLs (`crate::jwks`): the
+    /// document, or why there is none yet. Never read from files: `coxswain snapshot` fetches
+    /// nothing, so remote providers compile as not fetched there.
+    pub remote_jwks: std::collections::BTreeMap<JwksSource, Result<String, String>>,
+}
+
+/// One JWKS URL to fetch, with the CA certificates (PEM, besides the system's) its server's
+/// certificate must chain to. Keyed by the certificates' text, not the ConfigMap's name, so a
+/// changed bundle is a new source and is fetched again under the new trust.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct JwksSource {
+    pub uri: String,
+    pub ca_pem: Option<String>,
 }
 
 impl Store {

@@ -342,6 +342,7 @@ pub fn local_controller_config(
         tracer: None,
         health_addr: None,
         metrics_addr: None,
+        jwks: Default::default(),
     }
 }
 
