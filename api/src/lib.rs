@@ -25,8 +25,9 @@ pub mod snapshot;
 
 pub use crd::accesspolicy::{
     AccessPolicyTargetRef, CaBundleRef, ClaimToHeader, CoxswainAccessPolicy,
-    CoxswainAccessPolicySpec, CoxswainAccessPolicyStatus, JwksRef, Jwt, JwtProvider, RateLimit,
-    RateLimitKey, RateLimitKeyType, RateUnit, RemoteJwks, SecretName,
+    CoxswainAccessPolicySpec, CoxswainAccessPolicyStatus, FailureMode, GlobalRateLimit, JwksRef,
+    Jwt, JwtProvider, RateLimit, RateLimitKey, RateLimitKeyType, RateUnit, RemoteJwks, SecretName,
+    ServicePort,
 };
 pub use crd::backendpolicy::{
     AncestorRef, BackendPolicyTargetRef, ConsistentHash, CoxswainBackendPolicy,

@@ -318,7 +318,7 @@ async fn access_policy_mistakes_are_rejected_by_the_server() {
         (
             "nothing",
             json!({"targetRefs": route}),
-            "set basicAuth, jwt, rateLimit or several",
+            "set basicAuth, jwt, rateLimit, globalRateLimit or several",
         ),
         (
             "a-service",
@@ -369,6 +369,26 @@ async fn access_policy_mistakes_are_rejected_by_the_server() {
             "jwks-refreshed-too-often",
             json!({"targetRefs": route, "jwt": {"providers": [{"name": "idp", "jwks": {"remote": {"uri": "https://idp.example/jwks", "refreshSeconds": 5}}}]}}),
             "spec.jwt.providers[0].jwks.remote.refreshSeconds",
+        ),
+        (
+            "global-unit-without-requests",
+            json!({"targetRefs": route, "globalRateLimit": {"service": {"name": "rl", "port": 8081}, "unit": "Minute"}}),
+            "unit goes with requests",
+        ),
+        (
+            "global-without-service",
+            json!({"targetRefs": route, "globalRateLimit": {"requests": 5}}),
+            "spec.globalRateLimit.service",
+        ),
+        (
+            "global-port-zero",
+            json!({"targetRefs": route, "globalRateLimit": {"service": {"name": "rl", "port": 0}}}),
+            "spec.globalRateLimit.service.port",
+        ),
+        (
+            "global-unknown-failure-mode",
+            json!({"targetRefs": route, "globalRateLimit": {"service": {"name": "rl", "port": 8081}, "failureMode": "Maybe"}}),
+            "Unsupported value",
         ),
         (
             "quote-in-realm",

@@ -191,6 +191,59 @@ data:
     )
     .await;
 
+    // A global limit whose rate limit Service does not exist yet says so, and what requests
+    // get meanwhile; the Service's arrival makes it Accepted.
+    apply_yaml(
+        &env.client,
+        &format!(
+            r#"
+apiVersion: gateway.coxswain-labs.dev/v1alpha1
+kind: CoxswainAccessPolicy
+metadata: {{name: shared-limit, namespace: {ns}}}
+spec:
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: Gateway, name: edge, sectionName: http}}]
+  globalRateLimit: {{service: {{name: ratelimit, port: 8081}}, requests: 100, failureMode: Closed}}
+"#
+        ),
+    )
+    .await;
+    coxswain_testenv::eventually(
+        "the global limit without its Service is Invalid",
+        Duration::from_secs(30),
+        || accepted("shared-limit", "Invalid"),
+    )
+    .await;
+    let status = policies.get("shared-limit").await.unwrap().status.unwrap();
+    let message = status.ancestors[0]
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Accepted")
+        .map(|c| c.message.clone())
+        .unwrap_or_default();
+    assert!(
+        message.contains(&format!("rate limit Service {ns}/ratelimit not found"))
+            && message.contains("answered 503"),
+        "{message}"
+    );
+    apply_yaml(
+        &env.client,
+        &format!(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {{name: ratelimit, namespace: {ns}}}
+spec: {{ports: [{{name: grpc, port: 8081}}]}}
+"#
+        ),
+    )
+    .await;
+    coxswain_testenv::eventually(
+        "the global limit is Accepted once its Service exists",
+        Duration::from_secs(30),
+        || accepted("shared-limit", "Accepted"),
+    )
+    .await;
+
     let out = env
         .cluster()
         .kubectl()

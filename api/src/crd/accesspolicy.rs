@@ -27,7 +27,7 @@ use serde::{Deserialize, Serialize};
     category = "coxswain",
     namespaced,
     status = "CoxswainAccessPolicyStatus",
-    doc = "Basic authentication, JWT validation and rate limits for HTTPRoutes, GRPCRoutes and Gateways, attached by targetRefs.",
+    doc = "Basic authentication, JWT validation and rate limits (per proxy or global) for HTTPRoutes, GRPCRoutes and Gateways, attached by targetRefs.",
     printcolumn(
         name = "Accepted",
         type_ = "string",
@@ -39,8 +39,9 @@ use serde::{Deserialize, Serialize};
         json_path = ".metadata.creationTimestamp"
     )
 )]
-#[x_kube(validation = Rule::new("has(self.basicAuth) || has(self.jwt) || has(self.rateLimit)")
-    .message("set basicAuth, jwt, rateLimit or several"))]
+#[x_kube(validation = Rule::new(
+    "has(self.basicAuth) || has(self.jwt) || has(self.rateLimit) || has(self.globalRateLimit)"
+).message("set basicAuth, jwt, rateLimit, globalRateLimit or several"))]
 #[serde(rename_all = "camelCase")]
 pub struct CoxswainAccessPolicySpec {
     /// The HTTPRoutes, GRPCRoutes and Gateways this policy applies to, in the policy's own
@@ -60,6 +61,78 @@ pub struct CoxswainAccessPolicySpec {
     /// Requests over this rate (or over this many in progress) are answered 429.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimit>,
+
+    /// Requests over this rate, counted once for every proxy replica by a rate limit
+    /// service, are answered 429.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub global_rate_limit: Option<GlobalRateLimit>,
+}
+
+/// A limit shared by every proxy replica: each request is put to a rate limit service
+/// speaking Envoy's `envoy.service.ratelimit.v3` protocol over gRPC (envoyproxy/ratelimit with
+/// Redis, Limitador, ...), which keeps the count. The request is described to it with the
+/// entries `coxswain_policy` (namespace/name of this policy) and, by `key`, `remote_address`
+/// (the client's address) or the header's lower-case name (its value).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.unit) || has(self.requests)")
+    .message("unit goes with requests"))]
+pub struct GlobalRateLimit {
+    /// The rate limit service: a Service port in the policy's namespace (gRPC; TLS when a
+    /// BackendTLSPolicy targets the Service).
+    pub service: ServicePort,
+
+    /// The service's configuration domain. Default: coxswain.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub domain: Option<String>,
+
+    /// Requests per `unit` and key, sent with each request as the descriptor's limit
+    /// override. Unset: the service's own configuration for the descriptor decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1_000_000_000))]
+    pub requests: Option<u32>,
+
+    /// Second (default), Minute, Hour or Day.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<RateUnit>,
+
+    /// What a count belongs to. Default: the client's address. Route: one count for all the
+    /// requests of the policy's targets.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<RateLimitKey>,
+
+    /// Clients (address blocks such as 10.0.0.0/8, or single addresses) never counted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub exempt: Vec<String>,
+
+    /// What happens to a request when the service cannot answer in time: Open (default, as
+    /// Envoy's) lets it through, Closed answers 503.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure_mode: Option<FailureMode>,
+
+    /// How long to wait for the service, in milliseconds. Default 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10_000))]
+    pub timeout_milliseconds: Option<u32>,
+}
+
+/// A port of a Service in the policy's namespace.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub struct ServicePort {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum FailureMode {
+    #[default]
+    Open,
+    Closed,
 }
 
 /// JWT validation (RFC 7519): the signature, `iss`, `aud`, `exp` and `nbf` are checked by the
@@ -254,7 +327,7 @@ pub struct RateLimit {
     #[schemars(range(min = 1, max = 1_000_000))]
     pub requests: Option<u32>,
 
-    /// Second (default), Minute or Hour.
+    /// Second (default), Minute, Hour or Day.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit: Option<RateUnit>,
 
@@ -284,6 +357,7 @@ pub enum RateUnit {
     Second,
     Minute,
     Hour,
+    Day,
 }
 
 impl RateUnit {
@@ -292,6 +366,7 @@ impl RateUnit {
             Self::Second => 1_000,
             Self::Minute => 60_000,
             Self::Hour => 3_600_000,
+            Self::Day => 86_400_000,
         }
     }
 }

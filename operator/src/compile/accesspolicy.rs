@@ -1,5 +1,5 @@
-//! CoxswainAccessPolicies: Basic authentication, JWT validation and rate limits for HTTPRoute
-//! and GRPCRoute rules, and each policy's Accepted condition.
+//! CoxswainAccessPolicies: Basic authentication, JWT validation and rate limits (per proxy and
+//! global) for HTTPRoute and GRPCRoute rules, and each policy's Accepted condition.
 //!
 //! Policies are taken oldest first (then by namespace/name). A policy whose target (a route,
 //! one named rule of it, a Gateway, or one named listener) an older policy already
@@ -11,6 +11,7 @@
 //! yet), still holds its targets, and their rules answer 503 until it is fixed.
 
 use super::entries::Entry;
+use super::global_limit;
 use super::htpasswd;
 use super::refs::Index;
 use super::status::{AncestorRef, Condition, ObjectKey, PolicyAncestorStatus, reason};
@@ -38,11 +39,14 @@ struct Held {
     /// As `basic_auth`: Some(None) when no provider has a usable key.
     jwt: Option<Option<snap::JwtAuth>>,
     rate_limit: Option<snap::RateLimit>,
+    global_rate_limit: Option<snap::GlobalRateLimit>,
 }
 
 #[derive(Debug, Default)]
 pub struct Output {
     held: BTreeMap<Target, Held>,
+    /// The rate limit services of the policies that hold targets.
+    pub clusters: Vec<snap::Cluster>,
     /// Per policy: its conditions and where it took effect.
     pub decided: BTreeMap<ObjectKey, Decided>,
 }
@@ -75,7 +79,14 @@ pub fn compile(store: &Store, index: &Index<'_>) -> Output {
             namespace: Some(ns.clone()),
             name: t.name.clone(),
         });
-        let verdict = decide(store, index, policy, &ns, &me, &mut out.held);
+        let verdict = decide(
+            store,
+            index,
+            policy,
+            (&ns, &me),
+            &mut out.held,
+            &mut out.clusters,
+        );
         out.decided.insert(
             me,
             Decided {
@@ -99,16 +110,28 @@ fn decide(
     store: &Store,
     index: &Index<'_>,
     policy: &CoxswainAccessPolicy,
-    ns: &str,
-    me: &ObjectKey,
+    (ns, me): (&str, &ObjectKey),
     held: &mut BTreeMap<Target, Held>,
+    clusters: &mut Vec<snap::Cluster>,
 ) -> (bool, &'static str, String) {
     let rate_limit = match policy.spec.rate_limit.as_ref().map(|r| rate_limit(r, me)) {
         Some(Err(why)) => return (false, reason::INVALID, why),
         Some(Ok(r)) => Some(r),
         None => None,
     };
+    let global = policy
+        .spec
+        .global_rate_limit
+        .as_ref()
+        .map(|g| global_limit::compile(g, index, me));
+    let global = match global {
+        Some(Err(why)) => return (false, reason::INVALID, why),
+        Some(Ok(g)) => Some(g),
+        None => None,
+    };
     let mut problems = Vec::new();
+    let global_unusable = global.as_ref().is_some_and(|g| g.problem.is_some());
+    problems.extend(global.as_ref().and_then(|g| g.problem.clone()));
     let basic_auth = policy.spec.basic_auth.as_ref().map(|b| {
         let secret = &b.secret_ref.name;
         let what = format!("Basic-auth Secret {ns}/{secret}");
@@ -180,8 +203,12 @@ fn decide(
                 basic_auth: basic_auth.clone(),
                 jwt: jwt.clone(),
                 rate_limit: rate_limit.clone(),
+                global_rate_limit: global.as_ref().map(|g| g.limit.clone()),
             },
         );
+    }
+    if !targets.is_empty() {
+        clusters.extend(global.and_then(|g| g.cluster));
     }
     if !missing.is_empty() {
         let applied = if targets.is_empty() {
@@ -195,7 +222,9 @@ fn decide(
             format!("{}{applied}", missing.join("; ")),
         );
     }
-    if basic_auth.as_ref().is_some_and(Option::is_none) || jwt.as_ref().is_some_and(Option::is_none)
+    if basic_auth.as_ref().is_some_and(Option::is_none)
+        || jwt.as_ref().is_some_and(Option::is_none)
+        || global_unusable
     {
         return (false, reason::INVALID, problems.join("; "));
     }
@@ -395,7 +424,13 @@ pub fn apply(out: &mut Output, entries: &mut [Entry]) {
         let auth = holders.iter().find(|h| h.basic_auth.is_some());
         let jwt = holders.iter().find(|h| h.jwt.is_some());
         let limit = holders.iter().find(|h| h.rate_limit.is_some());
-        for h in auth.iter().chain(jwt.iter()).chain(limit.iter()) {
+        let global = holders.iter().find(|h| h.global_rate_limit.is_some());
+        for h in auth
+            .iter()
+            .chain(jwt.iter())
+            .chain(limit.iter())
+            .chain(global.iter())
+        {
             if let (Some(d), Some((gateway, _))) = (out.decided.get_mut(&h.policy), &entry.parent) {
                 d.gateways.insert(gateway.clone());
             }
@@ -405,6 +440,9 @@ pub fn apply(out: &mut Output, entries: &mut [Entry]) {
             route.rate_limits.retain(|l| l.id != limit.id);
             route.rate_limits.push(limit);
             route.rate_limits.sort_by(|a, b| a.id.cmp(&b.id));
+        }
+        if let Some(global) = global.and_then(|h| h.global_rate_limit.clone()) {
+            route.global_rate_limit = Some(global);
         }
         // A rule that only redirects answers before anyone signs in, so an HTTP listener's
         // redirect to HTTPS never asks for a password in clear.

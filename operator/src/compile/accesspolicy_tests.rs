@@ -588,3 +588,126 @@ data:
         ))
     );
 }
+
+/// The rate limit service of the global-limit tests: Service "ratelimit" port 8081.
+const RATELIMIT_SERVICE: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: ratelimit, namespace: shop}
+spec:
+  ports: [{name: grpc, port: 8081}]
+"#;
+
+#[test]
+fn a_global_limit_describes_each_request_to_the_service_of_the_policy() {
+    let p = policy(
+        "shared",
+        "2026-01-01T00:00:00Z",
+        ROUTE,
+        "  globalRateLimit:\n    service: {name: ratelimit, port: 8081}\n    requests: 100\n    \
+         unit: Minute\n    exempt: [10.0.0.0/8]\n    failureMode: Closed\n    \
+         timeoutMilliseconds: 250",
+    );
+    let c = compile_yaml(&[BASE, RATELIMIT_SERVICE, &p]);
+    let g = route(&c, 80, "/checkout")
+        .global_rate_limit
+        .expect("the route has the policy's global limit");
+    assert_eq!(g.cluster, "shop/ratelimit:8081");
+    assert_eq!(g.domain, global_limit::DEFAULT_DOMAIN);
+    assert!(!g.fail_open);
+    assert_eq!(g.timeout_ms, 250);
+    assert_eq!(g.exempt.len(), 1);
+    let d = &g.descriptors[0];
+    assert_eq!((d.requests, d.unit_seconds), (100, 60));
+    let entries: Vec<(&str, i32, &str)> = d
+        .entries
+        .iter()
+        .map(|e| (e.key.as_str(), e.source, e.value.as_str()))
+        .collect();
+    use snap::rate_limit_descriptor::entry::Source;
+    assert_eq!(
+        entries,
+        [
+            (
+                global_limit::POLICY_KEY,
+                Source::Value as i32,
+                "shop/shared"
+            ),
+            (global_limit::CLIENT_KEY, Source::ClientAddress as i32, ""),
+        ]
+    );
+    let shared = &c.snapshots[&ScopeKey::SharedPool];
+    assert!(
+        shared
+            .clusters
+            .iter()
+            .any(|c| c.name == "shop/ratelimit:8081"),
+        "the service's cluster ships with the routes that use it"
+    );
+    assert!(
+        shared
+            .requires
+            .contains(&snap::feature::GLOBAL_RATE_LIMIT.to_owned())
+    );
+    // The redirect-only route is not a target: no limit, no requirement of its own.
+    assert!(route(&c, 80, "/old").global_rate_limit.is_none());
+    let (status, reason, _) = accepted(&c, "shared");
+    assert_eq!((status, reason), (ConditionStatus::True, "Accepted"));
+}
+
+#[test]
+fn a_header_keyed_global_limit_without_requests_leaves_the_limit_to_the_service() {
+    let p = policy(
+        "tenants",
+        "2026-01-01T00:00:00Z",
+        ROUTE,
+        "  globalRateLimit:\n    service: {name: ratelimit, port: 8081}\n    domain: edge\n    \
+         key: {type: Header, header: X-Tenant}",
+    );
+    let c = compile_yaml(&[BASE, RATELIMIT_SERVICE, &p]);
+    let g = route(&c, 80, "/browse").global_rate_limit.unwrap();
+    assert_eq!(g.domain, "edge");
+    assert!(g.fail_open, "Open is the default failure mode");
+    let d = &g.descriptors[0];
+    assert_eq!((d.requests, d.unit_seconds), (0, 0), "no override");
+    assert_eq!(d.entries[1].key, "x-tenant");
+    assert_eq!(d.entries[1].value, "x-tenant");
+}
+
+#[test]
+fn a_missing_rate_limit_service_is_reported_with_what_requests_get_meanwhile() {
+    for (mode, meanwhile) in [("Closed", "answered 503"), ("Open", "go on uncounted")] {
+        let p = policy(
+            "shared",
+            "2026-01-01T00:00:00Z",
+            ROUTE,
+            &format!(
+                "  globalRateLimit:\n    service: {{name: nowhere, port: 8081}}\n    \
+                 requests: 5\n    failureMode: {mode}"
+            ),
+        );
+        let c = compile_yaml(&[BASE, &p]);
+        let g = route(&c, 80, "/browse").global_rate_limit.unwrap();
+        assert_eq!(
+            g.cluster, "",
+            "the proxy finds no service and applies the mode"
+        );
+        assert_eq!(g.fail_open, mode == "Open");
+        let (status, reason, message) = accepted(&c, "shared");
+        assert_eq!((status, reason), (ConditionStatus::False, "Invalid"));
+        assert!(
+            message.contains("rate limit Service shop/nowhere not found")
+                && message.contains(meanwhile),
+            "{message}"
+        );
+    }
+    let wrong_port = policy(
+        "shared",
+        "2026-01-01T00:00:00Z",
+        ROUTE,
+        "  globalRateLimit:\n    service: {name: ratelimit, port: 9}",
+    );
+    let c = compile_yaml(&[BASE, RATELIMIT_SERVICE, &wrong_port]);
+    let (_, _, message) = accepted(&c, "shared");
+    assert!(message.contains("has no port 9"), "{message}");
+}

@@ -24,6 +24,7 @@ pub mod clusters;
 pub mod entries;
 pub mod filters;
 pub mod gateway;
+pub mod global_limit;
 pub mod grpcroute;
 pub mod hostname;
 pub mod htpasswd;
@@ -196,6 +197,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
     certificates.extend(ingresses.certificates);
     let mut clusters = routes.clusters;
     clusters.extend(ingresses.clusters);
+    clusters.append(&mut access.clusters);
     // One cluster per Service port, whichever route sends to it: a policy's choice, else the
     // Ingress annotations'.
     for c in &mut clusters {
@@ -411,6 +413,11 @@ fn assemble(
                         {
                             used_clusters.insert(auth.cluster.clone());
                         }
+                        if let Some(global) = &r.global_rate_limit
+                            && !global.cluster.is_empty()
+                        {
+                            used_clusters.insert(global.cluster.clone());
+                        }
                         for b in &r.backends {
                             collect_filter_clusters(&b.filters, &mut used_clusters);
                         }
@@ -546,6 +553,9 @@ fn requirements(listeners: &[snap::Listener]) -> Vec<String> {
     }
     if routes().any(|r| r.jwt.is_some()) {
         out.push(snap::feature::JWT.to_owned());
+    }
+    if routes().any(|r| r.global_rate_limit.is_some()) {
+        out.push(snap::feature::GLOBAL_RATE_LIMIT.to_owned());
     }
     out.sort();
     out
