@@ -143,6 +143,10 @@ bench-propagation: ## Route propagation: HTTPRoute create -> first 200 through t
 bench-proxy: ## wrk: coxswain vs nginx vs HAProxy as reverse proxies (installs them; not part of make test)
 	hack/bench/proxy.sh
 
+.PHONY: bench-memory
+bench-memory: ## Proxy RSS with 1k/5k/20k HTTPRoutes and after 100 snapshot swaps, then lookup at 10 vs 100k routes (criterion ratio; not part of make test)
+	hack/bench/memory.sh
+
 .PHONY: bench
 bench: ## Benchmarks (criterion): the compiler on 10k HTTPRoutes, route lookup at 10 and 100k routes (the proxy against nginx and HAProxy: make bench-proxy)
 	$(CARGO) bench -p coxswain-operator --bench compile
