@@ -490,14 +490,26 @@ impl ParametersStatusWriter {
                 .any(|l| l.as_array().is_some_and(|a| !a.is_empty()))
         });
         let told = (accepted.status, accepted.reason, used);
+        // Whether the status the object carries was written while something of ours used it,
+        // i.e. when its condition was also told.
+        let carried_used = current.as_ref().is_some_and(|c| {
+            lists.as_object().is_some_and(|m| {
+                m.keys()
+                    .any(|field| c[field.as_str()].as_array().is_some_and(|a| !a.is_empty()))
+            })
+        });
         let changed = match self.reported.get(&key) {
             Some(before) => *before != told,
-            // First sight (a start, or a new leader): what the object carries is what was told.
-            None => !existing.iter().any(|e| {
-                e["type"] == ACCEPTED
-                    && e["reason"] == accepted.reason
-                    && e["status"] == condition_status(accepted.status)
-            }),
+            // First sight (a start, or a new leader): what the object carries is what was told,
+            // unless it was written while nothing used the object (then nothing was told).
+            None => {
+                !carried_used
+                    || !existing.iter().any(|e| {
+                        e["type"] == ACCEPTED
+                            && e["reason"] == accepted.reason
+                            && e["status"] == condition_status(accepted.status)
+                    })
+            }
         };
         reported.insert(key, told);
         if changed && used {
