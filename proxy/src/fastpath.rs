@@ -17,13 +17,13 @@
 
 use crate::access_log::{AccessLine, access_line};
 use crate::conn::Buffered;
-use crate::forwarded::Forwarded;
 use crate::http1::{self, H2_PREFACE};
 use crate::limits::Limits;
 use crate::request::{self, Arrival, Body, Decision, Head, Version};
 use crate::table::SharedTable;
 use crate::upstream::{CONNECT_ATTEMPTS, ClusterState, pool};
 use coxswain_api::snapshot as snap;
+use heads::{edited_response_head, without_content_length, write_upstream_head};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -400,6 +400,8 @@ struct Plan {
     record: Record,
     /// The request counted as busy on `endpoint` (least-request clusters only).
     in_flight: Option<crate::upstream::InFlight>,
+    /// Header modifiers for the response head (`ResolvedBackend::response_edits`).
+    response_edits: Option<Arc<[snap::HeaderModifier]>>,
     /// The request counted against its route's limit on requests in progress.
     _slots: Vec<crate::ratelimit::Slot>,
 }
@@ -508,8 +510,23 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
         // Not reached: a passthrough route has no other policy that answers by itself.
         _ => return Step::Pingora,
     };
-    write_upstream_head(up_head, head, &checked.path_and_query, &forwarded);
     let route = forward.route;
+    let request_edits = route
+        .route
+        .filters
+        .iter()
+        .chain(&forward.backend.filters)
+        .filter_map(|f| match &f.kind {
+            Some(snap::filter::Kind::RequestHeaderModifier(m)) => Some(m),
+            _ => None,
+        });
+    write_upstream_head(
+        up_head,
+        head,
+        &checked.path_and_query,
+        &forwarded,
+        request_edits,
+    );
     Step::Forward(Plan {
         upstream: forward.addr,
         endpoint: forward.endpoint,
@@ -518,6 +535,7 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
         idempotent: request::idempotent(method),
         record: record(route),
         in_flight: forward.cluster.start(forward.endpoint),
+        response_edits: forward.backend.response_edits.clone(),
         _slots: forward.slots,
     })
 }
@@ -536,40 +554,6 @@ impl Exchange {
             keep_client: false,
         }
     }
-}
-
-/// The head sent upstream: the request line with the normalised target, the received
-/// fields less the forwarded ones, then the forwarded fields this proxy sets.
-fn write_upstream_head(
-    out: &mut Vec<u8>,
-    head: &FastHead<'_, '_>,
-    target: &str,
-    forwarded: &Forwarded<'_>,
-) {
-    out.clear();
-    out.extend_from_slice(head.method().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(target.as_bytes());
-    out.extend_from_slice(b" HTTP/1.1\r\n");
-    for h in head.0.headers.iter() {
-        let name = h.name.as_bytes();
-        if forwarded.replaces(name) {
-            continue;
-        }
-        out.extend_from_slice(name);
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(h.value);
-        out.extend_from_slice(b"\r\n");
-    }
-    forwarded.each(&mut |name, parts| {
-        out.extend_from_slice(name.as_bytes());
-        out.extend_from_slice(b": ");
-        for p in parts {
-            out.extend_from_slice(p.as_bytes());
-        }
-        out.extend_from_slice(b"\r\n");
-    });
-    out.extend_from_slice(b"\r\n");
 }
 
 /// Sends one request upstream and copies the response back. Err(status): nothing was sent
@@ -676,7 +660,13 @@ async fn exchange(
 
     // The head, then the body as it arrives: each read is flushed to the client at once,
     // so streamed responses (server-sent events, long polls) are not held back.
-    let written = if head.drop_length {
+    let written = if let Some(edits) = &plan.response_edits {
+        // The head parsed once already; it parses again the same way.
+        match edited_response_head(&resp[..head.len], head.drop_length, edits) {
+            Some(edited) => write_head(conn, &edited, head.version).await,
+            None => return Err(502),
+        }
+    } else if head.drop_length {
         let kept = without_content_length(&resp[..head.len]);
         write_head(conn, &kept, head.version).await
     } else {
@@ -748,20 +738,6 @@ async fn write_head(
     }
 }
 
-/// A response head without its Content-Length lines (a Transfer-Encoding frames the body).
-fn without_content_length(head: &[u8]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(head.len());
-    for line in head.split_inclusive(|b| *b == b'\n') {
-        let is_length = line
-            .get(..15)
-            .is_some_and(|n| n.eq_ignore_ascii_case(b"content-length:"));
-        if !is_length {
-            out.extend_from_slice(line);
-        }
-    }
-    out
-}
-
 /// Reads what is available into the spare capacity of `buf`.
 async fn read_more(up: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<usize> {
     if buf.capacity() - buf.len() < 4096 {
@@ -783,5 +759,6 @@ pub fn status_response(status: u16) -> &'static [u8] {
     }
 }
 
+mod heads;
 #[cfg(test)]
 mod tests;

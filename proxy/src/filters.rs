@@ -23,6 +23,48 @@ pub fn modify_headers<H: EditHeaders + ?Sized>(headers: &mut H, m: &snap::Header
     }
 }
 
+/// Fields a header modifier must leave to the engine: they frame the message or belong to
+/// one connection, so an edit to them is not a plain copy of the head.
+const ENGINE_FIELDS: [&str; 9] = [
+    "connection",
+    "content-length",
+    "expect",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+/// Whether a filter only edits header fields in a way the fast path can apply while it
+/// copies a head, with the same result as Pingora's header types: a header modifier whose
+/// names are tokens and whose values are visible ASCII (what `http::HeaderValue` takes), and
+/// that leaves `ENGINE_FIELDS` alone. Decided once per snapshot.
+pub fn edits_fields_only(f: &snap::Filter) -> bool {
+    use snap::filter::Kind;
+    let m = match &f.kind {
+        Some(Kind::RequestHeaderModifier(m) | Kind::ResponseHeaderModifier(m)) => m,
+        _ => return false,
+    };
+    let name_ok = |n: &str| {
+        !n.is_empty()
+            && n.bytes().all(is_token_byte)
+            && !ENGINE_FIELDS.iter().any(|e| e.eq_ignore_ascii_case(n))
+    };
+    let value_ok = |v: &str| v.bytes().all(|b| b == b'\t' || (0x20..0x7f).contains(&b));
+    m.set
+        .iter()
+        .chain(&m.add)
+        .all(|h| name_ok(&h.name) && value_ok(&h.value))
+        && m.remove.iter().all(|n| name_ok(n))
+}
+
+/// RFC 9110 5.6.2 tchar.
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
 /// The path after a path modifier. `matched_prefix` is the route's prefix as the router keeps
 /// it ("" for "/"); the query string is kept.
 pub fn rewrite_path(
@@ -256,5 +298,58 @@ mod tests {
                 ("x-b".into(), "2".into())
             ]
         );
+    }
+
+    #[test]
+    fn only_plain_field_edits_are_copied_with_the_head() {
+        let modifier = |name: &str, value: &str| snap::HeaderModifier {
+            set: vec![snap::Header {
+                name: name.into(),
+                value: value.into(),
+            }],
+            ..Default::default()
+        };
+        let request = |m| snap::Filter {
+            kind: Some(snap::filter::Kind::RequestHeaderModifier(m)),
+        };
+        let response = |m| snap::Filter {
+            kind: Some(snap::filter::Kind::ResponseHeaderModifier(m)),
+        };
+        assert!(edits_fields_only(&request(modifier("X-Tenant", "a b\tc"))));
+        assert!(edits_fields_only(&response(modifier(
+            "x-served-by",
+            "edge"
+        ))));
+        // Framing and connection fields stay with the engine, whatever their case.
+        assert!(!edits_fields_only(&request(modifier(
+            "Content-Length",
+            "3"
+        ))));
+        assert!(!edits_fields_only(&response(modifier(
+            "transfer-encoding",
+            "chunked"
+        ))));
+        assert!(!edits_fields_only(&request(modifier(
+            "Connection",
+            "close"
+        ))));
+        let removes = snap::HeaderModifier {
+            remove: vec!["Upgrade".into()],
+            ..Default::default()
+        };
+        assert!(!edits_fields_only(&request(removes)));
+        // Values Pingora's header types would refuse, and names that are not tokens.
+        assert!(!edits_fields_only(&request(modifier(
+            "x-a",
+            "line\r\nx-b: 1"
+        ))));
+        assert!(!edits_fields_only(&request(modifier("x-a", "caf\u{e9}"))));
+        assert!(!edits_fields_only(&request(modifier("x a", "1"))));
+        assert!(!edits_fields_only(&request(modifier("", "1"))));
+        // Any other filter is not a field edit.
+        let mirror = snap::Filter {
+            kind: Some(snap::filter::Kind::RequestMirror(Default::default())),
+        };
+        assert!(!edits_fields_only(&mirror));
     }
 }

@@ -46,6 +46,9 @@ pub struct ResolvedBackend {
     pub cluster: Option<Arc<ClusterState>>,
     pub weight: u32,
     pub filters: Vec<snap::Filter>,
+    /// The rule's ResponseHeaderModifiers, then this backend's, in the order they apply
+    /// (None when there are none): the fast path edits a response head with these.
+    pub response_edits: Option<Arc<[snap::HeaderModifier]>>,
 }
 
 /// Which upstream a request goes to.
@@ -167,8 +170,9 @@ pub struct CompiledRoute {
     next: AtomicUsize,
     /// The rule's RequestMirror filters, in order.
     pub mirrors: Vec<Mirror>,
-    /// Requests only need forwarding as they are (see `passthrough`): no filters, policies,
-    /// timeouts or mirrors, and every backend an HTTP/1 cluster with endpoints.
+    /// Requests only need forwarding, with at most plain header field edits (see
+    /// `passthrough`): no other filter, no policy, timeout or mirror, and every backend an
+    /// HTTP/1 cluster with endpoints.
     pub passthrough: bool,
 }
 
@@ -604,13 +608,28 @@ fn compile_route(
             value,
         });
     }
+    let response_modifiers = |filters: &[snap::Filter]| {
+        filters
+            .iter()
+            .filter_map(|f| match &f.kind {
+                Some(snap::filter::Kind::ResponseHeaderModifier(m)) => Some(m.clone()),
+                _ => None,
+            })
+            .collect::<Vec<_>>()
+    };
+    let rule_response_edits = response_modifiers(&r.filters);
     let backends: Vec<ResolvedBackend> = r
         .backends
         .iter()
-        .map(|b| ResolvedBackend {
-            cluster: clusters.get(b.cluster.as_str()).cloned(),
-            weight: b.weight,
-            filters: b.filters.clone(),
+        .map(|b| {
+            let mut edits = rule_response_edits.clone();
+            edits.extend(response_modifiers(&b.filters));
+            ResolvedBackend {
+                cluster: clusters.get(b.cluster.as_str()).cloned(),
+                weight: b.weight,
+                filters: b.filters.clone(),
+                response_edits: (!edits.is_empty()).then(|| edits.into()),
+            }
         })
         .collect();
     let policy = crate::policy::RoutePolicy::new(r, &metrics.rate_limits, clusters);
@@ -620,10 +639,11 @@ fn compile_route(
         _ => false,
     };
     // Rate limits and Basic authentication stay on the fast path: `request::decide` decides
-    // them for both engines, and the fast path writes their 401 and 429 itself. External
+    // them for both engines, and the fast path writes their 401 and 429 itself. So do header
+    // modifiers that only edit plain fields: the fast path applies them as it copies heads. External
     // authorization and global rate limits wait on another service (and authorization edits
     // the request, as a JWT whose claims become fields does): Pingora serves those.
-    let passthrough = r.filters.is_empty()
+    let passthrough = r.filters.iter().all(crate::filters::edits_fields_only)
         && policy.external_auth.is_none()
         && policy.global_limit.is_none()
         && policy.jwt.as_ref().is_none_or(|j| !j.sets_fields())
@@ -636,7 +656,7 @@ fn compile_route(
         && policy.rewrite.is_none()
         && !backends.is_empty()
         && backends.iter().all(|b| {
-            b.filters.is_empty()
+            b.filters.iter().all(crate::filters::edits_fields_only)
                 && b.cluster
                     .as_deref()
                     .is_some_and(|c| c.has_endpoints() && c.backend_tls.is_none() && plain_http1(c))

@@ -253,3 +253,65 @@ clusters:
     assert_eq!(outcome("/moved"), 301);
     assert_eq!(outcome("/nothing"), 404);
 }
+
+#[test]
+fn plain_field_edits_keep_a_route_on_the_fast_path() {
+    let yaml = r#"
+listeners:
+- port: 80
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: web, name: edits, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /edits}}
+      filters:
+      - kind: {requestHeaderModifier: {set: [{name: x-tenant, value: a}]}}
+      - kind: {responseHeaderModifier: {set: [{name: x-rule, value: "1"}]}}
+      backends:
+      - cluster: "web/up:80"
+        weight: 1
+        filters: [{kind: {responseHeaderModifier: {add: [{name: x-backend, value: "2"}]}}}]
+    - source: {kind: HTTPRoute, namespace: web, name: framing, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /framing}}
+      filters: [{kind: {responseHeaderModifier: {set: [{name: Content-Length, value: "0"}]}}}]
+      backends: [{cluster: "web/up:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: web, name: rewrite, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /rewrite}}
+      filters: [{kind: {urlRewrite: {hostname: b.example}}}]
+      backends: [{cluster: "web/up:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: web, name: plain, rule: 0}
+      backends: [{cluster: "web/up:80", weight: 1}]
+clusters:
+- name: web/up:80
+  endpoints: [{address: 10.0.0.1, port: 8080, ready: true, serving: true}]
+"#;
+    let snapshot = Snapshot::from_yaml(yaml).unwrap();
+    let r = Router::build(&snapshot.seal()).unwrap();
+    let no_headers: Vec<(String, String)> = vec![];
+    let route = |path| {
+        let req = Request {
+            host: "h",
+            path_and_query: path,
+            method: "GET",
+            headers: no_headers.as_slice(),
+        };
+        r.route(80, &req).unwrap()
+    };
+    let edits = route("/edits");
+    assert!(edits.passthrough);
+    // The rule's response edits apply first, then the backend's.
+    let response: Vec<_> = edits.backends[0]
+        .response_edits
+        .as_deref()
+        .unwrap()
+        .iter()
+        .flat_map(|m| m.set.iter().chain(&m.add).map(|h| h.name.as_str()))
+        .collect();
+    assert_eq!(response, ["x-rule", "x-backend"]);
+    assert!(!route("/framing").passthrough);
+    assert!(!route("/rewrite").passthrough);
+    let plain = route("/plain");
+    assert!(plain.passthrough);
+    assert!(plain.backends[0].response_edits.is_none());
+}

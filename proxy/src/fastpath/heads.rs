@@ -1,0 +1,147 @@
+//! The heads the fast path sends on: the request head it writes upstream and, when header
+//! modifiers or framing ask for it, the response head it writes to the client.
+
+use super::{FastHead, MAX_RESPONSE_HEADERS};
+use crate::forwarded::Forwarded;
+use crate::request::Head;
+use coxswain_api::snapshot as snap;
+use std::borrow::Cow;
+
+/// The head sent upstream: the request line with the normalised target, the received
+/// fields less the forwarded ones, then the forwarded fields this proxy sets; then the
+/// route's and the backend's header modifiers, in that order, as Pingora applies them.
+pub(super) fn write_upstream_head<'m>(
+    out: &mut Vec<u8>,
+    head: &FastHead<'_, '_>,
+    target: &str,
+    forwarded: &Forwarded<'_>,
+    edits: impl Iterator<Item = &'m snap::HeaderModifier>,
+) {
+    out.clear();
+    out.extend_from_slice(head.method().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut edits = edits.peekable();
+    if edits.peek().is_some() {
+        let mut fields = Fields(Vec::with_capacity(head.0.headers.len() + 8));
+        for h in head.0.headers.iter() {
+            if !forwarded.replaces(h.name.as_bytes()) {
+                fields.0.push((h.name.as_bytes().into(), h.value.into()));
+            }
+        }
+        forwarded.each(&mut |name, parts| {
+            fields
+                .0
+                .push((name.as_bytes().into(), parts.concat().into_bytes().into()));
+        });
+        for m in edits {
+            crate::filters::modify_headers(&mut fields, m);
+        }
+        fields.write(out);
+        out.extend_from_slice(b"\r\n");
+        return;
+    }
+    for h in head.0.headers.iter() {
+        let name = h.name.as_bytes();
+        if forwarded.replaces(name) {
+            continue;
+        }
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(h.value);
+        out.extend_from_slice(b"\r\n");
+    }
+    forwarded.each(&mut |name, parts| {
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        for p in parts {
+            out.extend_from_slice(p.as_bytes());
+        }
+        out.extend_from_slice(b"\r\n");
+    });
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Header fields being edited by header modifiers: the received ones borrowed, the ones
+/// the proxy or a filter sets owned. Only routes with modifiers pay for the list.
+struct Fields<'a>(Vec<Field<'a>>);
+
+/// A field's name and value.
+type Field<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
+
+impl Fields<'_> {
+    fn write(&self, out: &mut Vec<u8>) {
+        for (name, value) in &self.0 {
+            out.extend_from_slice(name);
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(value);
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+}
+
+/// The semantics of Pingora's header maps, which the other engine edits: set replaces every
+/// field of that name, add appends one, remove drops them all; names compare without case.
+impl crate::filters::EditHeaders for Fields<'_> {
+    fn set(&mut self, name: &str, value: &str) {
+        self.remove(name);
+        self.add(name, value);
+    }
+    fn add(&mut self, name: &str, value: &str) {
+        self.0.push((
+            name.as_bytes().to_vec().into(),
+            value.as_bytes().to_vec().into(),
+        ));
+    }
+    fn remove(&mut self, name: &str) {
+        self.0
+            .retain(|(n, _)| !n.eq_ignore_ascii_case(name.as_bytes()));
+    }
+}
+
+/// The response head as it goes to the client: the status line, then the fields less any
+/// Content-Length beside a Transfer-Encoding (`drop_length`), edited by `edits`.
+pub(super) fn edited_response_head(
+    head: &[u8],
+    drop_length: bool,
+    edits: &[snap::HeaderModifier],
+) -> Option<Vec<u8>> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut parsed = httparse::Response::new(&mut headers);
+    parsed.parse(head).ok()?;
+    // A backend may end its lines with a bare LF; the head goes on with CRLF.
+    let line_end = head.iter().position(|b| *b == b'\n')?;
+    let status_line = head[..line_end]
+        .strip_suffix(b"\r")
+        .unwrap_or(&head[..line_end]);
+    let mut fields = Fields(Vec::with_capacity(parsed.headers.len() + edits.len()));
+    for h in parsed.headers.iter() {
+        if !(drop_length && h.name.eq_ignore_ascii_case("content-length")) {
+            fields.0.push((h.name.as_bytes().into(), h.value.into()));
+        }
+    }
+    for m in edits {
+        crate::filters::modify_headers(&mut fields, m);
+    }
+    let mut out = Vec::with_capacity(head.len() + 64);
+    out.extend_from_slice(status_line);
+    out.extend_from_slice(b"\r\n");
+    fields.write(&mut out);
+    out.extend_from_slice(b"\r\n");
+    Some(out)
+}
+
+/// A response head without its Content-Length lines (a Transfer-Encoding frames the body).
+pub(super) fn without_content_length(head: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(head.len());
+    for line in head.split_inclusive(|b| *b == b'\n') {
+        let is_length = line
+            .get(..15)
+            .is_some_and(|n| n.eq_ignore_ascii_case(b"content-length:"));
+        if !is_length {
+            out.extend_from_slice(line);
+        }
+    }
+    out
+}
