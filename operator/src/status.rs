@@ -46,6 +46,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "TLSRoute",
     "ReferenceGrant",
     "BackendTLSPolicy",
+    "BackendTLSPolicySANValidation",
     "GatewayAddressEmpty",
     "GatewayHTTPListenerIsolation",
     "GatewayHTTPSListenerDetectMisdirectedRequests",
