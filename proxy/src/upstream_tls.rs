@@ -279,3 +279,111 @@ impl AsyncWrite for TlsSocket {
         Pin::new(&mut self.0).poll_shutdown(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
+
+    /// A CA's trust store and a leaf it issued with `sans`.
+    fn issued(sans: Vec<SanType>) -> (RootCertStore, CertificateDer<'static>) {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::default();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca, ca_key);
+        let mut leaf = CertificateParams::default();
+        leaf.subject_alt_names = sans;
+        let leaf = leaf
+            .signed_by(&KeyPair::generate().unwrap(), &issuer)
+            .unwrap();
+        let mut roots = RootCertStore::empty();
+        roots
+            .add(CertificateDer::from(ca_cert.der().to_vec()))
+            .unwrap();
+        (roots, CertificateDer::from(leaf.der().to_vec()))
+    }
+
+    fn verify(roots: &RootCertStore, leaf: &CertificateDer<'_>, names: &[San]) -> bool {
+        let v = SanVerifier::new(roots.clone(), names.to_vec()).unwrap();
+        let sni = ServerName::try_from("sni.example").unwrap();
+        v.verify_server_cert(leaf, &[], &sni, &[], UnixTime::now())
+            .is_ok()
+    }
+
+    fn dns(n: &str) -> San {
+        San::Dns(ServerName::try_from(n.to_owned()).unwrap())
+    }
+
+    #[test]
+    fn a_name_matches_as_tls_clients_match_and_a_uri_exactly() {
+        let (roots, leaf) = issued(vec![
+            SanType::DnsName("*.example.com".try_into().unwrap()),
+            SanType::URI("spiffe://td/ns/a/sa/b".try_into().unwrap()),
+        ]);
+        assert!(verify(&roots, &leaf, &[dns("abc.example.com")]));
+        assert!(
+            !verify(&roots, &leaf, &[dns("a.b.example.com")]),
+            "one label"
+        );
+        assert!(!verify(&roots, &leaf, &[dns("example.com")]));
+        assert!(verify(
+            &roots,
+            &leaf,
+            &[San::Uri("spiffe://td/ns/a/sa/b".into())]
+        ));
+        assert!(!verify(
+            &roots,
+            &leaf,
+            &[San::Uri("spiffe://td/ns/a/sa/B".into())]
+        ));
+        assert!(!verify(
+            &roots,
+            &leaf,
+            &[San::Uri("spiffe://td/ns/a/sa".into())]
+        ));
+        // Any one of several.
+        assert!(verify(
+            &roots,
+            &leaf,
+            &[San::Uri("spiffe://other".into()), dns("x.example.com")]
+        ));
+        // The SNI is never enough, even when the certificate carries it.
+        let (roots, leaf) = issued(vec![SanType::DnsName("sni.example".try_into().unwrap())]);
+        assert!(!verify(&roots, &leaf, &[dns("other.example")]));
+    }
+
+    #[test]
+    fn the_right_name_from_another_ca_is_refused() {
+        let (_, leaf) = issued(vec![SanType::DnsName(
+            "abc.example.com".try_into().unwrap(),
+        )]);
+        let (other_roots, _) = issued(vec![]);
+        assert!(!verify(&other_roots, &leaf, &[dns("abc.example.com")]));
+    }
+
+    #[test]
+    fn names_must_be_usable() {
+        let name = |kind| snap::SubjectAltName { kind: Some(kind) };
+        assert_eq!(
+            names(&[
+                name(Kind::Hostname("a.example".into())),
+                name(Kind::Uri("spiffe://x".into()))
+            ])
+            .unwrap(),
+            [dns("a.example"), San::Uri("spiffe://x".into())]
+        );
+        assert!(matches!(
+            names(&[name(Kind::Hostname("not a name".into()))]),
+            Err(SanError::Hostname(_))
+        ));
+        assert!(matches!(
+            names(&[name(Kind::Uri(String::new()))]),
+            Err(SanError::Empty)
+        ));
+        assert!(matches!(
+            names(&[snap::SubjectAltName { kind: None }]),
+            Err(SanError::Empty)
+        ));
+    }
+}
