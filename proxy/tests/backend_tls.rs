@@ -389,3 +389,102 @@ async fn subject_alt_names_decide_and_the_hostname_is_only_the_sni() {
         proxy.stop().await;
     }
 }
+
+/// An HTTPS backend speaking HTTP/1.1 or h2 (by ALPN) with `san_params`' certificate from `ca`;
+/// it answers with the HTTP version the request came in.
+async fn versioned_tls_backend(ca: &Ca) -> SocketAddr {
+    use http_body_util::Full;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let key = KeyPair::generate().unwrap();
+    let cert = san_params().signed_by(&key, &ca.issuer).unwrap();
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![CertificateDer::from(cert.der().to_vec())],
+        PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+    )
+    .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(|req: hyper::Request<_>| async move {
+                    let body = format!("{:?}", req.version());
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                        bytes::Bytes::from(body),
+                    )))
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+// HTTP/2 over TLS (a GRPCS or TLS_H2 backend) under names: the proxy's own TLS offers h2 and
+// Pingora speaks HTTP/2 over it; a mismatched name still fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_over_tls_is_verified_against_the_names_too() {
+    let ca = ca();
+    let backend = versioned_tls_backend(&ca).await;
+    let port = free_port();
+    let yaml = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: Ingress, namespace: t, name: h2, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /h2}}
+      upstreamProtocol: UPSTREAM_PROTOCOL_TLS_H2
+      backends: [{cluster: "t/named:443", weight: 1}]
+    - source: {kind: Ingress, namespace: t, name: h1, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /h1}}
+      backends: [{cluster: "t/named:443", weight: 1}]
+    - source: {kind: Ingress, namespace: t, name: h2-mismatch, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /mismatch}}
+      upstreamProtocol: UPSTREAM_PROTOCOL_TLS_H2
+      backends: [{cluster: "t/mismatch:443", weight: 1}]
+clusters:
+- name: t/named:443
+  endpoints: [{address: 127.0.0.1, port: {BACKEND}, ready: true, serving: true}]
+  tls: {hostname: abc.example.com, caPem: "{CA}", refuse: true, subjectAltNames: [{kind: {uri: "spiffe://abc.example.com/test-identity"}}]}
+- name: t/mismatch:443
+  endpoints: [{address: 127.0.0.1, port: {BACKEND}, ready: true, serving: true}]
+  tls: {hostname: abc.example.com, caPem: "{CA}", refuse: true, subjectAltNames: [{kind: {hostname: dce.example.com}}]}
+"#;
+    let snap = snapshot(
+        yaml,
+        &[
+            ("PORT", port.to_string()),
+            ("BACKEND", backend.port().to_string()),
+            ("CA", ca.pem.replace('\n', "\\n")),
+        ],
+    );
+    let proxy = Proxy::start(&snap).await;
+    let base = format!("http://127.0.0.1:{port}");
+    // Alternating, so pooled HTTP/1.1 and HTTP/2 connections to one endpoint stay apart.
+    for _ in 0..3 {
+        let h2 = get(&format!("{base}/h2"), &[]).await.unwrap();
+        assert_eq!((h2.status, h2.body.as_str()), (200, "HTTP/2.0"));
+        let h1 = get(&format!("{base}/h1"), &[]).await.unwrap();
+        assert_eq!((h1.status, h1.body.as_str()), (200, "HTTP/1.1"));
+    }
+    let r = get(&format!("{base}/mismatch"), &[]).await.unwrap();
+    assert_eq!(r.status, 502, "{}", r.body);
+    proxy.stop().await;
+}
