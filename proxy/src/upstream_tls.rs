@@ -190,6 +190,14 @@ pub fn system_store() -> RootCertStore {
 
 /// Pingora's connection to such a backend: TCP, then TLS verified by [`SanVerifier`] with the
 /// policy's hostname as SNI. Pingora speaks cleartext HTTP over the stream it gets.
+///
+/// Pooling: Pingora keys its pool by the peer (address, group key: `BackendTls::pool_key`
+/// covers the CAs and names), so a connection verified for one policy never serves another.
+/// Within one key it tells connections apart by file descriptor, which a virtual stream lacks
+/// (all are -1): an idle one that closes may take another idle one out of the pool with it,
+/// and HTTP/2 connections to one endpoint may trade places in its in-use bookkeeping. Pingora
+/// tests an idle connection before reusing it, so that costs a handshake, never a wrong or
+/// dead connection.
 #[derive(Debug)]
 pub struct Connect {
     config: Arc<rustls::ClientConfig>,
