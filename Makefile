@@ -58,8 +58,12 @@ helm-lint: ## `helm lint --strict` and `helm template` of the chart (helm built 
 ##@ Test
 
 .PHONY: test
-test: fmt-check clippy check-proxy-deps bundle-check bundle-validate helm-check helm-lint k8s-bin ## fmt, clippy, the proxy's dependency guard, bundle and Helm chart drift, OLM validation, helm lint, then every test (unit and against a real local control plane)
+test: fmt-check clippy check-proxy-deps bundle-check bundle-validate helm-check helm-lint script-test k8s-bin ## fmt, clippy, the proxy's dependency guard, bundle and Helm chart drift, OLM validation, helm lint, the shell scripts' tests, then every test (unit and against a real local control plane)
 	$(CARGO) test --workspace
+
+.PHONY: script-test
+script-test: ## Tests of the shell scripts CI trusts: test/conformance/check-report.sh on the committed reports and on broken copies
+	test/conformance/check-report_test.sh
 
 .PHONY: fuzz
 fuzz: ## Property tests of the untrusted-input parsers with many cases (request targets, chunks, response heads, SNI, PROXY protocol, annotations); bounded, part of CI

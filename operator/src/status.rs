@@ -37,7 +37,8 @@ use tokio::sync::mpsc;
 
 /// `GatewayClass.status.supportedFeatures`: only features whose Gateway API conformance tests
 /// pass against this build (`make conformance`, test/conformance/reports/); the suite reads
-/// this list to decide what to run.
+/// this list to decide what to run. operator/tests/supported_features.rs holds it to exactly
+/// what the newest committed report shows passing.
 pub const SUPPORTED_FEATURES: &[&str] = &[
     "Gateway",
     "HTTPRoute",
@@ -45,6 +46,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "TLSRoute",
     "ReferenceGrant",
     "BackendTLSPolicy",
+    "BackendTLSPolicySANValidation",
     "GatewayAddressEmpty",
     "GatewayHTTPListenerIsolation",
     "GatewayHTTPSListenerDetectMisdirectedRequests",

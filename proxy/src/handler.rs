@@ -481,13 +481,8 @@ impl ProxyHttp for Gateway {
             tokio::time::sleep_until(wake.into()).await;
         }
         let mut peer = match &ctx.backend_tls {
-            // BackendTLSPolicy: the certificate must chain to the policy's CA (or the built-in
-            // roots) and be valid for its hostname, which is also the SNI.
-            Some(t) => {
-                let mut peer = HttpPeer::new(addr, true, t.hostname.to_string());
-                peer.options.ca = t.ca.clone();
-                peer
-            }
+            // BackendTLSPolicy: verified against its CAs, for its hostname or subjectAltNames.
+            Some(t) => t.peer(addr, ctx.h2c),
             None => {
                 // TLS backends without a policy are not verified, as ingress-nginx does by
                 // default: they are addressed by Pod IP and usually present a certificate of

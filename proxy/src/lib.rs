@@ -43,4 +43,5 @@ pub mod tls;
 pub mod tls_passthrough;
 pub mod trace;
 pub mod upstream;
+pub mod upstream_tls;
 pub mod workers;

@@ -97,8 +97,10 @@ impl Outcome {
 #[derive(Debug, Default)]
 pub struct PortRouter {
     exact: HashMap<Box<str>, usize>,
-    /// Keyed by the suffix after "*.".
+    /// Keyed by the suffix after "*.": Gateway API wildcards, one or more labels.
     wildcard: HashMap<Box<str>, usize>,
+    /// Keyed by the suffix after "*.": Ingress wildcards, exactly one label.
+    single_label: HashMap<Box<str>, usize>,
     any: Option<usize>,
     hosts: Vec<Vec<CompiledRoute>>,
     pub protocol: snap::Protocol,
@@ -368,7 +370,11 @@ impl Router {
                 if name.is_empty() {
                     pr.any = Some(idx);
                 } else if let Some(suffix) = name.strip_prefix("*.") {
-                    pr.wildcard.insert(suffix.into(), idx);
+                    if vhost.single_label {
+                        pr.single_label.insert(suffix.into(), idx);
+                    } else {
+                        pr.wildcard.insert(suffix.into(), idx);
+                    }
                 } else {
                     pr.exact.insert(name.into(), idx);
                 }
@@ -478,7 +484,10 @@ impl PortRouter {
         self.hosts[self.host_index(host)?].first()
     }
 
-    /// The most specific host: exact name, then the longest wildcard suffix, then any.
+    /// The most specific host: exact name, then the longest wildcard suffix, then any. A
+    /// single-label (Ingress) wildcard covers only a host one label above its suffix, and
+    /// comes before the multi-label one of the same suffix there (the compiler put every
+    /// route of that name in it); a deeper host skips it.
     fn host_index(&self, host: &str) -> Option<usize> {
         let host = strip_port(host);
         let host = host.strip_suffix('.').unwrap_or(host);
@@ -490,6 +499,13 @@ impl PortRouter {
             host
         };
         if let Some(i) = self.exact.get(host) {
+            return Some(*i);
+        }
+        if !self.single_label.is_empty()
+            && let Some((label, parent)) = host.split_once('.')
+            && !label.is_empty()
+            && let Some(i) = self.single_label.get(parent)
+        {
             return Some(*i);
         }
         if !self.wildcard.is_empty() {

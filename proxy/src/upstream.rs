@@ -3,6 +3,7 @@
 
 use crate::balance::{self, Balance, HashSource};
 use crate::outlier::{self, ClusterHealth, EndpointHealth};
+use crate::upstream_tls::Connect;
 use coxswain_api::snapshot as snap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -33,7 +34,8 @@ pub struct ClusterState {
     pub backend_tls: Option<Arc<BackendTls>>,
 }
 
-/// TLS to a backend as a BackendTLSPolicy asks: certificates verified for `hostname`.
+/// TLS to a backend as a BackendTLSPolicy asks: certificates verified for `hostname`, or for
+/// one of the policy's subjectAltNames.
 #[derive(Debug)]
 pub struct BackendTls {
     pub hostname: Box<str>,
@@ -47,15 +49,35 @@ pub struct BackendTls {
     /// For request mirrors, which do not go through Pingora: the same verification. None
     /// (built-in roots, or refused): mirrors to this cluster are not sent.
     pub mirror: Option<crate::mirror::TlsTo>,
+    /// subjectAltNames: Pingora gets a connection the proxy opened and verified itself
+    /// (`upstream_tls`), as its own connector checks only the SNI's name.
+    /// (HTTP/1.1, h2).
+    pub connect: Option<(Arc<Connect>, Arc<Connect>)>,
 }
 
 impl BackendTls {
     fn new(t: &snap::BackendTls) -> Self {
+        use coxswain_api::snapshot::subject_alt_name::Kind;
         let pool_key = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
             (&t.ca_pem, t.system_roots).hash(&mut h);
+            for san in &t.subject_alt_names {
+                match &san.kind {
+                    Some(Kind::Hostname(n)) => (1u8, n).hash(&mut h),
+                    Some(Kind::Uri(u)) => (2u8, u).hash(&mut h),
+                    None => 0u8.hash(&mut h),
+                }
+            }
             h.finish()
+        };
+        let refused = Self {
+            hostname: t.hostname.as_str().into(),
+            ca: None,
+            refuse: true,
+            pool_key,
+            mirror: None,
+            connect: None,
         };
         let refuse = |why: &str| {
             tracing::warn!(hostname = %t.hostname, why, "backend TLS settings unusable; requests are refused");
@@ -65,69 +87,121 @@ impl BackendTls {
                 refuse: true,
                 pool_key,
                 mirror: None,
+                connect: None,
             }
         };
-        if t.refuse {
-            return Self {
-                hostname: t.hostname.as_str().into(),
-                ca: None,
-                refuse: true,
-                pool_key,
-                mirror: None,
-            };
+        // With subjectAltNames, `refuse` is only there for proxies that do not know them.
+        if t.refuse && t.subject_alt_names.is_empty() {
+            return refused;
         }
         if t.hostname.is_empty() {
             return refuse("no hostname to verify");
         }
-        if t.system_roots {
+        if t.system_roots && t.subject_alt_names.is_empty() {
             return Self {
                 hostname: t.hostname.as_str().into(),
                 ca: None,
                 refuse: false,
                 pool_key,
                 mirror: None,
+                connect: None,
             };
         }
-        use rustls_pki_types::pem::PemObject;
-        let mut certs = Vec::new();
-        let mut roots = rustls::RootCertStore::empty();
-        for der in rustls_pki_types::CertificateDer::pem_slice_iter(t.ca_pem.as_bytes()) {
-            let Ok(der) = der else {
-                return refuse("a CA certificate is not valid PEM");
+        let (roots, certs) = if t.system_roots {
+            (crate::upstream_tls::system_store(), Vec::new())
+        } else {
+            match ca_roots(&t.ca_pem) {
+                Ok(found) => found,
+                Err(why) => return refuse(why),
+            }
+        };
+        let Ok(name) = rustls_pki_types::ServerName::try_from(t.hostname.clone()) else {
+            return refuse("the hostname is not a DNS name");
+        };
+        if !t.subject_alt_names.is_empty() {
+            let config = crate::upstream_tls::names(&t.subject_alt_names)
+                .and_then(|names| crate::upstream_tls::SanVerifier::new(roots, names))
+                .map_err(|e| e.to_string())
+                .and_then(|v| crate::upstream_tls::client_config(v).map_err(|e| e.to_string()));
+            return match config {
+                Ok(config) => Self {
+                    hostname: t.hostname.as_str().into(),
+                    ca: None,
+                    refuse: false,
+                    pool_key,
+                    connect: Some((
+                        Arc::new(Connect::new(&config, name.clone(), false)),
+                        Arc::new(Connect::new(&config, name.clone(), true)),
+                    )),
+                    mirror: Some((config, name)),
+                },
+                Err(why) => refuse(&why),
             };
-            // Pingora parses these again and panics on bad DER: only well-formed ones pass.
-            if x509_parser::parse_x509_certificate(&der).is_err() {
-                return refuse("a CA certificate is not valid X.509");
-            }
-            certs.push(pingora::utils::tls::WrappedX509::new(
-                der.to_vec(),
-                pingora::utils::tls::parse_x509,
-            ));
-            if roots.add(der).is_err() {
-                return refuse("a CA certificate is not usable as a trust anchor");
-            }
-        }
-        if certs.is_empty() {
-            return refuse("no CA certificate");
         }
         let config = rustls::ClientConfig::builder_with_provider(Arc::new(
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
         .map(|b| Arc::new(b.with_root_certificates(roots).with_no_client_auth()));
-        let name = rustls_pki_types::ServerName::try_from(t.hostname.clone());
-        let mirror = match (config, name) {
-            (Ok(config), Ok(name)) => Some((config, name)),
-            _ => None,
-        };
         Self {
             hostname: t.hostname.as_str().into(),
             ca: Some(Arc::from(certs.into_boxed_slice())),
             refuse: false,
             pool_key,
-            mirror,
+            mirror: config.ok().map(|config| (config, name)),
+            connect: None,
         }
     }
+
+    /// The Pingora peer for a request to `addr` (`h2`: the caller sets ALPN h2 on it).
+    pub fn peer(&self, addr: SocketAddr, h2: bool) -> pingora::upstreams::peer::HttpPeer {
+        use pingora::upstreams::peer::HttpPeer;
+        match &self.connect {
+            // A stream already verified: cleartext HTTP over it, as far as Pingora knows.
+            Some((h1_connect, h2_connect)) => {
+                let mut peer = HttpPeer::new(addr, false, String::new());
+                let connect = if h2 { h2_connect } else { h1_connect };
+                peer.options.custom_l4 = Some(connect.clone());
+                peer
+            }
+            // The certificate must chain to the policy's CA (or the built-in roots) and be
+            // valid for its hostname, which is also the SNI.
+            None => {
+                let mut peer = HttpPeer::new(addr, true, self.hostname.to_string());
+                peer.options.ca = self.ca.clone();
+                peer
+            }
+        }
+    }
+}
+
+/// The trust anchors of a PEM bundle, for rustls and for Pingora.
+fn ca_roots(
+    pem: &str,
+) -> Result<(rustls::RootCertStore, Vec<pingora::utils::tls::WrappedX509>), &'static str> {
+    use rustls_pki_types::pem::PemObject;
+    let mut certs = Vec::new();
+    let mut roots = rustls::RootCertStore::empty();
+    for der in rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes()) {
+        let Ok(der) = der else {
+            return Err("a CA certificate is not valid PEM");
+        };
+        // Pingora parses these again and panics on bad DER: only well-formed ones pass.
+        if x509_parser::parse_x509_certificate(&der).is_err() {
+            return Err("a CA certificate is not valid X.509");
+        }
+        certs.push(pingora::utils::tls::WrappedX509::new(
+            der.to_vec(),
+            pingora::utils::tls::parse_x509,
+        ));
+        if roots.add(der).is_err() {
+            return Err("a CA certificate is not usable as a trust anchor");
+        }
+    }
+    if certs.is_empty() {
+        return Err("no CA certificate");
+    }
+    Ok((roots, certs))
 }
 
 /// Attempts a request gets when connecting to its backend fails (no byte was sent, so another

@@ -1,11 +1,13 @@
 //! BackendTLSPolicy in the proxy: a cluster with backend TLS is reached over TLS with the
 //! policy's hostname as SNI, and its certificate must chain to the policy's CA and carry that
-//! hostname; otherwise the request fails (502) instead of going out unverified.
+//! hostname; otherwise the request fails (502) instead of going out unverified. With
+//! subjectAltNames, the certificate must carry one of them, and the hostname is only the SNI.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
 mod support;
 
-use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use coxswain_proxy::limits::Limits;
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair, SanType};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -35,11 +37,16 @@ type Seen = Arc<std::sync::Mutex<Vec<String>>>;
 /// An HTTPS backend whose certificate `ca` issued for `names`; it answers with the SNI it got
 /// and records the request lines it served.
 async fn tls_backend(ca: &Ca, names: &[&str]) -> (SocketAddr, Seen) {
+    let params =
+        CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>()).unwrap();
+    tls_backend_with(ca, params).await
+}
+
+/// As [`tls_backend`], with the certificate's parameters (its subjectAltNames) given.
+async fn tls_backend_with(ca: &Ca, params: CertificateParams) -> (SocketAddr, Seen) {
     let seen: Seen = Arc::default();
     let record = seen.clone();
     let key = KeyPair::generate().unwrap();
-    let params =
-        CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>()).unwrap();
     let cert = params.signed_by(&key, &ca.issuer).unwrap();
     let config = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
@@ -203,5 +210,281 @@ clusters:
         0,
         "a mirror crossed to an unverified backend"
     );
+    proxy.stop().await;
+}
+
+/// What the conformance suite's SAN backend presents: a DNS name and a SPIFFE ID.
+fn san_params() -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.subject_alt_names = vec![
+        SanType::DnsName("abc.example.com".try_into().unwrap()),
+        SanType::URI("spiffe://abc.example.com/test-identity".try_into().unwrap()),
+    ];
+    params
+}
+
+const SAN_SNAPSHOT: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: dns, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /dns}}
+      backends: [{cluster: "t/dns:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: dns-mismatch, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /dns-mismatch}}
+      backends: [{cluster: "t/dns-mismatch:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: uri, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /uri}}
+      backends: [{cluster: "t/uri:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: uri-mismatch, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /uri-mismatch}}
+      backends: [{cluster: "t/uri-mismatch:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: multiple, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /multiple}}
+      backends: [{cluster: "t/multiple:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: multiple-mismatch, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /multiple-mismatch}}
+      backends: [{cluster: "t/multiple-mismatch:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: other-ca, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /other-ca}}
+      backends: [{cluster: "t/other-ca:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: foreign, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /foreign}}
+      backends: [{cluster: "t/foreign:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: mirrored, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /mirrored}}
+      filters:
+      - kind: {requestMirror: {cluster: "t/mirror-good:443", numerator: 1, denominator: 1}}
+      - kind: {requestMirror: {cluster: "t/mirror-mismatch:443", numerator: 1, denominator: 1}}
+      backends: [{cluster: "t/dns:443", weight: 1}]
+clusters:
+# The certificate carries abc.example.com and spiffe://abc.example.com/test-identity.
+- name: t/dns:443
+  endpoints: [{address: 127.0.0.1, port: {SAN}, ready: true, serving: true}]
+  tls: {hostname: abc.example.com, caPem: "{CA}", refuse: true, subjectAltNames: [{kind: {hostname: abc.example.com}}]}
+# The hostname alone would pass: the names decide.
+- name: t/dns-mismatch:443
+  endpoints: [{address: 127.0.0.1, port: {SAN}, ready: true, serving: true}]
+  tls: {hostname: abc.example.com, caPem: "{CA}", refuse: true, subjectAltNames: [{kind: {hostname: dce.example.com}}]}
+# A hostname the certificate lacks is still the SNI, and not checked.
+- name: t/uri:443
+  endpoints: [{address: 127.0.0.1, port: {SAN}, ready: true, serving: true}]
+  tls: {hostname: sni.example, caPem: "{CA}", refuse: true, subjectAltNames: [{kind: {uri: "spiffe://abc.example.com/test-identity"}}]}
+- name: t/uri-mismatch:443
+  endpoints: [{address: 127.0.0.1, port: {SAN}, ready: true, serving: true}]
+  tls: {hostname: abc.example.com, caPem: "{CA}", refuse: true, subjectAltNames: [{kind: {uri: "spiffe://def.example.com/test-identity"}}]}
+- name: t/multiple:443
+  endpoints: [{address: 127.0.0.1, port: {SAN}, ready: true, serving: true}]
+  tls: {hostname: abc.example.com, caPem: "{CA}", refuse: true, subjectAltNames: [{kind: {uri: "spiffe://def.example.com/test-identity"}}, {kind: {hostname: abc.example.com}}]}
+- name: t/multiple-mismatch:443
+  endpoints: [{address: 127.0.0.1, port: {SAN}, ready: true, serving: true}]
+  tls: {hostname: abc.example.com, caPem: "{CA}", refuse: true, subjectAltNames: [{kind: {uri: "spiffe://def.example.com/test-identity"}}, {kind: {hostname: def.example.com}}]}
+# The right names under a CA that did not issue the certificate.
+- name: t/other-ca:443
+  endpoints: [{address: 127.0.0.1, port: {SAN}, ready: true, serving: true}]
+  tls: {hostname: abc.example.com, caPem: "{OTHER_CA}", refuse: true, subjectAltNames: [{kind: {hostname: abc.example.com}}]}
+# A backend with the same names from another CA.
+- name: t/foreign:443
+  endpoints: [{address: 127.0.0.1, port: {FOREIGN}, ready: true, serving: true}]
+  tls: {hostname: abc.example.com, caPem: "{CA}", refuse: true, subjectAltNames: [{kind: {hostname: abc.example.com}}]}
+- name: t/mirror-good:443
+  endpoints: [{address: 127.0.0.1, port: {MIRROR_GOOD}, ready: true, serving: true}]
+  tls: {hostname: abc.example.com, caPem: "{CA}", refuse: true, subjectAltNames: [{kind: {uri: "spiffe://abc.example.com/test-identity"}}]}
+- name: t/mirror-mismatch:443
+  endpoints: [{address: 127.0.0.1, port: {MIRROR_BAD}, ready: true, serving: true}]
+  tls: {hostname: abc.example.com, caPem: "{CA}", refuse: true, subjectAltNames: [{kind: {hostname: dce.example.com}}]}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subject_alt_names_decide_and_the_hostname_is_only_the_sni() {
+    let (good_ca, other_ca) = (ca(), ca());
+    let (san, _) = tls_backend_with(&good_ca, san_params()).await;
+    let (foreign, _) = tls_backend_with(&other_ca, san_params()).await;
+    let (mirror_good, good_seen) = tls_backend_with(&good_ca, san_params()).await;
+    let (mirror_bad, bad_seen) = tls_backend_with(&good_ca, san_params()).await;
+    for (fast_path, engine) in engines() {
+        let port = free_port();
+        let snap = snapshot(
+            SAN_SNAPSHOT,
+            &[
+                ("PORT", port.to_string()),
+                ("SAN", san.port().to_string()),
+                ("FOREIGN", foreign.port().to_string()),
+                ("MIRROR_GOOD", mirror_good.port().to_string()),
+                ("MIRROR_BAD", mirror_bad.port().to_string()),
+                ("CA", good_ca.pem.replace('\n', "\\n")),
+                ("OTHER_CA", other_ca.pem.replace('\n', "\\n")),
+            ],
+        );
+        let limits = Limits {
+            fast_path,
+            ..Limits::default()
+        };
+        let proxy = Proxy::start_with(&snap, limits).await;
+        let base = format!("http://127.0.0.1:{port}");
+        let status = |path: &'static str| {
+            let url = format!("{base}{path}");
+            async move {
+                let r = get(&url, &[]).await.unwrap();
+                (r.status, r.body)
+            }
+        };
+        for (path, sni) in [
+            ("/dns", "abc.example.com"),
+            ("/uri", "sni.example"),
+            ("/multiple", "abc.example.com"),
+        ] {
+            assert_eq!(
+                status(path).await,
+                (200, format!("sni={sni}")),
+                "{engine}: {path}"
+            );
+        }
+        for path in [
+            "/dns-mismatch",
+            "/uri-mismatch",
+            "/multiple-mismatch",
+            "/other-ca",
+            "/foreign",
+        ] {
+            assert_eq!(status(path).await.0, 502, "{engine}: {path}");
+        }
+        // One endpoint, two policies: a connection pooled after a good request was verified
+        // for other names and must not serve the mismatched policy.
+        for _ in 0..6 {
+            assert_eq!(status("/dns").await.0, 200, "{engine}");
+            assert_eq!(
+                status("/dns-mismatch").await.0,
+                502,
+                "{engine}: a pooled connection crossed policies"
+            );
+        }
+
+        // Mirrors verify the names too: the copy reaches the backend whose policy names
+        // match, and not the other.
+        let mirrored = |seen: &Seen| {
+            seen.lock()
+                .unwrap()
+                .iter()
+                .filter(|l| l.starts_with("GET /mirrored"))
+                .count()
+        };
+        let before = mirrored(&good_seen);
+        assert_eq!(status("/mirrored").await.0, 200, "{engine}");
+        for _ in 0..100 {
+            if mirrored(&good_seen) > before {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        assert_eq!(mirrored(&good_seen), before + 1, "{engine}: the mirror");
+        assert_eq!(
+            mirrored(&bad_seen),
+            0,
+            "{engine}: a mirror crossed to a backend its names do not match"
+        );
+        proxy.stop().await;
+    }
+}
+
+/// An HTTPS backend speaking HTTP/1.1 or h2 (by ALPN) with `san_params`' certificate from `ca`;
+/// it answers with the HTTP version the request came in.
+async fn versioned_tls_backend(ca: &Ca) -> SocketAddr {
+    use http_body_util::Full;
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let key = KeyPair::generate().unwrap();
+    let cert = san_params().signed_by(&key, &ca.issuer).unwrap();
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![CertificateDer::from(cert.der().to_vec())],
+        PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+    )
+    .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(|req: hyper::Request<_>| async move {
+                    let body = format!("{:?}", req.version());
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                        bytes::Bytes::from(body),
+                    )))
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+// HTTP/2 over TLS (a GRPCS or TLS_H2 backend) under names: the proxy's own TLS offers h2 and
+// Pingora speaks HTTP/2 over it; a mismatched name still fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_over_tls_is_verified_against_the_names_too() {
+    let ca = ca();
+    let backend = versioned_tls_backend(&ca).await;
+    let port = free_port();
+    let yaml = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: Ingress, namespace: t, name: h2, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /h2}}
+      upstreamProtocol: UPSTREAM_PROTOCOL_TLS_H2
+      backends: [{cluster: "t/named:443", weight: 1}]
+    - source: {kind: Ingress, namespace: t, name: h1, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /h1}}
+      backends: [{cluster: "t/named:443", weight: 1}]
+    - source: {kind: Ingress, namespace: t, name: h2-mismatch, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /mismatch}}
+      upstreamProtocol: UPSTREAM_PROTOCOL_TLS_H2
+      backends: [{cluster: "t/mismatch:443", weight: 1}]
+clusters:
+- name: t/named:443
+  endpoints: [{address: 127.0.0.1, port: {BACKEND}, ready: true, serving: true}]
+  tls: {hostname: abc.example.com, caPem: "{CA}", refuse: true, subjectAltNames: [{kind: {uri: "spiffe://abc.example.com/test-identity"}}]}
+- name: t/mismatch:443
+  endpoints: [{address: 127.0.0.1, port: {BACKEND}, ready: true, serving: true}]
+  tls: {hostname: abc.example.com, caPem: "{CA}", refuse: true, subjectAltNames: [{kind: {hostname: dce.example.com}}]}
+"#;
+    let snap = snapshot(
+        yaml,
+        &[
+            ("PORT", port.to_string()),
+            ("BACKEND", backend.port().to_string()),
+            ("CA", ca.pem.replace('\n', "\\n")),
+        ],
+    );
+    let proxy = Proxy::start(&snap).await;
+    let base = format!("http://127.0.0.1:{port}");
+    // Alternating, so pooled HTTP/1.1 and HTTP/2 connections to one endpoint stay apart.
+    for _ in 0..3 {
+        let h2 = get(&format!("{base}/h2"), &[]).await.unwrap();
+        assert_eq!((h2.status, h2.body.as_str()), (200, "HTTP/2.0"));
+        let h1 = get(&format!("{base}/h1"), &[]).await.unwrap();
+        assert_eq!((h1.status, h1.body.as_str()), (200, "HTTP/1.1"));
+    }
+    let r = get(&format!("{base}/mismatch"), &[]).await.unwrap();
+    assert_eq!(r.status, 502, "{}", r.body);
     proxy.stop().await;
 }

@@ -5,12 +5,15 @@
 //! or one named port of it) an earlier one already holds is Conflicted and not used. A policy
 //! naming a port outranks one naming the whole Service. A policy with no usable CA still
 //! claims its target, and the proxy refuses requests to it (502) rather than sending them
-//! unverified; so does one asking for subjectAltNames, which are not verified here.
+//! unverified. With subjectAltNames, the backend's certificate must carry one of them instead
+//! of the hostname (which is then only the SNI).
 
 use super::status::{Condition, ObjectKey, reason};
 use super::store::Store;
 use coxswain_api::snapshot as snap;
-use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
+use gateway_api::apis::standard::backendtlspolicies::{
+    BackendTlsPolicy, BackendTlsPolicyValidationSubjectAltNamesType as SanType,
+};
 use std::collections::BTreeMap;
 
 /// (namespace, Service, port name or "" for every port).
@@ -178,16 +181,42 @@ fn validate(
         ),
         None => (true, reason::ACCEPTED, String::new()),
     };
-    let accepted = if v.subject_alt_names.as_ref().is_some_and(|s| !s.is_empty()) {
-        (
-            false,
-            reason::INVALID,
-            "subjectAltNames are not supported: requests to the Service are refused".into(),
-        )
-    } else {
-        accepted
-    };
-    tls.refuse = !accepted.0;
+    let mut sans = Vec::new();
+    for san in v.subject_alt_names.iter().flatten() {
+        use snap::subject_alt_name::Kind;
+        let (kind, field) = match san.r#type {
+            SanType::Hostname => (san.hostname.clone().map(Kind::Hostname), "hostname"),
+            SanType::Uri => (san.uri.clone().map(Kind::Uri), "uri"),
+        };
+        // The CRD's rules require the value; without it the policy names nothing to trust.
+        match kind {
+            Some(Kind::Hostname(n) | Kind::Uri(n)) if n.is_empty() => {}
+            Some(kind) => {
+                sans.push(snap::SubjectAltName { kind: Some(kind) });
+                continue;
+            }
+            None => {}
+        }
+        let why = format!("a subjectAltName of type {:?} has no {field}", san.r#type);
+        return refused(tls, (false, reason::INVALID, why), resolved);
+    }
+    if !accepted.0 {
+        return refused(tls, accepted, resolved);
+    }
+    // With subjectAltNames, `refuse` stays set for proxies that predate them (snapshot.proto).
+    tls.refuse = !sans.is_empty();
+    tls.subject_alt_names = sans;
+    (tls, accepted, resolved)
+}
+
+/// A policy the proxy must refuse traffic for: no names to verify, only the refusal.
+fn refused(
+    mut tls: snap::BackendTls,
+    accepted: Verdict,
+    resolved: Verdict,
+) -> (snap::BackendTls, Verdict, Verdict) {
+    tls.refuse = true;
+    tls.subject_alt_names.clear();
     (tls, accepted, resolved)
 }
 

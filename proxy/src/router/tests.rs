@@ -315,3 +315,75 @@ clusters:
     assert!(plain.passthrough);
     assert!(plain.backends[0].response_edits.is_none());
 }
+
+// An Ingress "*.foo.com" (single label) and a Gateway API "*.foo.com" on one port, as the
+// compiler emits them: the multi-label virtual host first, then the single-label one holding
+// the routes of both. An Ingress-only "*.bar.org" has no multi-label twin.
+const SINGLE_LABEL: &str = r#"
+listeners:
+- port: 80
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: Ingress, namespace: web, name: default, rule: 0}
+  - hostname: "*.foo.com"
+    routes:
+    - source: {kind: HTTPRoute, namespace: web, name: gw, rule: 0}
+  - hostname: "*.foo.com"
+    singleLabel: true
+    routes:
+    - source: {kind: Ingress, namespace: web, name: ing, rule: 0}
+    - source: {kind: HTTPRoute, namespace: web, name: gw, rule: 0}
+  - hostname: "*.bar.org"
+    singleLabel: true
+    routes:
+    - source: {kind: Ingress, namespace: web, name: bar, rule: 0}
+  - hostname: "*.org"
+    routes:
+    - source: {kind: HTTPRoute, namespace: web, name: org, rule: 0}
+"#;
+
+#[test]
+fn a_single_label_wildcard_covers_one_label_and_a_multi_label_one_the_rest() {
+    let snapshot = Snapshot::from_yaml(SINGLE_LABEL).unwrap();
+    let r = Router::build(&snapshot.seal()).unwrap();
+    let get = |host| lookup(&r, 80, host, "/", "GET", &[]);
+    // One label above foo.com: the single-label host, whose first route is the Ingress's.
+    assert_eq!(get("bar.foo.com").as_deref(), Some("ing/0"));
+    assert_eq!(get("BAR.Foo.com.:80").as_deref(), Some("ing/0"));
+    // Deeper: only the Gateway API wildcard covers it.
+    assert_eq!(get("baz.bar.foo.com").as_deref(), Some("gw/0"));
+    assert_eq!(get("a.b.c.foo.com").as_deref(), Some("gw/0"));
+    // Never the bare suffix, nor an empty label.
+    assert_eq!(get("foo.com").as_deref(), Some("default/0"));
+    assert_eq!(get(".foo.com").as_deref(), Some("gw/0"));
+    // Without a multi-label twin, a deeper host looks at shorter suffixes, then "".
+    assert_eq!(get("x.bar.org").as_deref(), Some("bar/0"));
+    assert_eq!(get("y.x.bar.org").as_deref(), Some("org/0"));
+    assert_eq!(get("bar.org").as_deref(), Some("org/0"));
+    // TLS passthrough and the first route of a name follow the same choice.
+    let port = r.port(80).unwrap();
+    let first = |host| {
+        port.first_route_for(host)
+            .map(|c| c.route.source.as_ref().unwrap().name.clone())
+    };
+    assert_eq!(first("bar.foo.com").as_deref(), Some("ing"));
+    assert_eq!(first("baz.bar.foo.com").as_deref(), Some("gw"));
+}
+
+#[test]
+fn a_router_keeps_both_wildcards_whatever_their_order() {
+    // The single-label host listed first: the multi-label one must not replace it.
+    let yaml = SINGLE_LABEL.replacen(
+        "  - hostname: \"*.foo.com\"\n    routes:\n    - source: {kind: HTTPRoute, namespace: web, name: gw, rule: 0}\n",
+        "",
+        1,
+    ) + "  - hostname: \"*.foo.com\"\n    routes:\n    - source: {kind: HTTPRoute, namespace: web, name: gw, rule: 0}\n";
+    let snapshot = Snapshot::from_yaml(&yaml).unwrap();
+    assert_eq!(snapshot.listeners[0].virtual_hosts.len(), 5, "{yaml}");
+    let r = Router::build(&snapshot.seal()).unwrap();
+    let get = |host| lookup(&r, 80, host, "/", "GET", &[]);
+    assert_eq!(get("bar.foo.com").as_deref(), Some("ing/0"));
+    assert_eq!(get("baz.bar.foo.com").as_deref(), Some("gw/0"));
+}

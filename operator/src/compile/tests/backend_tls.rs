@@ -165,17 +165,64 @@ fn a_backend_tls_policy_without_a_usable_ca_refuses_traffic() {
         policy_condition(&c, "p", "ResolvedRefs"),
         (ConditionStatus::False, "InvalidCACertificateRef")
     );
-    // subjectAltNames are not verified here: refused rather than half-checked.
+}
+
+#[test]
+fn subject_alt_names_replace_the_hostname_for_verification() {
+    use coxswain_api::snapshot::subject_alt_name::Kind;
     let san = backend_tls_policy(
         "p",
         "2026-01-01T00:00:00Z",
         "{group: '', kind: Service, name: echo}",
-        "{hostname: a.internal, wellKnownCACertificates: System, subjectAltNames: [{type: Hostname, hostname: b.internal}]}",
+        "{hostname: a.internal, wellKnownCACertificates: System, subjectAltNames: [{type: Hostname, hostname: b.internal}, {type: URI, uri: 'spiffe://td/ns/web/sa/echo'}]}",
     );
     let c = compile_yaml(&[BASE, GATEWAY, ECHO_ROUTE, &san]);
     assert_eq!(
         policy_condition(&c, "p", "Accepted"),
+        (ConditionStatus::True, "Accepted")
+    );
+    let tls = shared(&c).clusters[0].tls.clone().unwrap();
+    assert_eq!(tls.hostname, "a.internal", "still the SNI");
+    assert!(tls.system_roots);
+    let names: Vec<Option<Kind>> = tls.subject_alt_names.into_iter().map(|s| s.kind).collect();
+    assert_eq!(
+        names,
+        [
+            Some(Kind::Hostname("b.internal".into())),
+            Some(Kind::Uri("spiffe://td/ns/web/sa/echo".into()))
+        ]
+    );
+    // Set with the names: a proxy that does not know them refuses instead of checking the
+    // hostname the policy says not to trust.
+    assert!(tls.refuse);
+
+    // Without a usable CA the names go: refused is refused, whatever the proxy knows.
+    let no_ca = backend_tls_policy(
+        "p",
+        "2026-01-01T00:00:00Z",
+        "{group: '', kind: Service, name: echo}",
+        "{hostname: a.internal, caCertificateRefs: [{group: '', kind: ConfigMap, name: missing}], subjectAltNames: [{type: Hostname, hostname: b.internal}]}",
+    );
+    let c = compile_yaml(&[BASE, GATEWAY, ECHO_ROUTE, &no_ca]);
+    assert_eq!(
+        policy_condition(&c, "p", "Accepted").0,
+        ConditionStatus::False
+    );
+    let tls = shared(&c).clusters[0].tls.clone().unwrap();
+    assert!(tls.refuse && tls.subject_alt_names.is_empty());
+
+    // A name of type URI without its uri (the CRD forbids it; a file may not): Invalid.
+    let empty = backend_tls_policy(
+        "p",
+        "2026-01-01T00:00:00Z",
+        "{group: '', kind: Service, name: echo}",
+        "{hostname: a.internal, wellKnownCACertificates: System, subjectAltNames: [{type: URI, hostname: b.internal}]}",
+    );
+    let c = compile_yaml(&[BASE, GATEWAY, ECHO_ROUTE, &empty]);
+    assert_eq!(
+        policy_condition(&c, "p", "Accepted"),
         (ConditionStatus::False, "Invalid")
     );
-    assert!(shared(&c).clusters[0].tls.as_ref().unwrap().refuse);
+    let tls = shared(&c).clusters[0].tls.clone().unwrap();
+    assert!(tls.refuse && tls.subject_alt_names.is_empty());
 }

@@ -1,0 +1,169 @@
+//! The GatewayClass's `status.supportedFeatures` (SUPPORTED_FEATURES) is exactly what the
+//! committed conformance report for the pinned Gateway API release shows passing: a feature
+//! added to the list without a report that proves it, or proven by a report but left out of
+//! the list, fails here. The report is what `make conformance` writes under
+//! test/conformance/reports/<release>/coxswain/.
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+
+use coxswain_operator::status::SUPPORTED_FEATURES;
+use serde_yaml::Value;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+/// Core features of each Gateway profile (conformance/utils/suite/profiles.go): the report
+/// lists only extended ones, a profile whose core tests all pass supports these.
+const PROFILE_CORE: &[(&str, &[&str])] = &[
+    ("GATEWAY-HTTP", &["Gateway", "ReferenceGrant", "HTTPRoute"]),
+    ("GATEWAY-GRPC", &["Gateway", "ReferenceGrant", "GRPCRoute"]),
+    ("GATEWAY-TLS", &["Gateway", "ReferenceGrant", "TLSRoute"]),
+];
+
+/// Features in no profile's extended set, so no report lists them; the suite still runs their
+/// tests when the GatewayClass claims them, and the report names a passing provisional test
+/// under succeededProvisionalTests: (feature, that test's ShortName).
+const OUTSIDE_PROFILES: &[(&str, &str)] = &[("GRPCRouteNamedRouteRule", "GRPCRouteNamedRule")];
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// "v1.5.1" -> (1, 5, 1); None for anything else.
+fn release(name: &str) -> Option<(u64, u64, u64)> {
+    let mut parts = name.strip_prefix('v')?.split('.');
+    let v = (
+        parts.next()?.parse().ok()?,
+        parts.next()?.parse().ok()?,
+        parts.next()?.parse().ok()?,
+    );
+    parts.next().is_none().then_some(v)
+}
+
+/// The Gateway API release hack/cluster installs and `make conformance` tests against.
+fn pinned_release() -> String {
+    let env = std::fs::read_to_string(repo().join("hack/cluster/env.sh")).unwrap();
+    env.lines()
+        .find_map(|l| l.trim().strip_prefix("export GATEWAY_API_VERSION="))
+        .map(|v| v.trim_matches('"').to_owned())
+        .expect("hack/cluster/env.sh exports GATEWAY_API_VERSION")
+}
+
+/// The newest release directory under test/conformance/reports and its report files.
+fn newest_reports() -> (String, Vec<PathBuf>) {
+    let dir = repo().join("test/conformance/reports");
+    let newest = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter_map(|name| release(&name).map(|v| (v, name)))
+        .max()
+        .map(|(_, name)| name)
+        .unwrap_or_else(|| panic!("no vX.Y.Z directory under {}", dir.display()));
+    let mut files = Vec::new();
+    for implementation in std::fs::read_dir(dir.join(&newest)).unwrap() {
+        let implementation = implementation.unwrap().path();
+        if !implementation.is_dir() {
+            continue;
+        }
+        for f in std::fs::read_dir(&implementation).unwrap() {
+            let f = f.unwrap().path();
+            if f.extension().is_some_and(|e| e == "yaml") {
+                files.push(f);
+            }
+        }
+    }
+    files.sort();
+    (newest, files)
+}
+
+fn strings(v: &Value) -> Vec<String> {
+    v.as_sequence()
+        .map(|s| {
+            s.iter()
+                .filter_map(|x| x.as_str().map(str::to_owned))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// What one report shows passing, and what it shows unsupported.
+fn claims(path: &Path) -> (BTreeSet<String>, BTreeSet<String>) {
+    let text = std::fs::read_to_string(path).unwrap();
+    let report: Value = serde_yaml::from_str(&text).unwrap();
+    let what = path.display();
+    let mut passed = BTreeSet::new();
+    let mut unsupported = BTreeSet::new();
+    let profiles = report["profiles"]
+        .as_sequence()
+        .cloned()
+        .unwrap_or_default();
+    assert!(!profiles.is_empty(), "{what}: no profiles");
+    for p in &profiles {
+        let name = p["name"].as_str().unwrap_or_default();
+        for part in ["core", "extended"] {
+            assert_eq!(
+                p[part]["result"].as_str(),
+                Some("success"),
+                "{what}: {name} {part} did not succeed: its features are not proven"
+            );
+        }
+        let core = PROFILE_CORE
+            .iter()
+            .find(|(n, _)| *n == name)
+            .unwrap_or_else(|| panic!("{what}: profile {name} is not one Coxswain runs"));
+        passed.extend(core.1.iter().map(|f| (*f).to_owned()));
+        passed.extend(strings(&p["extended"]["supportedFeatures"]));
+        unsupported.extend(strings(&p["extended"]["unsupportedFeatures"]));
+    }
+    let provisional = strings(&report["succeededProvisionalTests"]);
+    for (feature, test) in OUTSIDE_PROFILES {
+        if provisional.iter().any(|t| t == test) {
+            passed.insert((*feature).to_owned());
+        }
+    }
+    (passed, unsupported)
+}
+
+#[test]
+fn supported_features_are_exactly_what_the_newest_conformance_report_shows_passing() {
+    let (newest, files) = newest_reports();
+    assert_eq!(
+        newest,
+        pinned_release(),
+        "the newest conformance report is not for the pinned Gateway API release: run `make \
+         conformance` and commit its report"
+    );
+    assert!(!files.is_empty(), "no report under reports/{newest}");
+    let mut passed = BTreeSet::new();
+    let mut unsupported = BTreeSet::new();
+    for f in &files {
+        let (p, u) = claims(f);
+        passed.extend(p);
+        unsupported.extend(u);
+    }
+    let published: BTreeSet<String> = SUPPORTED_FEATURES.iter().map(|f| (*f).to_owned()).collect();
+    assert_eq!(
+        published.len(),
+        SUPPORTED_FEATURES.len(),
+        "SUPPORTED_FEATURES lists a feature twice"
+    );
+    let unproven: Vec<&String> = published.difference(&passed).collect();
+    let unpublished: Vec<&String> = passed.difference(&published).collect();
+    assert!(
+        unproven.is_empty() && unpublished.is_empty(),
+        "SUPPORTED_FEATURES (operator/src/status.rs) and the conformance report(s) {files:?} \
+         disagree.\n  published, not shown passing: {unproven:?}\n  shown passing, not \
+         published: {unpublished:?}"
+    );
+    let contradicted: Vec<&String> = published.intersection(&unsupported).collect();
+    assert!(
+        contradicted.is_empty(),
+        "published yet reported unsupported: {contradicted:?}"
+    );
+}
+
+#[test]
+fn release_directories_order_by_number_not_by_text() {
+    assert_eq!(release("v1.5.1"), Some((1, 5, 1)));
+    assert!(release("v1.10.0") > release("v1.9.3"));
+    assert_eq!(release("v1.5"), None);
+    assert_eq!(release("latest"), None);
+}
