@@ -4,26 +4,28 @@
 //!
 //! The fast path exists because, for the most common request, Pingora's per-request
 //! machinery (header maps rebuilt on both sides, a task pair joined by channels, an upstream
-//! pool that spawns a task and takes locks per release) has nothing to do: no filter changes
-//! a header, no body streams, no protocol changes. Such a request (HTTP/1.1, no body, no
-//! upgrade, on a route that only forwards to HTTP/1 backends: `CompiledRoute::passthrough`,
-//! decided once per snapshot) is written upstream with its fields as they came, except for a
-//! normalised target and the forwarded fields (`forwarded`), over a connection from this
-//! worker's pool, and the response is copied back with its framing checked (`http1`) so both
-//! connections stay reusable.
+//! pool that spawns a task and takes locks per release) has nothing to do: no body streams,
+//! no protocol changes, at most a few header fields edited. Such a request (HTTP/1.1, no body
+//! or a Content-Length one of at most `MAX_BODY`, no upgrade, on a route that only forwards to
+//! HTTP/1 backends, with plain header modifiers at most: `CompiledRoute::passthrough`, decided
+//! once per snapshot) is written upstream with its fields as they came, except for a
+//! normalised target, the forwarded fields (`forwarded`) and the modifiers' edits (`heads`),
+//! over a connection from this worker's pool, and the response is copied back with its
+//! framing checked (`http1`) so both connections stay reusable.
 //!
 //! Any other request goes to Pingora with its bytes put back. Pingora serves it and returns
 //! the connection, and the next request is read here again.
 
 use crate::access_log::{AccessLine, access_line};
 use crate::conn::Buffered;
-use crate::http1::{self, H2_PREFACE};
+use crate::http1;
 use crate::limits::Limits;
 use crate::request::{self, Arrival, Body, Decision, Head, Version};
 use crate::table::SharedTable;
 use crate::upstream::{CONNECT_ATTEMPTS, ClusterState, pool};
 use coxswain_api::snapshot as snap;
 use heads::{edited_response_head, without_content_length, write_upstream_head};
+use read::{HeadRead, read_body, read_head};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -39,6 +41,10 @@ const MAX_RESPONSE_HEADERS: usize = 128;
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// Room for the request line on top of the header bytes the limits allow.
 const REQUEST_LINE: usize = 8 * 1024;
+/// The largest Content-Length body this path takes. It is read whole before the request goes
+/// upstream, so a request sent again on a fresh connection (see `exchange`) still has it; the
+/// same bound as Pingora's retry buffer. Larger and chunked bodies stream through Pingora.
+const MAX_BODY: u64 = 64 * 1024;
 
 /// What the connection does after `serve` returns.
 #[derive(Debug, PartialEq, Eq)]
@@ -125,6 +131,10 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
                 return Next::Closed;
             }
             Step::Answer(answer) => {
+                // The body is read (and dropped) first, so the next request starts after it.
+                if let Err(status) = read_body(conn, &mut req, len + answer.body, env).await {
+                    return refuse(conn, env, status).await;
+                }
                 answer.record.done(answer.status, None, started);
                 let head = answer_head(answer.status, answer.field);
                 if conn.write_all(head.as_bytes()).await.is_err()
@@ -133,12 +143,18 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
                 {
                     return Next::Closed;
                 }
-                // No body came with it (the fast path takes none): the next request follows.
-                req.drain(..len);
+                req.drain(..len + answer.body);
                 continue;
             }
             Step::Forward(plan) => plan,
         };
+        if plan.body > 0 {
+            if let Err(status) = read_body(conn, &mut req, len + plan.body, env).await {
+                plan.record.done(status, None, started);
+                return refuse(conn, env, status).await;
+            }
+            up_head.extend_from_slice(&req[len..len + plan.body]);
+        }
         let outcome = exchange(conn, &up_head, &mut plan, &mut resp, env).await;
         let status = match outcome {
             Ok(Exchange { status, .. }) | Err(status) => status,
@@ -146,7 +162,7 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
         plan.record.done(status, Some(plan.upstream), started);
         match outcome {
             Ok(Exchange { keep_client, .. }) if keep_client && !*env.shutdown.borrow() => {
-                req.drain(..len);
+                req.drain(..len + plan.body);
             }
             Ok(_) => {
                 let _ = conn.flush().await;
@@ -161,87 +177,12 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
     }
 }
 
-enum HeadRead {
-    /// A whole head of this many bytes starts the buffer.
-    Complete(usize),
-    /// The buffer starts with the HTTP/2 preface.
-    H2c,
-    Closed,
-    /// Answer this status and close.
-    Reject(u16),
-}
-
-/// Reads until `req` starts with a whole request head. Empty lines before a request are
-/// dropped (RFC 9112 2.2), so they are never forwarded. Waits at most the keep-alive idle
-/// time for a first byte, then the head deadline for the rest (for a connection's first
-/// request, the head deadline counts from accept).
-async fn read_head(
-    conn: &mut Buffered,
-    req: &mut Vec<u8>,
-    env: &mut Env<'_>,
-    first: bool,
-) -> HeadRead {
-    let limits = env.limits;
-    let max = limits.max_request_head_bytes + REQUEST_LINE;
-    let mut deadline = first.then(|| tokio::time::Instant::now() + limits.request_head);
-    loop {
-        let blank = req
-            .iter()
-            .take_while(|b| matches!(b, b'\r' | b'\n'))
-            .count();
-        if blank > 0 {
-            req.drain(..blank);
-        }
-        if !req.is_empty() {
-            if deadline.is_none() {
-                deadline = Some(tokio::time::Instant::now() + limits.request_head);
-            }
-            if req.starts_with(H2_PREFACE) {
-                return HeadRead::H2c;
-            }
-            if !H2_PREFACE.starts_with(req) {
-                match head_end(req) {
-                    Some(len) if len > max => return HeadRead::Reject(431),
-                    Some(len) => return HeadRead::Complete(len),
-                    None if req.len() > max => return HeadRead::Reject(431),
-                    None => {}
-                }
-            }
-        }
-        if req.capacity() - req.len() < 1024 {
-            req.reserve(4096);
-        }
-        let read = conn.read_buf(req);
-        let result = match deadline {
-            Some(d) => match tokio::time::timeout_at(d, read).await {
-                Ok(r) => r,
-                Err(_) => {
-                    tracing::debug!(peer = %env.peer, "request head deadline passed");
-                    crate::metrics::Metrics::count(&env.table.metrics().request_head_timeouts);
-                    // A request begun and not finished in time: 408, as nginx answers.
-                    return if req.is_empty() {
-                        HeadRead::Closed
-                    } else {
-                        HeadRead::Reject(408)
-                    };
-                }
-            },
-            None => {
-                let idle = tokio::time::timeout(limits.keepalive_idle, read);
-                tokio::select! {
-                    r = idle => match r {
-                        Ok(r) => r,
-                        Err(_) => return HeadRead::Closed,
-                    },
-                    _ = env.closing.wait_for(|c| *c) => return HeadRead::Closed,
-                }
-            }
-        };
-        match result {
-            Ok(0) | Err(_) => return HeadRead::Closed,
-            Ok(_) => {}
-        }
-    }
+/// Answers a request this path cannot go on with, and ends the connection.
+async fn refuse(conn: &mut Buffered, env: &Env<'_>, status: u16) -> Next {
+    crate::metrics::Metrics::count(&env.table.metrics().requests_refused);
+    let _ = conn.write_all(status_response(status)).await;
+    let _ = conn.flush().await;
+    Next::Closed
 }
 
 /// Where a request whose head is `len` bytes ends among `available` bytes read: after its
@@ -267,23 +208,6 @@ fn request_end(head: &FastHead<'_, '_>, len: usize, available: usize) -> usize {
         .ok()
         .and_then(|b| b.checked_add(len))
         .map_or(available, |e| e.min(available))
-}
-
-/// The length of the head at the start of `buf` (through its empty line), if whole.
-fn head_end(buf: &[u8]) -> Option<usize> {
-    let mut i = 0;
-    while let Some(lf) = buf[i..].iter().position(|b| *b == b'\n') {
-        let at = i + lf;
-        // "\n\n" or "\n\r\n": the line that just ended was empty.
-        if at > 0 && buf[at - 1] == b'\n' {
-            return Some(at + 1);
-        }
-        if at > 1 && buf[at - 1] == b'\r' && buf[at - 2] == b'\n' {
-            return Some(at + 1);
-        }
-        i = at + 1;
-    }
-    None
 }
 
 /// httparse's view of a request head, for the request layer.
@@ -345,6 +269,8 @@ struct Answered {
     status: u16,
     field: (&'static str, String),
     record: Record,
+    /// The request's body length: read and dropped so the connection can go on.
+    body: usize,
 }
 
 /// How a request is counted and logged once its status is known.
@@ -402,6 +328,8 @@ struct Plan {
     in_flight: Option<crate::upstream::InFlight>,
     /// Header modifiers for the response head (`ResolvedBackend::response_edits`).
     response_edits: Option<Arc<[snap::HeaderModifier]>>,
+    /// The Content-Length body after the head (at most `MAX_BODY`).
+    body: usize,
     /// The request counted against its route's limit on requests in progress.
     _slots: Vec<crate::ratelimit::Slot>,
 }
@@ -425,15 +353,17 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
             return Step::Reject(reject.status());
         }
     };
-    // The fast path's own conditions: HTTP/1.1 origin-form, no body, nothing in the headers
-    // that asks for more than forwarding.
+    // The fast path's own conditions: HTTP/1.1 origin-form, no body or a small Content-Length
+    // one, nothing in the headers that asks for more than forwarding.
     let target = head.target();
     if head.version() != Version::Http11 || target.first() != Some(&b'/') {
         return Step::Pingora;
     }
-    if checked.body != Body::None {
-        return Step::Pingora;
-    }
+    let body = match checked.body {
+        Body::None => 0,
+        Body::Length(n) if n <= MAX_BODY => n as usize,
+        _ => return Step::Pingora,
+    };
     for h in head.0.headers.iter() {
         let name = h.name;
         let plain = if name.eq_ignore_ascii_case("connection") {
@@ -497,6 +427,7 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
                 status: 401,
                 field: ("www-authenticate", challenge.to_owned()),
                 record: record(route),
+                body,
             });
         }
         Decision::Limited { retry_after } => {
@@ -505,6 +436,7 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
                 status: 429,
                 field: ("retry-after", retry_after.to_string()),
                 record: record(route),
+                body,
             });
         }
         // Not reached: a passthrough route has no other policy that answers by itself.
@@ -536,6 +468,7 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
         record: record(route),
         in_flight: forward.cluster.start(forward.endpoint),
         response_edits: forward.backend.response_edits.clone(),
+        body,
         _slots: forward.slots,
     })
 }
@@ -760,5 +693,6 @@ pub fn status_response(status: u16) -> &'static [u8] {
 }
 
 mod heads;
+mod read;
 #[cfg(test)]
 mod tests;

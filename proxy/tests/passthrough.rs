@@ -172,8 +172,8 @@ async fn a_connection_moves_from_the_fast_path_to_pingora_without_losing_a_reque
         }
     }
 
-    // A request with a body is Pingora's: same connection, nothing lost.
-    s.write_all(b"POST /echo/3 HTTP/1.1\r\nHost: a.example\r\nContent-Length: 5\r\n\r\nhello")
+    // A request with a chunked body is Pingora's: same connection, nothing lost.
+    s.write_all(b"POST /echo/3 HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
         .await
         .unwrap();
     let (status, _, body) = response(&mut s, &mut buf, false).await;

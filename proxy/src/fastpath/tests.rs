@@ -1,3 +1,4 @@
+use super::read::head_end;
 use super::*;
 
 #[test]

@@ -1,0 +1,131 @@
+//! Reading a request from the client: its head under the head deadline, and a small
+//! Content-Length body after it.
+
+use super::{Env, REQUEST_LINE};
+use crate::conn::Buffered;
+use crate::http1::H2_PREFACE;
+use tokio::io::AsyncReadExt;
+
+pub(super) enum HeadRead {
+    /// A whole head of this many bytes starts the buffer.
+    Complete(usize),
+    /// The buffer starts with the HTTP/2 preface.
+    H2c,
+    Closed,
+    /// Answer this status and close.
+    Reject(u16),
+}
+
+/// Reads until `req` starts with a whole request head. Empty lines before a request are
+/// dropped (RFC 9112 2.2), so they are never forwarded. Waits at most the keep-alive idle
+/// time for a first byte, then the head deadline for the rest (for a connection's first
+/// request, the head deadline counts from accept).
+pub(super) async fn read_head(
+    conn: &mut Buffered,
+    req: &mut Vec<u8>,
+    env: &mut Env<'_>,
+    first: bool,
+) -> HeadRead {
+    let limits = env.limits;
+    let max = limits.max_request_head_bytes + REQUEST_LINE;
+    let mut deadline = first.then(|| tokio::time::Instant::now() + limits.request_head);
+    loop {
+        let blank = req
+            .iter()
+            .take_while(|b| matches!(b, b'\r' | b'\n'))
+            .count();
+        if blank > 0 {
+            req.drain(..blank);
+        }
+        if !req.is_empty() {
+            if deadline.is_none() {
+                deadline = Some(tokio::time::Instant::now() + limits.request_head);
+            }
+            if req.starts_with(H2_PREFACE) {
+                return HeadRead::H2c;
+            }
+            if !H2_PREFACE.starts_with(req) {
+                match head_end(req) {
+                    Some(len) if len > max => return HeadRead::Reject(431),
+                    Some(len) => return HeadRead::Complete(len),
+                    None if req.len() > max => return HeadRead::Reject(431),
+                    None => {}
+                }
+            }
+        }
+        if req.capacity() - req.len() < 1024 {
+            req.reserve(4096);
+        }
+        let read = conn.read_buf(req);
+        let result = match deadline {
+            Some(d) => match tokio::time::timeout_at(d, read).await {
+                Ok(r) => r,
+                Err(_) => {
+                    tracing::debug!(peer = %env.peer, "request head deadline passed");
+                    crate::metrics::Metrics::count(&env.table.metrics().request_head_timeouts);
+                    // A request begun and not finished in time: 408, as nginx answers.
+                    return if req.is_empty() {
+                        HeadRead::Closed
+                    } else {
+                        HeadRead::Reject(408)
+                    };
+                }
+            },
+            None => {
+                let idle = tokio::time::timeout(limits.keepalive_idle, read);
+                tokio::select! {
+                    r = idle => match r {
+                        Ok(r) => r,
+                        Err(_) => return HeadRead::Closed,
+                    },
+                    _ = env.closing.wait_for(|c| *c) => return HeadRead::Closed,
+                }
+            }
+        };
+        match result {
+            Ok(0) | Err(_) => return HeadRead::Closed,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Reads until `req` holds `end` bytes: a request's head and its Content-Length body. The
+/// body must arrive within the head deadline (`--request-head-timeout-seconds`) of the head's
+/// end; Err(408) when it does not, Err(400) when the client closes first.
+pub(super) async fn read_body(
+    conn: &mut Buffered,
+    req: &mut Vec<u8>,
+    end: usize,
+    env: &Env<'_>,
+) -> Result<(), u16> {
+    let deadline = tokio::time::Instant::now() + env.limits.request_head;
+    while req.len() < end {
+        req.reserve(end - req.len());
+        match tokio::time::timeout_at(deadline, conn.read_buf(req)).await {
+            Ok(Ok(n)) if n > 0 => {}
+            Ok(_) => return Err(400),
+            Err(_) => {
+                tracing::debug!(peer = %env.peer, "request body deadline passed");
+                return Err(408);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The length of the head at the start of `buf` (through its empty line), if whole.
+pub(super) fn head_end(buf: &[u8]) -> Option<usize> {
+    let mut i = 0;
+    while let Some(lf) = buf[i..].iter().position(|b| *b == b'\n') {
+        let at = i + lf;
+        // "\n\n" or "\n\r\n": the line that just ended was empty.
+        if at > 0 && buf[at - 1] == b'\n' {
+            return Some(at + 1);
+        }
+        if at > 1 && buf[at - 1] == b'\r' && buf[at - 2] == b'\n' {
+            return Some(at + 1);
+        }
+        i = at + 1;
+    }
+    None
+}
