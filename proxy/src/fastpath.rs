@@ -25,7 +25,7 @@ use crate::table::SharedTable;
 use crate::upstream::{CONNECT_ATTEMPTS, ClusterState, pool};
 use coxswain_api::snapshot as snap;
 use heads::{edited_response_head, without_content_length, write_upstream_head};
-use read::{HeadRead, read_body, read_head};
+use read::{BodyRead, HeadRead, read_body, read_head};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -45,6 +45,8 @@ const REQUEST_LINE: usize = 8 * 1024;
 /// upstream, so a request sent again on a fresh connection (see `exchange`) still has it; the
 /// same bound as Pingora's retry buffer. Larger and chunked bodies stream through Pingora.
 const MAX_BODY: u64 = 64 * 1024;
+/// What a client connection's request buffer shrinks back to after a large body.
+const KEPT_BUFFER: usize = 16 * 1024;
 
 /// What the connection does after `serve` returns.
 #[derive(Debug, PartialEq, Eq)]
@@ -131,15 +133,20 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
                 return Next::Closed;
             }
             Step::Answer(answer) => {
-                // The body is read (and dropped) first, so the next request starts after it.
-                if let Err(status) = read_body(conn, &mut req, len + answer.body, env).await {
-                    return refuse(conn, env, status).await;
-                }
                 answer.record.done(answer.status, None, started);
                 let head = answer_head(answer.status, answer.field);
                 if conn.write_all(head.as_bytes()).await.is_err()
                     || conn.flush().await.is_err()
                     || *env.shutdown.borrow()
+                {
+                    return Next::Closed;
+                }
+                // Then the body is read and dropped, so the next request starts after it (as
+                // Pingora drains one); a body that does not come ends the connection.
+                if answer.body > 0
+                    && read_body(conn, &mut req, len + answer.body, env)
+                        .await
+                        .is_err()
                 {
                     return Next::Closed;
                 }
@@ -149,13 +156,30 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
             Step::Forward(plan) => plan,
         };
         if plan.body > 0 {
-            if let Err(status) = read_body(conn, &mut req, len + plan.body, env).await {
-                plan.record.done(status, None, started);
-                return refuse(conn, env, status).await;
+            match read_body(conn, &mut req, len + plan.body, env).await {
+                Ok(()) => {}
+                // A client that stopped sending in time gets 408; one that left gets nothing.
+                // Either way nothing went upstream.
+                Err(BodyRead::TimedOut) => {
+                    plan.record.done(408, None, started);
+                    let _ = conn.write_all(status_response(408)).await;
+                    let _ = conn.flush().await;
+                    return Next::Closed;
+                }
+                Err(BodyRead::Closed) => {
+                    plan.record.done(0, None, started);
+                    return Next::Closed;
+                }
             }
-            up_head.extend_from_slice(&req[len..len + plan.body]);
         }
-        let outcome = exchange(conn, &up_head, &mut plan, &mut resp, env).await;
+        let outcome = exchange(
+            conn,
+            (&up_head, &req[len..len + plan.body]),
+            &mut plan,
+            &mut resp,
+            env,
+        )
+        .await;
         let status = match outcome {
             Ok(Exchange { status, .. }) | Err(status) => status,
         };
@@ -163,6 +187,11 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
         match outcome {
             Ok(Exchange { keep_client, .. }) if keep_client && !*env.shutdown.borrow() => {
                 req.drain(..len + plan.body);
+                // A large body grew the buffer; a connection idling between requests keeps
+                // only what a head needs.
+                if req.capacity() > 2 * KEPT_BUFFER && req.len() < KEPT_BUFFER {
+                    req.shrink_to(KEPT_BUFFER);
+                }
             }
             Ok(_) => {
                 let _ = conn.flush().await;
@@ -175,14 +204,6 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
             }
         }
     }
-}
-
-/// Answers a request this path cannot go on with, and ends the connection.
-async fn refuse(conn: &mut Buffered, env: &Env<'_>, status: u16) -> Next {
-    crate::metrics::Metrics::count(&env.table.metrics().requests_refused);
-    let _ = conn.write_all(status_response(status)).await;
-    let _ = conn.flush().await;
-    Next::Closed
 }
 
 /// Where a request whose head is `len` bytes ends among `available` bytes read: after its
@@ -418,6 +439,11 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
             Some(route),
         ),
     };
+    // A body over the route's limit is Pingora's 413, decided there alone (deciding here too
+    // would take a rate-limit token twice).
+    if route.policy.max_body_bytes > 0 && body as u64 > route.policy.max_body_bytes {
+        return Step::Pingora;
+    }
     let metrics = env.table.metrics();
     let forward = match request::decide(Some(route), head, &checked, &arrival) {
         Decision::Forward(forward) => forward,
@@ -439,7 +465,8 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
                 body,
             });
         }
-        // Not reached: a passthrough route has no other policy that answers by itself.
+        // Not reached: a passthrough route has no other policy that answers by itself, and a
+        // body over its limit went to Pingora above.
         _ => return Step::Pingora,
     };
     let route = forward.route;
@@ -493,7 +520,7 @@ impl Exchange {
 /// to the client, which gets that status.
 async fn exchange(
     conn: &mut Buffered,
-    request: &[u8],
+    (head, body): (&[u8], &[u8]),
     plan: &mut Plan,
     resp: &mut Vec<u8>,
     env: &Env<'_>,
@@ -538,7 +565,8 @@ async fn exchange(
         };
         let sent = Instant::now();
         resp.clear();
-        let ok = up.write_all(request).await.is_ok()
+        let ok = up.write_all(head).await.is_ok()
+            && (body.is_empty() || up.write_all(body).await.is_ok())
             && matches!(read_more(&mut up, resp).await, Ok(n) if n > 0);
         if ok {
             break (up, sent);
@@ -556,7 +584,15 @@ async fn exchange(
                 if h.status == 101 {
                     return Err(502);
                 }
-                if write_head(conn, &resp[..h.len], h.version).await.is_err() {
+                // Pingora runs the response filters on interim heads too.
+                let written = match &plan.response_edits {
+                    Some(edits) => match edited_response_head(&resp[..h.len], false, edits) {
+                        Some(edited) => write_head(conn, &edited, h.version).await,
+                        None => return Err(502),
+                    },
+                    None => write_head(conn, &resp[..h.len], h.version).await,
+                };
+                if written.is_err() {
                     return Ok(Exchange::client_done(h.status));
                 }
                 resp.drain(..h.len);

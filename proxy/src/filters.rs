@@ -23,11 +23,13 @@ pub fn modify_headers<H: EditHeaders + ?Sized>(headers: &mut H, m: &snap::Header
     }
 }
 
-/// Fields a header modifier must leave to the engine: they frame the message or belong to
-/// one connection, so an edit to them is not a plain copy of the head.
-const ENGINE_FIELDS: [&str; 9] = [
+/// Fields a header modifier must leave to the engine: they frame the message, belong to one
+/// connection or are set by Pingora itself, so an edit to them is not a plain copy of the head.
+const ENGINE_FIELDS: [&str; 10] = [
     "connection",
     "content-length",
+    // Pingora writes its own Date on every final response.
+    "date",
     "expect",
     "keep-alive",
     "proxy-connection",

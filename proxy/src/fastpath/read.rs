@@ -89,24 +89,32 @@ pub(super) async fn read_head(
     }
 }
 
+/// Why a request body did not arrive whole.
+pub(super) enum BodyRead {
+    /// Not within the head deadline of the head's end.
+    TimedOut,
+    /// The client closed the connection (or it failed) first.
+    Closed,
+}
+
 /// Reads until `req` holds `end` bytes: a request's head and its Content-Length body. The
 /// body must arrive within the head deadline (`--request-head-timeout-seconds`) of the head's
-/// end; Err(408) when it does not, Err(400) when the client closes first.
+/// end.
 pub(super) async fn read_body(
     conn: &mut Buffered,
     req: &mut Vec<u8>,
     end: usize,
     env: &Env<'_>,
-) -> Result<(), u16> {
+) -> Result<(), BodyRead> {
     let deadline = tokio::time::Instant::now() + env.limits.request_head;
     while req.len() < end {
         req.reserve(end - req.len());
         match tokio::time::timeout_at(deadline, conn.read_buf(req)).await {
             Ok(Ok(n)) if n > 0 => {}
-            Ok(_) => return Err(400),
+            Ok(_) => return Err(BodyRead::Closed),
             Err(_) => {
                 tracing::debug!(peer = %env.peer, "request body deadline passed");
-                return Err(408);
+                return Err(BodyRead::TimedOut);
             }
         }
     }
