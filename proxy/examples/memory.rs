@@ -209,6 +209,29 @@ fn wait_served(proxy: &mut Child, admin: u16, version: &str) {
     panic!("the proxy did not serve snapshot {version}");
 }
 
+/// VmRSS once freed memory has gone back: the allocator returns freed pages within about a
+/// second (operator/src/main.rs), so this reads every 250 ms until no reading in the last
+/// 2 s was more than 0.2 % below the one before it (at most 10 s). Load and swaps are read
+/// the same way.
+fn settled_rss(pid: u32) -> u64 {
+    let start = Instant::now();
+    let mut last = status_field(pid, "VmRSS");
+    let mut steady_since = Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(250));
+        let now = status_field(pid, "VmRSS");
+        if last.saturating_sub(now) * 500 > last {
+            steady_since = Instant::now();
+        }
+        last = now;
+        if steady_since.elapsed() >= Duration::from_secs(2)
+            || start.elapsed() >= Duration::from_secs(10)
+        {
+            return last;
+        }
+    }
+}
+
 /// A field of /proc/PID/status in kB (VmRSS, VmHWM) or as a count (Threads).
 fn status_field(pid: u32, field: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -256,9 +279,7 @@ fn measure(binary: &Path, dir: &Path, routes: usize, swaps: usize) -> Row {
     let base = snapshot(routes, http, https);
     let (version, json_bytes) = write(&file, base.clone());
     wait_served(&mut proxy, admin, &version);
-    // Let the loader's buffers go back before reading.
-    std::thread::sleep(Duration::from_millis(500));
-    let load_kb = status_field(pid, "VmRSS");
+    let load_kb = settled_rss(pid);
 
     let start = Instant::now();
     for k in 1..=swaps {
@@ -273,8 +294,7 @@ fn measure(binary: &Path, dir: &Path, routes: usize, swaps: usize) -> Row {
         wait_served(&mut proxy, admin, &version);
     }
     let swap_ms = start.elapsed().as_secs_f64() * 1e3 / swaps.max(1) as f64;
-    std::thread::sleep(Duration::from_millis(500));
-    let swapped_kb = status_field(pid, "VmRSS");
+    let swapped_kb = settled_rss(pid);
     let peak_kb = status_field(pid, "VmHWM");
     let threads = status_field(pid, "Threads");
     proxy.kill().unwrap();
