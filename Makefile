@@ -144,7 +144,7 @@ bench-propagation: ## Route propagation: HTTPRoute create -> first 200 through t
 	$(CARGO) run --release -p coxswain-operator --example propagation
 
 .PHONY: bench-proxy
-bench-proxy: ## wrk: coxswain vs nginx vs HAProxy as reverse proxies (installs them; not part of make test)
+bench-proxy: ## coxswain vs nginx vs HAProxy: HTTP, HTTPS, new TLS connections, HTTP/2, header edits, POST bodies (installs wrk, h2load, nginx, HAProxy; not part of make test)
 	hack/bench/proxy.sh
 
 .PHONY: bench-memory

@@ -1,21 +1,31 @@
 #!/usr/bin/env bash
-# make bench-proxy: wrk against coxswain, nginx and HAProxy, each a reverse proxy to the same
-# backend with the same number of workers (1 and 2), keep-alive on both sides, small
-# responses. Prints requests/s and p99 per proxy and the ratios to coxswain.
+# make bench-proxy: coxswain, nginx and HAProxy, each a reverse proxy to the same backend with
+# the same number of workers, keep-alive to the backend, access logs off, measured on the
+# traffic users send. Scenarios (BENCH_SCENARIOS picks some; default all):
+#   http       HTTP/1.1 cleartext keep-alive (wrk), at 1 and 2 workers
+#   https      HTTPS keep-alive, TLS 1.3, ECDSA P-256 certificate (wrk)
+#   tls-new    one request per TLS connection: a full handshake each (wrk, Connection: close)
+#   h2         HTTP/2 over TLS, 50 connections x 10 streams (h2load)
+#   headers    a route that sets, adds and removes request fields and sets and removes
+#              response fields
+#   post-1k    POST with a 1 KB body
+#   post-64k   POST with a 64 KB body
+#   auth       coxswain only: Basic authentication and a rate limit no client reaches; its CPU
+#              per request over the plain route's is the cost of those checks
+# Every scenario but http runs at 1 worker (BENCH_WORKERS overrides http's "1 2").
 #
-# Everything runs on loopback. On a 2-core machine wrk, the proxy and the backend share the
-# cores, so absolute numbers are noise; the ratios within one run are the result.
-# CPU per request is the proxy's own CPU time (every process of it, from /proc) over the run,
-# divided by the requests wrk completed.
-# A last coxswain run at 1 worker serves a route with Basic authentication and a rate limit
-# that never triggers (every request carries the right password): its CPU per request next to
-# the plain route's is the cost of those checks.
+# Everything runs on loopback. On a 2-core machine the load generator, the proxy and the
+# backend share the cores, so absolute numbers are noise; the ratios within one run are the
+# result. CPU per request is the proxy's own CPU time (every process of it, from /proc) over
+# the measured seconds, divided by the requests the load generator completed.
 # Settings: BENCH_SECONDS (default 10), BENCH_CONNECTIONS (default 50).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 seconds="${BENCH_SECONDS:-10}"
 connections="${BENCH_CONNECTIONS:-50}"
+scenarios="${BENCH_SCENARIOS:-http https tls-new h2 headers post-1k post-64k auth}"
+http_workers="${BENCH_WORKERS:-1 2}"
 work="$(mktemp -d /tmp/coxswain-bench.XXXXXX)"
 pids=()
 cleanup() {
@@ -26,7 +36,7 @@ cleanup() {
 trap cleanup EXIT
 
 missing=()
-for pair in wrk:wrk nginx:nginx-light haproxy:haproxy; do
+for pair in wrk:wrk nginx:nginx-light haproxy:haproxy h2load:nghttp2-client openssl:openssl; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
 done
 if (( ${#missing[@]} )); then
@@ -43,16 +53,32 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 backend_port=$(free_port)
 proxy_port=$(free_port)
 
-wait_port() {
+tls_scenario() { [[ $1 == https || $1 == tls-new || $1 == h2 ]]; }
+scheme() { if tls_scenario "$1"; then echo https; else echo http; fi; }
+
+wait_port() { # port scheme
   for _ in $(seq 100); do
     # Any answer will do (the auth scenario answers 401 without credentials).
-    curl -sS -o /dev/null "http://127.0.0.1:$1/" 2>/dev/null && return 0
+    curl -ksS -o /dev/null "$2://127.0.0.1:$1/" 2>/dev/null && return 0
     sleep 0.1
   done
   echo "nothing answers on port $1" >&2; return 1
 }
 
-# The backend: nginx answering a small body from memory, 1 worker.
+# One ECDSA P-256 certificate for every proxy.
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
+  -subj /CN=bench.example -addext subjectAltName=DNS:bench.example,IP:127.0.0.1 \
+  -keyout "$work/key.pem" -out "$work/cert.pem" 2>/dev/null
+cat "$work/cert.pem" "$work/key.pem" > "$work/haproxy.pem"
+
+# Request bodies for the POST scenarios, sent by wrk's Lua hook.
+for size in 1024 65536; do
+  printf 'wrk.method = "POST"\nwrk.body = string.rep("a", %d)\nwrk.headers["Content-Type"] = "application/octet-stream"\n' \
+    "$size" > "$work/post-$size.lua"
+done
+
+# The backend: nginx answering a small body from memory, 1 worker. It reads and drops request
+# bodies, as `return` does.
 mkdir -p "$work/backend"
 cat > "$work/backend/nginx.conf" <<CONF
 worker_processes 1;
@@ -62,6 +88,7 @@ events { worker_connections 4096; }
 http {
   access_log off;
   keepalive_requests 1000000;
+  client_max_body_size 1m;
   server {
     listen 127.0.0.1:$backend_port;
     location / { return 200 "ok\n"; }
@@ -70,9 +97,10 @@ http {
 CONF
 nginx -c "$work/backend/nginx.conf" -p "$work/backend" -g 'daemon off;' &
 pids+=($!)
-wait_port "$backend_port"
+wait_port "$backend_port" http
 
-# Every request carries credentials, so the auth scenario is the only difference between runs.
+# Every request carries credentials, so the auth scenario is the only difference between runs;
+# the headers scenario's route removes X-Remove, so every request has one.
 auth_header="Authorization: Basic $(printf 'bench:correct horse' | base64)"
 
 # CPU time (clock ticks) of a process and its children: nginx and HAProxy work in workers.
@@ -87,37 +115,89 @@ cpu_ticks() {
 }
 clk_tck=$(getconf CLK_TCK)
 
-run_wrk() { # name workers pid
-  wrk -t2 -c"$connections" -d2s -H "$auth_header" "http://127.0.0.1:$proxy_port/" >/dev/null 2>&1 # warm-up
-  local out rps p99 requests before after cpu_us
-  before=$(cpu_ticks "$3")
-  out=$(wrk -t2 -c"$connections" -d"${seconds}s" --latency -H "$auth_header" "http://127.0.0.1:$proxy_port/")
-  after=$(cpu_ticks "$3")
+# The load of a scenario; prints "requests rps p99 errors". $1 scenario, $2 seconds.
+load() {
+  local scenario=$1 secs=$2 url out
+  url="$(scheme "$scenario")://127.0.0.1:$proxy_port/"
+  local wrk_args=(-t2 -c"$connections" -d"${secs}s" --latency -H "$auth_header" -H 'X-Remove: yes')
+  case $scenario in
+    tls-new) wrk_args+=(-H 'Connection: close') ;;
+    post-1k) wrk_args+=(-s "$work/post-1024.lua") ;;
+    post-64k) wrk_args+=(-s "$work/post-65536.lua") ;;
+  esac
+  if [[ $scenario == h2 ]]; then
+    rm -f "$work/h2.log"
+    # 50 connections x 10 concurrent streams; one thread, as each proxy gets one worker.
+    out=$(h2load -c"$connections" -m10 -t1 -D"$secs" --log-file="$work/h2.log" \
+      -H "$auth_header" -H 'X-Remove: yes' "$url" 2>&1)
+    local requests rps p99 failed
+    requests=$(awk '/^requests:/ {print $8}' <<<"$out")
+    failed=$(awk '/^requests:/ {print $10 + $12}' <<<"$out")
+    rps=$(awk '/^finished in/ {sub(",", "", $4); print $4}' <<<"$out")
+    # The log's third column is each request's time in microseconds.
+    p99=$(awk '{print $3}' "$work/h2.log" | sort -n |
+      awk '{v[NR] = $1} END { if (NR) printf "%.2fms", v[int(NR * 0.99)] / 1000; else print "n/a" }')
+    local notes=""
+    (( failed > 0 )) && notes="failed: $failed"
+    printf '%s\t%s\t%s\t%s\n' "${requests:-0}" "${rps:-0}" "$p99" "$notes"
+    return
+  fi
+  out=$(wrk "${wrk_args[@]}" "$url")
+  local requests rps p99 notes
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
   p99=$(awk '$1=="99%" {print $2}' <<<"$out")
   requests=$(awk '/requests in/ {print $1}' <<<"$out")
+  notes=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out" | tr '\n' ' ')
+  printf '%s\t%s\t%s\t%s\n' "${requests:-0}" "${rps:-0}" "$p99" "$notes"
+}
+
+# Warm-up, then the measured load with the proxy's CPU time around it. $1 scenario, $2 proxy
+# name, $3 workers, $4 pid.
+measure() {
+  load "$1" 2 >/dev/null
+  local before after requests rps p99 notes cpu_us
+  before=$(cpu_ticks "$4")
+  IFS=$'\t' read -r requests rps p99 notes < <(load "$1" "$seconds")
+  after=$(cpu_ticks "$4")
   cpu_us=$(awk -v t=$((after - before)) -v hz="$clk_tck" -v n="$requests" \
     'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "n/a" }')
-  local errors
-  errors=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out" | tr '\n' ' ')
-  printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$rps" "$p99" "$cpu_us" "$errors" >> "$work/results.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$rps" "$p99" "$cpu_us" "$notes" >> "$work/results.tsv"
 }
 
 stop_last() { kill "${pids[-1]}" 2>/dev/null || true; wait "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'; sleep 0.5; }
 
-# coxswain: standalone, on a snapshot compiled from manifests. $1: workers; $2: the row's name;
-# $3: empty for an HTTPRoute, else the annotations of an Ingress serving the same backend (the
-# auth scenario: Basic auth from a Secret, and a rate limit).
-run_coxswain() {
-  local workers=$1 name=$2 annotations=$3 route
-  if [[ -z "$annotations" ]]; then
+# coxswain: standalone, on a snapshot compiled from the manifests a user would apply.
+run_coxswain() { # scenario workers
+  local scenario=$1 workers=$2 listener route filters=""
+  if tls_scenario "$scenario"; then
+    listener="{name: https, port: $proxy_port, protocol: HTTPS, tls: {certificateRefs: [{name: bench-tls}]}}"
+  else
+    listener="{name: http, port: $proxy_port, protocol: HTTP}"
+  fi
+  if [[ $scenario == headers ]]; then
+    filters="filters:
+    - type: RequestHeaderModifier
+      requestHeaderModifier:
+        set: [{name: X-Bench, value: one}]
+        add: [{name: X-Tenant, value: bench}]
+        remove: [X-Remove]
+    - type: ResponseHeaderModifier
+      responseHeaderModifier:
+        set: [{name: X-Served-By, value: bench}]
+        remove: [Server]"
+  fi
+  if [[ $scenario != auth ]]; then
     route="apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {name: bench, namespace: bench}
 spec:
   parentRefs: [{name: bench}]
-  rules: [{backendRefs: [{name: backend, port: 80}]}]"
+  rules:
+  - backendRefs: [{name: backend, port: 80}]
+    $filters"
   else
+    # The annotations a user would write: Basic auth from the Secret, and a rate limit no
+    # client of this run reaches. An Ingress is served on the shared pool's HTTP port.
     route="apiVersion: v1
 kind: Secret
 metadata: {name: users, namespace: bench}
@@ -134,7 +214,10 @@ kind: Ingress
 metadata:
   name: bench
   namespace: bench
-  annotations: {$annotations}
+  annotations:
+    ingress.coxswain-labs.dev/auth-type: basic
+    ingress.coxswain-labs.dev/auth-secret: users
+    ingress.coxswain-labs.dev/rate-limit-rps: '1000000'
 spec:
   ingressClassName: coxswain
   rules:
@@ -152,7 +235,15 @@ kind: Gateway
 metadata: {name: bench, namespace: bench}
 spec:
   gatewayClassName: coxswain
-  listeners: [{name: http, port: $proxy_port, protocol: HTTP}]
+  listeners: [$listener]
+---
+apiVersion: v1
+kind: Secret
+metadata: {name: bench-tls, namespace: bench}
+type: kubernetes.io/tls
+data:
+  tls.crt: $(base64 -w0 "$work/cert.pem")
+  tls.key: $(base64 -w0 "$work/key.pem")
 ---
 apiVersion: v1
 kind: Service
@@ -168,32 +259,49 @@ endpoints: [{addresses: [127.0.0.1]}]
 ---
 $route
 YAML
-  # An Ingress is served on the shared pool's HTTP port: the measured one here.
   "$coxswain" snapshot compile -f "$work/app.yaml" -o json --ingress-http-port "$proxy_port" \
     > "$work/snapshot.json"
   COXSWAIN_LOG=warn "$coxswain" serve proxy --snapshot-file "$work/snapshot.json" \
     --bind-address 127.0.0.1 --threads "$workers" --health-addr "127.0.0.1:$(free_port)" &
   pids+=($!)
-  wait_port "$proxy_port"
-  run_wrk "$name" "$workers" "${pids[-1]}"
+  wait_port "$proxy_port" "$(scheme "$scenario")"
+  measure "$scenario" coxswain "$workers" "${pids[-1]}"
   stop_last
 }
 
-for workers in 1 2; do
-  run_coxswain "$workers" coxswain ""
-
-  mkdir -p "$work/nginx$workers"
-  cat > "$work/nginx$workers/nginx.conf" <<CONF
+run_nginx() { # scenario workers
+  local scenario=$1 workers=$2 dir="$work/nginx-$1-$2" listen extra=""
+  mkdir -p "$dir"
+  if tls_scenario "$scenario"; then
+    listen="listen 127.0.0.1:$proxy_port ssl http2;
+    ssl_certificate $work/cert.pem;
+    ssl_certificate_key $work/key.pem;
+    ssl_protocols TLSv1.3;"
+  else
+    listen="listen 127.0.0.1:$proxy_port;"
+  fi
+  if [[ $scenario == headers ]]; then
+    extra="proxy_set_header X-Bench one;
+      proxy_set_header X-Tenant bench;
+      proxy_set_header X-Remove \"\";
+      proxy_hide_header Server;
+      add_header X-Served-By bench always;"
+  fi
+  cat > "$dir/nginx.conf" <<CONF
 worker_processes $workers;
-pid $work/nginx$workers/nginx.pid;
-error_log $work/nginx$workers/error.log warn;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
 events { worker_connections 4096; }
 http {
   access_log off;
   keepalive_requests 1000000;
+  # Bodies stream to the backend as they come, none touches the disk.
+  client_max_body_size 1m;
+  client_body_buffer_size 128k;
+  proxy_request_buffering off;
   upstream backend { server 127.0.0.1:$backend_port; keepalive 128; }
   server {
-    listen 127.0.0.1:$proxy_port;
+    $listen
     location / {
       proxy_pass http://backend;
       proxy_http_version 1.1;
@@ -204,17 +312,34 @@ http {
       proxy_set_header X-Forwarded-Proto \$scheme;
       proxy_set_header X-Forwarded-Host \$host;
       proxy_set_header X-Forwarded-Port \$server_port;
+      $extra
     }
   }
 }
 CONF
-  nginx -c "$work/nginx$workers/nginx.conf" -p "$work/nginx$workers" -g 'daemon off;' &
+  nginx -c "$dir/nginx.conf" -p "$dir" -g 'daemon off;' &
   pids+=($!)
-  wait_port "$proxy_port"
-  run_wrk nginx "$workers" "${pids[-1]}"
+  wait_port "$proxy_port" "$(scheme "$scenario")"
+  measure "$scenario" nginx "$workers" "${pids[-1]}"
   stop_last
+}
 
-  cat > "$work/haproxy$workers.cfg" <<CONF
+run_haproxy() { # scenario workers
+  local scenario=$1 workers=$2 bind proto=http extra=""
+  if tls_scenario "$scenario"; then
+    bind="bind 127.0.0.1:$proxy_port ssl crt $work/haproxy.pem alpn h2,http/1.1 ssl-min-ver TLSv1.3"
+    proto=https
+  else
+    bind="bind 127.0.0.1:$proxy_port"
+  fi
+  if [[ $scenario == headers ]]; then
+    extra="http-request set-header X-Bench one
+  http-request add-header X-Tenant bench
+  http-request del-header X-Remove
+  http-response set-header X-Served-By bench
+  http-response del-header Server"
+  fi
+  cat > "$work/haproxy.cfg" <<CONF
 global
   nbthread $workers
   maxconn 4096
@@ -225,39 +350,52 @@ defaults
   timeout server 30s
   option http-keep-alive
 frontend fe
-  bind 127.0.0.1:$proxy_port
+  $bind
   default_backend be
 backend be
   http-reuse always
   # The fields coxswain sets on every request, so each proxy does the same work.
   option forwardfor
   http-request set-header X-Real-IP %[src]
-  http-request set-header X-Forwarded-Proto http
+  http-request set-header X-Forwarded-Proto $proto
   http-request set-header X-Forwarded-Host %[req.hdr(host)]
   http-request set-header X-Forwarded-Port %[dst_port]
+  $extra
   server b1 127.0.0.1:$backend_port
 CONF
-  haproxy -f "$work/haproxy$workers.cfg" -db &
+  haproxy -f "$work/haproxy.cfg" -db &
   pids+=($!)
-  wait_port "$proxy_port"
-  run_wrk haproxy "$workers" "${pids[-1]}"
+  wait_port "$proxy_port" "$(scheme "$scenario")"
+  measure "$scenario" haproxy "$workers" "${pids[-1]}"
   stop_last
+}
+
+for scenario in $scenarios; do
+  if [[ $scenario == auth ]]; then
+    run_coxswain auth 1
+    continue
+  fi
+  workers_list=1
+  [[ $scenario == http ]] && workers_list=$http_workers
+  for workers in $workers_list; do
+    echo "scenario $scenario, $workers worker(s)" >&2
+    run_coxswain "$scenario" "$workers"
+    run_nginx "$scenario" "$workers"
+    run_haproxy "$scenario" "$workers"
+  done
 done
 
-# The same Ingress annotations a user would write: Basic auth from the Secret, and a rate
-# limit no client of this run reaches.
-run_coxswain 1 coxswain+auth \
-  'ingress.coxswain-labs.dev/auth-type: basic, ingress.coxswain-labs.dev/auth-secret: users, ingress.coxswain-labs.dev/rate-limit-rps: "1000000"'
-
 echo
-echo "wrk -t2 -c$connections -d${seconds}s, keep-alive, 3-byte body, backend: nginx (1 worker);"
-echo "every proxy sets X-Forwarded-For/-Proto/-Host/-Port and X-Real-IP"
-printf '%-14s %7s %12s %10s %14s %18s %s\n' proxy workers "req/s" p99 "CPU us/req" "coxswain/this" notes
-while IFS=$'\t' read -r name workers rps p99 cpu notes; do
-  base=$(awk -F'\t' -v w="$workers" '$1=="coxswain" && $2==w {print $3}' "$work/results.tsv")
+echo "load: wrk -t2 -c$connections (h2: h2load -c$connections -m10 -t1), ${seconds}s after a 2 s warm-up;"
+echo "backend: nginx (1 worker), 3-byte body; every proxy sets X-Forwarded-For/-Proto/-Host/-Port and X-Real-IP"
+printf '%-9s %-9s %7s %12s %10s %11s %14s %s\n' scenario proxy workers "req/s" p99 "CPU us/req" "coxswain/this" notes
+while IFS=$'\t' read -r scenario name workers rps p99 cpu notes; do
+  base=$(awk -F'\t' -v s="$scenario" -v w="$workers" '$1==s && $2=="coxswain" && $3==w {print $4}' "$work/results.tsv")
   ratio=$(awk -v a="$base" -v b="$rps" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
-  printf '%-14s %7s %12s %10s %14s %18s %s\n' "$name" "$workers" "$rps" "$p99" "$cpu" "$ratio" "$notes"
+  printf '%-9s %-9s %7s %12s %10s %11s %14s %s\n' "$scenario" "$name" "$workers" "$rps" "$p99" "$cpu" "$ratio" "$notes"
 done < "$work/results.tsv"
-cpu_of() { awk -F'\t' -v n="$1" '$1==n && $2==1 {print $5}' "$work/results.tsv"; }
-awk -v a="$(cpu_of coxswain+auth)" -v b="$(cpu_of coxswain)" 'BEGIN {
-  if (b > 0) printf "\nCPU per request with Basic auth and a rate limit / without (1 worker): %.2f\n", a / b }'
+cpu_of() { awk -F'\t' -v s="$1" '$1==s && $2=="coxswain" && $3==1 {print $6}' "$work/results.tsv"; }
+if [[ " $scenarios " == *" auth "* && " $scenarios " == *" http "* ]]; then
+  awk -v a="$(cpu_of auth)" -v b="$(cpu_of http)" 'BEGIN {
+    if (b > 0) printf "\nCPU per request with Basic auth and a rate limit / without (1 worker): %.2f\n", a / b }'
+fi
