@@ -6,6 +6,7 @@
 
 #[path = "../../test/ratelimit_service.rs"]
 mod ratelimit_service;
+mod support;
 
 use coxswain_operator::compile::{self, Config, Store};
 use coxswain_proxy::standalone::{self, StandaloneConfig};
@@ -16,105 +17,38 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Gateway `web/edge` on `listen`, HTTPRoute `api` to Service `app` (a backend on `backend`),
-/// Service `ratelimit` (the service on `service`), and the policy limiting the route to 10
-/// requests a second per client across every replica.
+/// Gateway `web/edge` on `listen` and HTTPRoute `app` to a backend on `backend`
+/// (`support::app_manifests`), Service `ratelimit` (the service on `service`), and the policy
+/// limiting the route to 10 requests a second per client across every replica.
 fn manifests(listen: u16, backend: u16, service: u16) -> String {
-    let service_and_slice = |name: &str, port: u16| {
-        format!(
-            r#"
+    format!(
+        r#"{app}
 ---
 apiVersion: v1
 kind: Service
-metadata: {{name: {name}, namespace: web}}
-spec: {{ports: [{{name: p, port: {port}}}]}}
+metadata: {{name: ratelimit, namespace: web}}
+spec: {{ports: [{{name: p, port: {service}}}]}}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
-metadata: {{name: {name}-1, namespace: web, labels: {{kubernetes.io/service-name: {name}}}}}
+metadata: {{name: ratelimit-1, namespace: web, labels: {{kubernetes.io/service-name: ratelimit}}}}
 addressType: IPv4
-ports: [{{name: p, port: {port}}}]
+ports: [{{name: p, port: {service}}}]
 endpoints: [{{addresses: [127.0.0.1], conditions: {{ready: true}}}}]
-"#
-        )
-    };
-    format!(
-        r#"
-apiVersion: gateway.networking.k8s.io/v1
-kind: GatewayClass
-metadata: {{name: coxswain}}
-spec: {{controllerName: coxswain-labs.dev/gateway-controller}}
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: Gateway
-metadata: {{name: edge, namespace: web}}
-spec:
-  gatewayClassName: coxswain
-  listeners: [{{name: http, port: {listen}, protocol: HTTP}}]
----
-apiVersion: gateway.networking.k8s.io/v1
-kind: HTTPRoute
-metadata: {{name: api, namespace: web}}
-spec:
-  parentRefs: [{{name: edge}}]
-  rules: [{{backendRefs: [{{name: app, port: {backend}}}]}}]
 ---
 apiVersion: gateway.coxswain-labs.dev/v1alpha1
 kind: CoxswainAccessPolicy
 metadata: {{name: shared, namespace: web}}
 spec:
-  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: api}}]
+  targetRefs: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, name: app}}]
   globalRateLimit:
     service: {{name: ratelimit, port: {service}}}
     requests: 10
     unit: Second
     failureMode: Closed
-{app}{ratelimit}"#,
-        app = service_and_slice("app", backend),
-        ratelimit = service_and_slice("ratelimit", service),
+"#,
+        app = support::app_manifests(listen, backend),
     )
-}
-
-/// A backend answering 200 to every request on a connection.
-async fn backend() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let Ok((mut stream, _)) = listener.accept().await else {
-                continue;
-            };
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 4096];
-                let mut seen = Vec::new();
-                loop {
-                    let Ok(n) = stream.read(&mut buf).await else {
-                        return;
-                    };
-                    if n == 0 {
-                        return;
-                    }
-                    seen.extend_from_slice(&buf[..n]);
-                    while let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
-                        seen.drain(..end + 4);
-                        let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-                        if stream.write_all(reply).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-            });
-        }
-    });
-    addr
 }
 
 /// A proxy replica serving `snapshot` on its ports; stops when the returned sender is dropped.
@@ -130,7 +64,7 @@ async fn replica(
         StandaloneConfig {
             snapshot_file: file,
             bind_ip: "127.0.0.1".parse().unwrap(),
-            admin_addr: SocketAddr::from(([127, 0, 0, 1], free_port())),
+            admin_addr: SocketAddr::from(([127, 0, 0, 1], support::free_port())),
             poll: Duration::from_millis(20),
             drain: Duration::from_secs(1),
             threads: 2,
@@ -173,14 +107,14 @@ async fn status(conn: &mut TcpStream) -> u16 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_policy_global_limit_is_shared_by_two_replicas() {
     let (service, service_addr) = RateLimitService::start().await;
-    let app = backend().await;
+    let app = support::backend("ok", Duration::ZERO);
     // Each replica listens on its own port: two snapshots of the same objects.
-    let (listen_a, listen_b) = (free_port(), free_port());
+    let (listen_a, listen_b) = (support::free_port(), support::free_port());
     let mut replicas = Vec::new();
     for listen in [listen_a, listen_b] {
         let mut store = Store::default();
         let mut errors = Vec::new();
-        let yaml = manifests(listen, app.port(), service_addr.port());
+        let yaml = manifests(listen, app, service_addr.port());
         store.load_yaml(Path::new("test.yaml"), &yaml, &mut errors);
         assert!(errors.is_empty(), "{errors:?}");
         let compiled = compile::compile(&store, &Config::default());
