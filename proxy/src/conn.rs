@@ -1,4 +1,4 @@
-//! Plain-TCP client connections with userspace buffering.
+//! HTTP/1 client connections, cleartext or TLS, with userspace buffering.
 //!
 //! Pingora's own listeners buffer each accepted stream (reads up to 64 KiB, writes up to one
 //! MSS, flushed when a response is done), but that switch is private to its listener code,
@@ -6,12 +6,17 @@
 //! header and another for the body: an extra syscall, an extra wake-up of the client and an
 //! extra loopback round of TCP processing per request. This type gives Pingora the same
 //! buffered stream its listeners would.
+//!
+//! Over TLS, rustls seals every write into a record of its own and sends it at once; a
+//! buffer above it makes a small response's head and body one record and one `send`.
 
 use async_trait::async_trait;
 use pingora::protocols::l4::socket::SocketAddr as PingoraSocketAddr;
+use pingora::protocols::l4::stream::Stream as L4Stream;
 use pingora::protocols::raw_connect::ProxyDigest;
+use pingora::protocols::tls::{SslDigest, TlsRef, TlsStream};
 use pingora::protocols::{
-    GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
+    ALPN, GetProxyDigest, GetSocketDigest, GetTimingDigest, Peek, Shutdown, SocketDigest, Ssl,
     TimingDigest, UniqueID, UniqueIDType,
 };
 use std::io;
@@ -20,7 +25,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::SystemTime;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufStream, ReadBuf};
+use tokio::io::{
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufStream, BufWriter, ReadBuf,
+};
 use tokio::net::TcpStream;
 
 /// Read buffer: one large read takes a whole pipelined burst.
@@ -28,10 +35,21 @@ const READ_BUFFER: usize = 64 * 1024;
 /// Write buffer: about one MSS, so small responses leave in one segment and large bodies
 /// are not held back.
 const WRITE_BUFFER: usize = 1460;
+/// Plaintext gathered before rustls seals it: a TLS record's largest payload, so a response
+/// up to that size leaves as one record, and larger writes go straight through.
+const TLS_WRITE_BUFFER: usize = 16 * 1024;
+
+/// The transport under the buffers.
+#[derive(Debug)]
+enum Io {
+    Tcp(BufStream<TcpStream>),
+    /// No read buffer: rustls holds decrypted bytes already.
+    Tls(BufWriter<Box<TlsStream<L4Stream>>>),
+}
 
 #[derive(Debug)]
 pub struct Buffered {
-    io: BufStream<TcpStream>,
+    io: Io,
     /// Bytes a peek took from the stream, or that the fast path read and put back, read
     /// again before it.
     rewound: Vec<u8>,
@@ -51,12 +69,91 @@ impl Buffered {
         let digest = SocketDigest::from_raw_fd(fd);
         let _ = digest.peer_addr.set(Some(PingoraSocketAddr::Inet(peer)));
         Self {
-            io: BufStream::with_capacity(READ_BUFFER, WRITE_BUFFER, tcp),
+            io: Io::Tcp(BufStream::with_capacity(READ_BUFFER, WRITE_BUFFER, tcp)),
             rewound: Vec::new(),
             held: Vec::new(),
             fd,
             socket: Some(Arc::new(digest)),
             accepted: SystemTime::now(),
+        }
+    }
+
+    /// Wraps a connection whose TLS handshake is done; its socket digest (with the client
+    /// address) and its TLS digest (with the SNI) stay the stream's.
+    pub fn tls(stream: TlsStream<L4Stream>) -> Self {
+        Self {
+            fd: stream.id(),
+            socket: stream.get_socket_digest(),
+            accepted: SystemTime::now(),
+            io: Io::Tls(BufWriter::with_capacity(TLS_WRITE_BUFFER, Box::new(stream))),
+            rewound: Vec::new(),
+            held: Vec::new(),
+        }
+    }
+
+    /// The TLS stream under the buffer, if any.
+    fn tls_stream(&self) -> Option<&TlsStream<L4Stream>> {
+        match &self.io {
+            Io::Tcp(_) => None,
+            Io::Tls(w) => Some(w.get_ref()),
+        }
+    }
+}
+
+impl AsyncRead for Io {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Io {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tls(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Io::Tcp(s) => s.is_write_vectored(),
+            Io::Tls(s) => s.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Io::Tls(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Io::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tls(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }
@@ -144,14 +241,29 @@ impl UniqueID for Buffered {
     }
 }
 
-impl Ssl for Buffered {}
+impl Ssl for Buffered {
+    fn get_ssl(&self) -> Option<&TlsRef> {
+        self.tls_stream()?.get_ssl()
+    }
+
+    fn get_ssl_digest(&self) -> Option<Arc<SslDigest>> {
+        self.tls_stream()?.get_ssl_digest()
+    }
+
+    fn selected_alpn_proto(&self) -> Option<ALPN> {
+        self.tls_stream()?.selected_alpn_proto()
+    }
+}
 
 impl GetTimingDigest for Buffered {
     fn get_timing_digest(&self) -> Vec<Option<TimingDigest>> {
-        vec![Some(TimingDigest {
-            established_ts: self.accepted,
-            ..Default::default()
-        })]
+        match self.tls_stream() {
+            Some(tls) => tls.get_timing_digest(),
+            None => vec![Some(TimingDigest {
+                established_ts: self.accepted,
+                ..Default::default()
+            })],
+        }
     }
 }
 

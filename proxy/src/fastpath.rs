@@ -1,6 +1,6 @@
-//! Cleartext HTTP/1 connections: every request head is read here, under the head deadline,
-//! and checked, normalised and routed by `request`; then either forwarded by the fast path
-//! or handed to Pingora for that one request.
+//! HTTP/1 connections, cleartext or TLS: every request head is read here, under the head
+//! deadline, and checked, normalised and routed by `request`; then either forwarded by the
+//! fast path or handed to Pingora for that one request.
 //!
 //! The fast path exists because, for the most common request, Pingora's per-request
 //! machinery (header maps rebuilt on both sides, a task pair joined by channels, an upstream
@@ -66,6 +66,10 @@ pub struct Env<'a> {
     pub limits: &'a Limits,
     pub port: u16,
     pub peer: SocketAddr,
+    /// The connection is TLS (an HTTPS listener).
+    pub https: bool,
+    /// The server name the TLS client asked for.
+    pub sni: Option<&'a str>,
     /// Tells connections idling between requests to close (the listener stopped).
     pub closing: &'a mut watch::Receiver<bool>,
     pub shutdown: &'a watch::Receiver<bool>,
@@ -400,6 +404,10 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
         }
     }
     let table = env.table.load();
+    // A Host that belongs to another listener than the SNI: Pingora answers 421 and counts it.
+    if env.https && request::misdirected(&table, env.port, env.sni, &checked) {
+        return Step::Pingora;
+    }
     let Some(route) = request::route(&table, env.port, head, &checked).filter(|r| r.passthrough)
     else {
         return Step::Pingora;
@@ -409,12 +417,12 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
         &checked,
         Some(env.peer.ip()),
         env.port,
-        false,
+        env.https,
         env.limits,
     );
     let arrival = Arrival {
         port: env.port,
-        https: false,
+        https: env.https,
         client: forwarded.client,
         consulted: None,
     };

@@ -22,7 +22,6 @@ pub mod filters;
 pub mod forwarded;
 pub mod handler;
 pub mod head;
-pub mod head_deadline;
 pub mod http1;
 pub mod jwt;
 pub mod limits;

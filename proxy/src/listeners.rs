@@ -4,13 +4,13 @@
 //! Pingora's `Server` binds its listeners once at start-up, but a snapshot can add or drop
 //! ports at any time. So the proxy runs its own accept loops (started and stopped as
 //! snapshots change), caps the connections open at once, and serves each connection by its
-//! port's protocol: TLS passthrough, TLS then Pingora, or cleartext, where every request
-//! head is read here under the head deadline and then served by the fast path or Pingora.
+//! port's protocol: TLS passthrough, or HTTP over TLS or in clear. HTTP/2 (by ALPN or prior
+//! knowledge) is Pingora's; on HTTP/1 connections every request head is read here under the
+//! head deadline and then served by the fast path or Pingora.
 
 use crate::conn::Buffered;
 use crate::fastpath::{self, Next};
 use crate::handler::Gateway;
-use crate::head_deadline::HeadDeadline;
 use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::table::SharedTable;
@@ -399,7 +399,7 @@ impl Connection {
             return;
         }
         match self.tls.clone() {
-            None => self.serve_cleartext(tcp).await,
+            None => self.serve_http1(Buffered::new(tcp, self.peer)).await,
             Some(acceptor) => {
                 let handshake = acceptor.tls_handshake(l4_stream(tcp, self.peer));
                 let stream = match tokio::time::timeout(self.limits.tls_handshake, handshake).await
@@ -415,31 +415,30 @@ impl Connection {
                         return;
                     }
                 };
-                // Pingora reads the heads here: HTTP/1 heads get a whole-head deadline (HTTP/2
-                // has its own framing and settings).
-                let stream: pingora::protocols::Stream =
-                    if matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
-                        Box::new(stream)
-                    } else {
-                        Box::new(HeadDeadline::new(
-                            stream,
-                            self.limits.request_head,
-                            self.table.metrics().clone(),
-                        ))
-                    };
-                // Pingora runs the keep-alive loop itself; `cleanup()` ends idle connections.
-                let mut next: Option<pingora::protocols::Stream> = Some(stream);
-                while let Some(s) = next.take() {
-                    next = self.proxy.process_new(s, &self.shutdown).await;
+                if matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
+                    // HTTP/2 has its own framing and settings: Pingora serves all of it, and
+                    // runs its keep-alive loop itself (`cleanup()` ends idle connections).
+                    let mut next: Option<pingora::protocols::Stream> = Some(Box::new(stream));
+                    while let Some(s) = next.take() {
+                        next = self.proxy.process_new(s, &self.shutdown).await;
+                    }
+                } else {
+                    self.serve_http1(Buffered::tls(stream)).await;
                 }
             }
         }
     }
 
-    /// Cleartext HTTP/1: each request head is read by `fastpath`, which serves it or hands
-    /// that one request to Pingora; the connection then comes back for the next head.
-    async fn serve_cleartext(&mut self, tcp: tokio::net::TcpStream) {
-        let mut conn = Buffered::new(tcp, self.peer);
+    /// HTTP/1, cleartext or over TLS: each request head is read by `fastpath`, which serves it
+    /// or hands that one request to Pingora; the connection then comes back for the next head.
+    async fn serve_http1(&mut self, mut conn: Buffered) {
+        // The name the client asked for in its TLS handshake, kept by `tls::KeepSni`.
+        let digest = conn.get_ssl_digest();
+        let sni = digest
+            .as_ref()
+            .and_then(|d| d.extension.get::<crate::tls::ConnectionSni>())
+            .map(|s| &*s.0);
+        let https = self.tls.is_some();
         let mut first = true;
         loop {
             let next = {
@@ -448,6 +447,8 @@ impl Connection {
                     limits: &self.limits,
                     port: self.port,
                     peer: self.peer,
+                    https,
+                    sni,
                     closing: &mut self.closing,
                     shutdown: &self.shutdown,
                 };

@@ -1,6 +1,6 @@
 //! The two HTTP engines must agree: the same generated requests go through a proxy whose
-//! cleartext requests may take the fast path and through one that sends every request
-//! through Pingora, on the same snapshot and the same backend. Each pair must get the same
+//! HTTP/1 requests may take the fast path and through one that sends every request through
+//! Pingora, on the same snapshot and the same backend, in clear and over TLS. Each pair must get the same
 //! status, the same body, the same Location, and the backend must have received the same
 //! request (it answers with a canonical form of what it got, so that is part of the body).
 //!
@@ -14,13 +14,18 @@ use coxswain_proxy::limits::Limits;
 use coxswain_proxy::policy::AddressSet;
 use std::time::Duration;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+/// The server name the TLS clients ask for: one of the HTTPS listener's hostnames, so
+/// requests for the other (`*.wild.example`) are misdirected (421) on both engines.
+const SNI: &str = "a.example";
 
 const ROUTES: &str = r#"
 listeners:
 - port: {PORT}
-  protocol: PROTOCOL_HTTP
+  protocol: {PROTOCOL}
+{LISTENER_TLS}
   virtualHosts:
   - hostname: a.example
     routes:
@@ -86,6 +91,7 @@ clusters:
 - name: t/none:80
   endpoints: []
 requires: [basic-auth]
+{CERTIFICATES}
 "#;
 
 /// Headers the engines may legitimately treat differently on the way (hop by hop, or
@@ -295,20 +301,35 @@ fn edited_fields(head: &str) -> Vec<String> {
         .collect()
 }
 
+/// A client connection, in clear or over TLS.
+trait Duplex: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Duplex for T {}
+
 /// A keep-alive client connection to one proxy, reopened when the proxy closes it.
 struct Client {
     port: u16,
-    conn: Option<TcpStream>,
+    tls: bool,
+    conn: Option<Box<dyn Duplex>>,
     buf: Vec<u8>,
 }
 
 impl Client {
-    fn new(port: u16) -> Self {
+    fn new(port: u16, tls: bool) -> Self {
         Self {
             port,
+            tls,
             conn: None,
             buf: Vec::new(),
         }
+    }
+
+    async fn connect(&self) -> Box<dyn Duplex> {
+        let tcp = TcpStream::connect(("127.0.0.1", self.port)).await.unwrap();
+        if !self.tls {
+            return Box::new(tcp);
+        }
+        let name = rustls::pki_types::ServerName::try_from(SNI).unwrap();
+        Box::new(connector(&[b"http/1.1"]).connect(name, tcp).await.unwrap())
     }
 
     async fn send(&mut self, req: &[u8], head_only: bool) -> Result<Seen, String> {
@@ -316,11 +337,11 @@ impl Client {
         // TIME_WAIT; a connection the proxy closed after its last answer is reopened.
         for attempt in 0..2 {
             if self.conn.is_none() {
-                self.conn = Some(TcpStream::connect(("127.0.0.1", self.port)).await.unwrap());
+                self.conn = Some(self.connect().await);
                 self.buf.clear();
             }
             let conn = self.conn.as_mut().unwrap();
-            if conn.write_all(req).await.is_err() {
+            if conn.write_all(req).await.is_err() || conn.flush().await.is_err() {
                 self.conn = None;
                 continue;
             }
@@ -346,14 +367,16 @@ impl Client {
 
 /// Reads one response (Content-Length or chunked framed, or until close).
 async fn read_response(
-    conn: &mut TcpStream,
+    conn: &mut Box<dyn Duplex>,
     buf: &mut Vec<u8>,
     head_only: bool,
 ) -> Result<(Seen, bool), String> {
-    let fill = async |conn: &mut TcpStream, buf: &mut Vec<u8>| -> Result<bool, String> {
+    let fill = async |conn: &mut Box<dyn Duplex>, buf: &mut Vec<u8>| -> Result<bool, String> {
         let mut chunk = [0u8; 8192];
         match tokio::time::timeout(Duration::from_secs(10), conn.read(&mut chunk)).await {
             Err(_) => Err("timed out".into()),
+            // A TLS peer that closes without close_notify: the end of the connection.
+            Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(false),
             Ok(Err(e)) => Err(e.to_string()),
             Ok(Ok(0)) => Ok(false),
             Ok(Ok(n)) => {
@@ -446,6 +469,17 @@ async fn read_response(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_engines_answer_generated_requests_alike() {
+    run(false, 10_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_engines_answer_generated_requests_alike_over_tls() {
+    run(true, 4_000).await;
+}
+
+/// Sends `default_count` generated requests (or `COXSWAIN_DIFF_REQUESTS`) through both
+/// engines and compares what each client saw.
+async fn run(tls: bool, default_count: usize) {
     let seed: u64 = std::env::var("COXSWAIN_DIFF_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -458,10 +492,13 @@ async fn both_engines_answer_generated_requests_alike() {
     let count: usize = std::env::var("COXSWAIN_DIFF_REQUESTS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(10_000);
-    eprintln!("differential: seed {seed} (COXSWAIN_DIFF_SEED={seed} replays it), {count} requests");
-
+        .unwrap_or(default_count);
+    let over = if tls { "TLS" } else { "cleartext" };
+    eprintln!(
+        "differential ({over}): seed {seed} (COXSWAIN_DIFF_SEED={seed} replays it), {count} requests"
+    );
     let listeners = [free_port(), free_port()];
+    let cert = cert(SNI);
     let (backend, _seen, _) = raw_backend(move |r| {
         let body = canonical(&r.head, listeners);
         let mut resp = format!(
@@ -482,13 +519,7 @@ async fn both_engines_answer_generated_requests_alike() {
     let mut ports = Vec::new();
     let mut proxies = Vec::new();
     for (fast_path, port) in [(true, listeners[0]), (false, listeners[1])] {
-        let snap = snapshot(
-            ROUTES,
-            &[
-                ("PORT", port.to_string()),
-                ("A", backend.port().to_string()),
-            ],
-        );
+        let snap = snapshot(ROUTES, &template_vars(port, backend.port(), tls, &cert));
         let limits = Limits {
             fast_path,
             client_address: ClientAddress {
@@ -500,8 +531,8 @@ async fn both_engines_answer_generated_requests_alike() {
         proxies.push(Proxy::start_with(&snap, limits).await);
         ports.push(port);
     }
-    let mut fast = Client::new(ports[0]);
-    let mut pingora = Client::new(ports[1]);
+    let mut fast = Client::new(ports[0], tls);
+    let mut pingora = Client::new(ports[1], tls);
     let mut rng = Rng(seed);
     let mut divergences = Vec::new();
     let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
@@ -522,7 +553,7 @@ async fn both_engines_answer_generated_requests_alike() {
             ));
         }
     }
-    eprintln!("differential: statuses {statuses:?}");
+    eprintln!("differential ({over}): statuses {statuses:?}");
     for d in divergences.iter().take(20) {
         eprintln!("{d}");
     }
@@ -539,7 +570,36 @@ async fn both_engines_answer_generated_requests_alike() {
     assert!(statuses.len() >= 6, "{statuses:?}");
     // And the route whose header modifiers the fast path applies itself.
     assert!(edited > count / 100, "{edited} responses through /edit");
+    // Over TLS, requests for the other listener's names were told apart from the SNI's.
+    if tls {
+        assert!(statuses.contains_key(&421), "{statuses:?}");
+    }
     for p in proxies {
         p.stop().await;
     }
+}
+
+/// The snapshot's variables: an HTTP listener, or an HTTPS one with a certificate for
+/// everything and two listener hostnames (for 421).
+fn template_vars(port: u16, backend: u16, tls: bool, cert: &Cert) -> Vec<(&'static str, String)> {
+    let (protocol, listener_tls, certificates) = if tls {
+        (
+            "PROTOCOL_HTTPS",
+            "  certificates: [{sni: \"\", certificate: t/default}]\n  listenerHostnames: [a.example, \"*.wild.example\"]".to_owned(),
+            format!(
+                "certificates:\n- {{name: t/default, certChainPem: \"{}\", privateKeyPem: \"{}\"}}",
+                yaml_escape(&cert.pem),
+                yaml_escape(&cert.key)
+            ),
+        )
+    } else {
+        ("PROTOCOL_HTTP", String::new(), String::new())
+    };
+    vec![
+        ("PORT", port.to_string()),
+        ("A", backend.to_string()),
+        ("PROTOCOL", protocol.to_owned()),
+        ("LISTENER_TLS", listener_tls),
+        ("CERTIFICATES", certificates),
+    ]
 }

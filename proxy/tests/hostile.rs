@@ -332,7 +332,7 @@ async fn every_wait_ends_at_its_deadline() {
         assert!(closed, "{engine}: an unfinished TLS handshake is cut");
         assert!(started.elapsed() < Duration::from_secs(3), "{engine}");
 
-        // Over TLS, where Pingora reads the head: dribbled lines are cut at the deadline too.
+        // Over TLS: dribbled lines are cut at the deadline too.
         let mut tls = tls_client(s.tls_port).await;
         let started = Instant::now();
         tls.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
