@@ -573,8 +573,7 @@ async fn exchange(
         };
         let sent = Instant::now();
         resp.clear();
-        let ok = up.write_all(head).await.is_ok()
-            && (body.is_empty() || up.write_all(body).await.is_ok())
+        let ok = write_both(&mut up, head, body).await.is_ok()
             && matches!(read_more(&mut up, resp).await, Ok(n) if n > 0);
         if ok {
             break (up, sent);
@@ -713,6 +712,26 @@ async fn write_head(
     } else {
         conn.write_all(head).await
     }
+}
+
+/// Writes a request's head and body with as few sends as the socket allows: with Nagle off, a
+/// write each would put them in separate segments.
+async fn write_both(up: &mut TcpStream, head: &[u8], body: &[u8]) -> std::io::Result<()> {
+    let (mut head, mut body) = (head, body);
+    while !head.is_empty() {
+        let parts = [std::io::IoSlice::new(head), std::io::IoSlice::new(body)];
+        let n = up.write_vectored(&parts).await?;
+        if n == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        if n >= head.len() {
+            body = &body[n - head.len()..];
+            head = &[];
+        } else {
+            head = &head[n..];
+        }
+    }
+    up.write_all(body).await
 }
 
 /// Reads what is available into the spare capacity of `buf`.

@@ -15,3 +15,28 @@ fn header_values_are_text_only_when_visible_ascii() {
     assert_eq!(visible(b"caf\xc3\xa9"), None);
     assert_eq!(visible(b"a\x01"), None);
 }
+
+/// A head and body larger than the socket's send buffer leave in several writes; every byte
+/// arrives once, in order.
+#[tokio::test]
+async fn head_and_body_survive_partial_writes() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_send_buffer_size(4096).unwrap();
+    let mut up = socket.connect(listener.local_addr().unwrap()).await.unwrap();
+    let (mut peer, _) = listener.accept().await.unwrap();
+    let head: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
+    let body: Vec<u8> = (0..300_000u32).map(|i| (i % 241) as u8).collect();
+    let expected = [head.clone(), body.clone()].concat();
+    let reader = tokio::spawn(async move {
+        let mut got = Vec::new();
+        peer.read_to_end(&mut got).await.unwrap();
+        got
+    });
+    write_both(&mut up, &head, &body).await.unwrap();
+    write_both(&mut up, b"tail", b"").await.unwrap();
+    drop(up);
+    let got = reader.await.unwrap();
+    assert_eq!(got.len(), expected.len() + 4);
+    assert!(got.starts_with(&expected) && got.ends_with(b"tail"));
+}
