@@ -23,7 +23,10 @@ async fn head_and_body_survive_partial_writes() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_send_buffer_size(4096).unwrap();
-    let mut up = socket.connect(listener.local_addr().unwrap()).await.unwrap();
+    let mut up = socket
+        .connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
     let (mut peer, _) = listener.accept().await.unwrap();
     let head: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
     let body: Vec<u8> = (0..300_000u32).map(|i| (i % 241) as u8).collect();
