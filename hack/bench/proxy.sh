@@ -18,7 +18,8 @@
 # backend share the cores, so absolute numbers are noise; the ratios within one run are the
 # result. CPU per request is the proxy's own CPU time (every process of it, from /proc) over
 # the measured seconds, divided by the requests the load generator completed.
-# Settings: BENCH_SECONDS (default 10), BENCH_CONNECTIONS (default 50).
+# Settings: BENCH_SECONDS (default 10), BENCH_CONNECTIONS (default 50), COXSWAIN_BIN (a
+# binary to measure instead of building this tree's).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -44,10 +45,16 @@ if (( ${#missing[@]} )); then
   apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-echo "building coxswain (release)" >&2
-(cd "$repo" && cargo build --release -q -p coxswain-operator --bin coxswain)
-target="${CARGO_TARGET_DIR:-$repo/target}"
-coxswain="$target/release/coxswain"
+# COXSWAIN_BIN: a coxswain binary built already (e.g. to compare two builds in one run's
+# conditions); otherwise the release build of this tree.
+if [[ -n ${COXSWAIN_BIN:-} ]]; then
+  coxswain="$COXSWAIN_BIN"
+else
+  echo "building coxswain (release)" >&2
+  (cd "$repo" && cargo build --release -q -p coxswain-operator --bin coxswain)
+  target="${CARGO_TARGET_DIR:-$repo/target}"
+  coxswain="$target/release/coxswain"
+fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 backend_port=$(free_port)

@@ -717,6 +717,9 @@ async fn write_head(
 /// Writes a request's head and body with as few sends as the socket allows: with Nagle off, a
 /// write each would put them in separate segments.
 async fn write_both(up: &mut TcpStream, head: &[u8], body: &[u8]) -> std::io::Result<()> {
+    if body.is_empty() {
+        return up.write_all(head).await;
+    }
     let (mut head, mut body) = (head, body);
     while !head.is_empty() {
         let parts = [std::io::IoSlice::new(head), std::io::IoSlice::new(body)];
