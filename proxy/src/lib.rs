@@ -14,6 +14,7 @@ pub mod admin;
 pub mod auth;
 pub mod balance;
 pub mod callout;
+pub mod client_auth;
 mod conn;
 pub mod discovery;
 pub mod external_auth;
