@@ -246,6 +246,9 @@ fn ca_of(store: &Store, gateway: &ObjectKey, r: &CaRef<'_>) -> Result<String, Pr
         .map_err(|why| Problem::new(reason::INVALID_CA_CERTIFICATE_REF, why))
 }
 
+/// A certificate chain and private key, PEM.
+type KeyPair = (String, String);
+
 /// `spec.tls.backend.clientCertificateRef`, resolved: the certificate's name and key pair for
 /// the snapshot, or why the Gateway's ResolvedRefs is False. None: the Gateway sets none.
 pub fn backend_client_certificate(
@@ -254,7 +257,7 @@ pub fn backend_client_certificate(
     gateway: &Gateway,
     key: &ObjectKey,
     dedicated: bool,
-) -> Option<Result<(String, (String, String)), Problem>> {
+) -> Option<Result<(String, KeyPair), Problem>> {
     let r = gateway
         .spec
         .tls
