@@ -41,6 +41,7 @@ pub mod snapshot_cache;
 pub mod standalone;
 pub mod table;
 pub mod tls;
+pub mod tls_accept;
 pub mod tls_passthrough;
 pub mod trace;
 pub mod upstream;

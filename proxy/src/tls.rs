@@ -145,34 +145,3 @@ pub struct ConnectionTls {
     /// Every request on it is refused.
     pub client_cert_refused: bool,
 }
-
-/// Pingora's post-handshake hook for one port: keeps the SNI in the connection's TLS digest,
-/// and checks the client certificate again against the port's current CAs.
-pub struct KeepSni {
-    pub port: u16,
-    pub table: crate::table::SharedTable,
-}
-
-#[async_trait::async_trait]
-impl pingora::listeners::TlsAccept for KeepSni {
-    async fn handshake_complete_callback(
-        &self,
-        tls: &pingora::protocols::tls::TlsRef,
-    ) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
-        let client_cert_refused = {
-            let table = self.table.load();
-            table
-                .tls
-                .client_auth(self.port)
-                .is_some_and(|a| !a.accepts(tls.peer_cert_chain_der()))
-        };
-        let sni = tls.server_name().map(|n| n.to_ascii_lowercase().into());
-        if sni.is_none() && !client_cert_refused {
-            return None;
-        }
-        Some(Arc::new(ConnectionTls {
-            sni,
-            client_cert_refused,
-        }))
-    }
-}
