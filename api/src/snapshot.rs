@@ -37,6 +37,8 @@ pub mod feature {
     pub const EXTERNAL_AUTH: &str = "external-auth";
     pub const JWT: &str = "jwt";
     pub const GLOBAL_RATE_LIMIT: &str = "global-rate-limit";
+    /// `Listener.client_validation`: clients must present a certificate the port's CAs issued.
+    pub const FRONTEND_CLIENT_VALIDATION: &str = "frontend-client-validation";
 }
 
 impl Snapshot {

@@ -212,13 +212,16 @@ impl ProxyHttp for Gateway {
                     consulted: consulted.as_deref(),
                 };
                 let table = self.table.load();
-                let sni = session
+                let tls = session
                     .digest()
                     .and_then(|d| d.ssl_digest.as_ref())
-                    .and_then(|t| t.extension.get::<crate::tls::ConnectionSni>());
-                if self.https
-                    && request::misdirected(&table, self.port, sni.map(|s| &*s.0), &checked)
-                {
+                    .and_then(|t| t.extension.get::<crate::tls::ConnectionTls>());
+                if tls.is_some_and(|t| t.client_cert_refused) {
+                    // A resumed session that the port's current CAs would not let in.
+                    return respond(session, 403, None).await;
+                }
+                let sni = tls.and_then(|t| t.sni.as_deref());
+                if self.https && request::misdirected(&table, self.port, sni, &checked) {
                     crate::metrics::Metrics::count(&self.table.metrics().misdirected);
                     return respond(session, 421, None).await;
                 }
@@ -260,7 +263,6 @@ impl ProxyHttp for Gateway {
                         let authorize =
                             c.policy.external_auth.as_ref().filter(|_| c.authorize).map(
                                 |service| {
-                                    let sni = sni.map(|s| &*s.0);
                                     let asked =
                                         request::auth_request(&head, &checked, &arrival, sni);
                                     (service.clone(), asked)

@@ -261,10 +261,20 @@ impl Listeners {
     fn acceptor(&self, port: u16) -> Arc<Acceptor> {
         // Pingora's settings (TLS 1.2 and 1.3, ring) with our certificate resolver, and a
         // callback that keeps the connection's SNI for the HTTP layer (misdirected requests).
-        let mut settings =
-            pingora::listeners::tls::TlsSettings::with_callbacks(Box::new(crate::tls::KeepSni))
-                .unwrap_or_else(|e| panic!("TLS settings without files cannot fail: {e}"));
+        let mut settings = pingora::listeners::tls::TlsSettings::with_callbacks(Box::new(
+            crate::tls_accept::KeepSni {
+                port,
+                table: self.table.clone(),
+            },
+        ))
+        .unwrap_or_else(|e| panic!("TLS settings without files cannot fail: {e}"));
         settings.set_cert_resolver(Arc::new(SniResolver {
+            port,
+            table: self.table.clone(),
+        }));
+        // Client certificates as the current snapshot asks for them on this port (none, valid
+        // only, or with insecure fallback): decided at each handshake.
+        settings.set_client_cert_verifier(Arc::new(crate::tls_accept::PortVerifier {
             port,
             table: self.table.clone(),
         }));

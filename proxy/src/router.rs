@@ -338,13 +338,14 @@ impl Router {
         if !snapshot.is_sealed() {
             return Err(BuildError::Unsealed(snapshot.version.clone()));
         }
+        let client_certs = crate::upstream::client_certs(snapshot);
         let clusters: HashMap<Box<str>, Arc<ClusterState>> = snapshot
             .clusters
             .iter()
             .map(|c| {
                 (
                     c.name.as_str().into(),
-                    Arc::new(ClusterState::new(c, &metrics.outliers)),
+                    Arc::new(ClusterState::new(c, &metrics.outliers, &client_certs)),
                 )
             })
             .collect();

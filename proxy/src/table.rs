@@ -21,6 +21,7 @@ pub const FEATURES: &[&str] = &[
     feature::EXTERNAL_AUTH,
     feature::JWT,
     feature::GLOBAL_RATE_LIMIT,
+    feature::FRONTEND_CLIENT_VALIDATION,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -1,6 +1,7 @@
 //! TLS certificates by port and SNI name, built from a snapshot; rustls asks it during each
 //! handshake, so new certificates apply to new connections without touching listeners.
 
+use crate::client_auth::{ClientAuth, ClientAuthError};
 use coxswain_api::snapshot::Snapshot;
 use rustls::crypto::ring::sign::any_supported_type;
 
@@ -16,6 +17,8 @@ pub enum CertError {
     Invalid { name: String, message: String },
     #[error("listener {port} names certificate {name}, which the snapshot does not carry")]
     Missing { port: u32, name: String },
+    #[error(transparent)]
+    ClientAuth(#[from] ClientAuthError),
 }
 
 /// Certificates of one port: exact SNI names, wildcard suffixes, and a default.
@@ -49,6 +52,8 @@ impl SniCertificates {
 #[derive(Debug, Default)]
 pub struct TlsStore {
     ports: HashMap<u16, SniCertificates>,
+    /// Ports that ask clients for a certificate, with the verifier built for their CAs.
+    client_auth: HashMap<u16, ClientAuth>,
 }
 
 impl TlsStore {
@@ -65,13 +70,17 @@ impl TlsStore {
             );
         }
         let mut ports = HashMap::new();
+        let mut client_auth = HashMap::new();
         for l in &snapshot.listeners {
-            if l.certificates.is_empty() {
-                continue;
-            }
             let Ok(port) = u16::try_from(l.port) else {
                 continue;
             };
+            if let Some(v) = &l.client_validation {
+                client_auth.insert(port, ClientAuth::build(l.port, v)?);
+            }
+            if l.certificates.is_empty() {
+                continue;
+            }
             let mut sni = SniCertificates::default();
             for c in &l.certificates {
                 let key = keys.get(c.certificate.as_str()).cloned().ok_or_else(|| {
@@ -91,11 +100,16 @@ impl TlsStore {
             }
             ports.insert(port, sni);
         }
-        Ok(Self { ports })
+        Ok(Self { ports, client_auth })
     }
 
     pub fn port(&self, port: u16) -> Option<&SniCertificates> {
         self.ports.get(&port)
+    }
+
+    /// The client verification of a port, when it asks for client certificates.
+    pub fn client_auth(&self, port: u16) -> Option<&ClientAuth> {
+        self.client_auth.get(&port)
     }
 }
 
@@ -121,20 +135,13 @@ pub fn certified_key(
     Ok(CertifiedKey::new(chain, signing))
 }
 
-/// The server name a TLS client asked for, kept with its connection.
+/// What the HTTP layer needs to know of a connection's handshake.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnectionSni(pub Box<str>);
-
-/// Pingora's post-handshake hook: keeps the SNI in the connection's TLS digest.
-pub struct KeepSni;
-
-#[async_trait::async_trait]
-impl pingora::listeners::TlsAccept for KeepSni {
-    async fn handshake_complete_callback(
-        &self,
-        tls: &pingora::protocols::tls::TlsRef,
-    ) -> Option<Arc<dyn std::any::Any + Send + Sync>> {
-        let name = tls.server_name()?;
-        Some(Arc::new(ConnectionSni(name.to_ascii_lowercase().into())))
-    }
+pub struct ConnectionTls {
+    /// The server name the client asked for.
+    pub sni: Option<Box<str>>,
+    /// The port asks for a valid client certificate and this connection has none: a session
+    /// resumed from before the port's CAs changed (rustls verifies full handshakes only).
+    /// Every request on it is refused.
+    pub client_cert_refused: bool,
 }

@@ -53,15 +53,109 @@ pub struct BackendTls {
     /// (`upstream_tls`), as its own connector checks only the SNI's name.
     /// (HTTP/1.1, h2).
     pub connect: Option<(Arc<Connect>, Arc<Connect>)>,
+    /// Presented when the backend asks for a client certificate (already part of `connect`'s
+    /// and `mirror`'s configs; Pingora's connector gets it with each peer).
+    pub client: Option<Arc<ClientCert>>,
+}
+
+/// The key pair a proxy presents to backends that ask for a client certificate (the Gateway's
+/// `spec.tls.backend.clientCertificateRef`), parsed once per snapshot for every way TLS to a
+/// backend is opened: Pingora's connector, the proxy's own (subjectAltNames) and mirrors.
+#[derive(Debug)]
+pub struct ClientCert {
+    pub name: Box<str>,
+    /// For Pingora's connector (`HttpPeer::client_cert_key`).
+    cert_key: Arc<pingora::utils::tls::CertKey>,
+    chain: Vec<rustls_pki_types::CertificateDer<'static>>,
+    key: rustls_pki_types::PrivateKeyDer<'static>,
+}
+
+impl ClientCert {
+    /// Parses a snapshot certificate. Everything Pingora would parse again (and panic on) is
+    /// checked here first.
+    pub fn parse(c: &snap::Certificate) -> Result<Self, String> {
+        use rustls_pki_types::pem::PemObject;
+        let chain = rustls_pki_types::CertificateDer::pem_slice_iter(c.cert_chain_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| format!("certificate chain: {e}"))?;
+        if chain.is_empty() {
+            return Err("no certificate in the chain".into());
+        }
+        if chain
+            .iter()
+            .any(|d| x509_parser::parse_x509_certificate(d).is_err())
+        {
+            return Err("a certificate is not valid X.509".into());
+        }
+        let key = rustls_pki_types::PrivateKeyDer::from_pem_slice(c.private_key_pem.as_bytes())
+            .map_err(|e| format!("private key: {e}"))?;
+        let key_der = key.secret_der().to_vec();
+        // Pingora turns these bytes back into a key and unwraps the result.
+        rustls_pki_types::PrivateKeyDer::try_from(key_der.clone())
+            .map_err(|e| format!("private key: {e}"))?;
+        rustls::crypto::ring::sign::any_supported_type(&key)
+            .map_err(|e| format!("private key: {e}"))?;
+        let cert_key = Arc::new(pingora::utils::tls::CertKey::new(
+            chain.iter().map(|d| d.to_vec()).collect(),
+            key_der,
+        ));
+        Ok(Self {
+            name: c.name.as_str().into(),
+            cert_key,
+            chain,
+            key,
+        })
+    }
+
+    /// The client config's last step: present this key pair.
+    fn finish(
+        &self,
+        builder: rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>,
+    ) -> Result<rustls::ClientConfig, String> {
+        builder
+            .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
+            .map_err(|e| format!("client certificate {}: {e}", self.name))
+    }
+}
+
+/// A client config's last step: the Gateway's client certificate, or none.
+fn client_auth(
+    builder: rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>,
+    client: Option<&ClientCert>,
+) -> Result<rustls::ClientConfig, String> {
+    match client {
+        Some(c) => c.finish(builder),
+        None => Ok(builder.with_no_client_auth()),
+    }
+}
+
+/// The snapshot's client certificates that clusters name, parsed (or why not).
+pub type ClientCerts = std::collections::HashMap<Box<str>, Result<Arc<ClientCert>, String>>;
+
+/// Parses the certificates the snapshot's clusters present to their backends.
+pub fn client_certs(snapshot: &snap::Snapshot) -> ClientCerts {
+    let named: std::collections::HashSet<&str> = snapshot
+        .clusters
+        .iter()
+        .filter_map(|c| c.tls.as_ref())
+        .map(|t| t.client_certificate.as_str())
+        .filter(|n| !n.is_empty())
+        .collect();
+    snapshot
+        .certificates
+        .iter()
+        .filter(|c| named.contains(c.name.as_str()))
+        .map(|c| (c.name.as_str().into(), ClientCert::parse(c).map(Arc::new)))
+        .collect()
 }
 
 impl BackendTls {
-    fn new(t: &snap::BackendTls) -> Self {
+    fn new(t: &snap::BackendTls, clients: &ClientCerts) -> Self {
         use coxswain_api::snapshot::subject_alt_name::Kind;
         let pool_key = {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
-            (&t.ca_pem, t.system_roots).hash(&mut h);
+            (&t.ca_pem, t.system_roots, &t.client_certificate).hash(&mut h);
             for san in &t.subject_alt_names {
                 match &san.kind {
                     Some(Kind::Hostname(n)) => (1u8, n).hash(&mut h),
@@ -78,6 +172,7 @@ impl BackendTls {
             pool_key,
             mirror: None,
             connect: None,
+            client: None,
         };
         let refuse = |why: &str| {
             tracing::warn!(hostname = %t.hostname, why, "backend TLS settings unusable; requests are refused");
@@ -88,6 +183,7 @@ impl BackendTls {
                 pool_key,
                 mirror: None,
                 connect: None,
+                client: None,
             }
         };
         // With subjectAltNames, `refuse` is only there for proxies that do not know them.
@@ -97,6 +193,12 @@ impl BackendTls {
         if t.hostname.is_empty() {
             return refuse("no hostname to verify");
         }
+        let client = match clients.get(t.client_certificate.as_str()) {
+            _ if t.client_certificate.is_empty() => None,
+            Some(Ok(c)) => Some(c.clone()),
+            Some(Err(why)) => return refuse(&format!("client certificate: {why}")),
+            None => return refuse("the client certificate is not in the snapshot"),
+        };
         if t.system_roots && t.subject_alt_names.is_empty() {
             return Self {
                 hostname: t.hostname.as_str().into(),
@@ -105,6 +207,7 @@ impl BackendTls {
                 pool_key,
                 mirror: None,
                 connect: None,
+                client,
             };
         }
         let (roots, certs) = if t.system_roots {
@@ -122,7 +225,11 @@ impl BackendTls {
             let config = crate::upstream_tls::names(&t.subject_alt_names)
                 .and_then(|names| crate::upstream_tls::SanVerifier::new(roots, names))
                 .map_err(|e| e.to_string())
-                .and_then(|v| crate::upstream_tls::client_config(v).map_err(|e| e.to_string()));
+                .and_then(|v| {
+                    let builder =
+                        crate::upstream_tls::client_config_builder(v).map_err(|e| e.to_string())?;
+                    client_auth(builder, client.as_deref()).map(Arc::new)
+                });
             return match config {
                 Ok(config) => Self {
                     hostname: t.hostname.as_str().into(),
@@ -134,6 +241,7 @@ impl BackendTls {
                         Arc::new(Connect::new(&config, name.clone(), true)),
                     )),
                     mirror: Some((config, name)),
+                    client,
                 },
                 Err(why) => refuse(&why),
             };
@@ -142,7 +250,9 @@ impl BackendTls {
             rustls::crypto::ring::default_provider(),
         ))
         .with_safe_default_protocol_versions()
-        .map(|b| Arc::new(b.with_root_certificates(roots).with_no_client_auth()));
+        .map_err(|e| e.to_string())
+        .and_then(|b| client_auth(b.with_root_certificates(roots), client.as_deref()))
+        .map(Arc::new);
         Self {
             hostname: t.hostname.as_str().into(),
             ca: Some(Arc::from(certs.into_boxed_slice())),
@@ -150,6 +260,7 @@ impl BackendTls {
             pool_key,
             mirror: config.ok().map(|config| (config, name)),
             connect: None,
+            client,
         }
     }
 
@@ -169,6 +280,7 @@ impl BackendTls {
             None => {
                 let mut peer = HttpPeer::new(addr, true, self.hostname.to_string());
                 peer.options.ca = self.ca.clone();
+                peer.client_cert_key = self.client.as_ref().map(|c| c.cert_key.clone());
                 peer
             }
         }
@@ -209,7 +321,11 @@ fn ca_roots(
 pub const CONNECT_ATTEMPTS: usize = 3;
 
 impl ClusterState {
-    pub(crate) fn new(c: &snap::Cluster, registry: &outlier::Registry) -> Self {
+    pub(crate) fn new(
+        c: &snap::Cluster,
+        registry: &outlier::Registry,
+        clients: &ClientCerts,
+    ) -> Self {
         let outliers = registry.cluster(&c.name);
         let mut endpoints = Vec::new();
         let mut ready = Vec::new();
@@ -256,7 +372,10 @@ impl ClusterState {
             outliers,
             balance,
             ids,
-            backend_tls: c.tls.as_ref().map(|t| Arc::new(BackendTls::new(t))),
+            backend_tls: c
+                .tls
+                .as_ref()
+                .map(|t| Arc::new(BackendTls::new(t, clients))),
         }
     }
 

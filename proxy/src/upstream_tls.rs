@@ -159,17 +159,20 @@ impl ServerCertVerifier for SanVerifier {
     }
 }
 
-/// A client config that verifies with `verifier` (mirrors and callouts set their own ALPN).
-pub fn client_config(verifier: SanVerifier) -> Result<Arc<rustls::ClientConfig>, rustls::Error> {
-    Ok(Arc::new(
-        rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(verifier))
-        .with_no_client_auth(),
+/// A client config that verifies with `verifier`, but for its client certificate (mirrors and
+/// callouts set their own ALPN).
+pub fn client_config_builder(
+    verifier: SanVerifier,
+) -> Result<
+    rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert>,
+    rustls::Error,
+> {
+    Ok(rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
     ))
+    .with_safe_default_protocol_versions()?
+    .dangerous()
+    .with_custom_certificate_verifier(Arc::new(verifier)))
 }
 
 /// The system's CA certificates (wellKnownCACertificates: System), read once.

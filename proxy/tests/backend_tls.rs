@@ -18,6 +18,7 @@ use tokio_rustls::TlsAcceptor;
 
 struct Ca {
     pem: String,
+    issuer_der: Vec<u8>,
     issuer: Issuer<'static, KeyPair>,
 }
 
@@ -28,6 +29,7 @@ fn ca() -> Ca {
     let cert = params.self_signed(&key).unwrap();
     Ca {
         pem: cert.pem(),
+        issuer_der: cert.der().to_vec(),
         issuer: Issuer::new(params, key),
     }
 }
@@ -44,21 +46,49 @@ async fn tls_backend(ca: &Ca, names: &[&str]) -> (SocketAddr, Seen) {
 
 /// As [`tls_backend`], with the certificate's parameters (its subjectAltNames) given.
 async fn tls_backend_with(ca: &Ca, params: CertificateParams) -> (SocketAddr, Seen) {
+    tls_backend_asking(ca, params, None).await
+}
+
+/// As [`tls_backend_with`]; with `clients`, only clients presenting a certificate that CA
+/// issued get through the handshake, and each request line is recorded with the presented
+/// certificate (`client=<hex DER>`).
+async fn tls_backend_asking(
+    ca: &Ca,
+    params: CertificateParams,
+    clients: Option<&Ca>,
+) -> (SocketAddr, Seen) {
     let seen: Seen = Arc::default();
     let record = seen.clone();
     let key = KeyPair::generate().unwrap();
     let cert = params.signed_by(&key, &ca.issuer).unwrap();
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_no_client_auth()
-    .with_single_cert(
-        vec![CertificateDer::from(cert.der().to_vec())],
-        PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
-    )
     .unwrap();
+    let builder = match clients {
+        None => builder.with_no_client_auth(),
+        Some(clients) => {
+            let mut roots = rustls::RootCertStore::empty();
+            roots
+                .add(CertificateDer::from(clients.issuer_der.clone()))
+                .unwrap();
+            builder.with_client_cert_verifier(
+                rustls::server::WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots),
+                    Arc::new(rustls::crypto::ring::default_provider()),
+                )
+                .build()
+                .unwrap(),
+            )
+        }
+    };
+    let config = builder
+        .with_single_cert(
+            vec![CertificateDer::from(cert.der().to_vec())],
+            PrivateKeyDer::try_from(key.serialize_der()).unwrap(),
+        )
+        .unwrap();
     let acceptor = TlsAcceptor::from(Arc::new(config));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -71,6 +101,12 @@ async fn tls_backend_with(ca: &Ca, params: CertificateParams) -> (SocketAddr, Se
                     return;
                 };
                 let sni = tls.get_ref().1.server_name().unwrap_or("").to_owned();
+                let client = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .map(|c| c.iter().map(|b| format!("{b:02x}")).collect::<String>());
                 // Keep-alive, so the proxy pools the connection.
                 let mut pending = Vec::new();
                 let mut buf = [0u8; 1024];
@@ -83,6 +119,10 @@ async fn tls_backend_with(ca: &Ca, params: CertificateParams) -> (SocketAddr, Se
                     }
                     let line = String::from_utf8_lossy(&pending);
                     let line = line.lines().next().unwrap_or("").to_owned();
+                    let line = match &client {
+                        Some(der) => format!("{line} client={der}"),
+                        None => line,
+                    };
                     record.lock().unwrap().push(line);
                     pending.clear();
                     let body = format!("sni={sni}");
@@ -487,4 +527,153 @@ clusters:
     let r = get(&format!("{base}/mismatch"), &[]).await.unwrap();
     assert_eq!(r.status, 502, "{}", r.body);
     proxy.stop().await;
+}
+
+const CLIENT_CERT_SNAPSHOT: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: with, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /with}}
+      backends: [{cluster: "t/with:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: without, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /without}}
+      backends: [{cluster: "t/without:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: san, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /san}}
+      backends: [{cluster: "t/san:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: unusable, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /unusable}}
+      backends: [{cluster: "t/unusable:443", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: mirrored, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /mirrored}}
+      filters:
+      - kind: {requestMirror: {cluster: "t/mirror:443", numerator: 1, denominator: 1}}
+      backends: [{cluster: "t/with:443", weight: 1}]
+clusters:
+- name: t/with:443
+  endpoints: [{address: 127.0.0.1, port: {MTLS}, ready: true, serving: true}]
+  tls: {hostname: backend.example, caPem: "{CA}", clientCertificate: t/client}
+- name: t/without:443
+  endpoints: [{address: 127.0.0.1, port: {MTLS}, ready: true, serving: true}]
+  tls: {hostname: backend.example, caPem: "{CA}"}
+- name: t/san:443
+  endpoints: [{address: 127.0.0.1, port: {MTLS_SAN}, ready: true, serving: true}]
+  tls: {hostname: abc.example.com, caPem: "{CA}", refuse: true, subjectAltNames: [{kind: {uri: "spiffe://abc.example.com/test-identity"}}], clientCertificate: t/client}
+- name: t/unusable:443
+  endpoints: [{address: 127.0.0.1, port: {MTLS}, ready: true, serving: true}]
+  tls: {hostname: backend.example, caPem: "{CA}", clientCertificate: t/missing}
+- name: t/mirror:443
+  endpoints: [{address: 127.0.0.1, port: {MIRROR}, ready: true, serving: true}]
+  tls: {hostname: backend.example, caPem: "{CA}", clientCertificate: t/client}
+certificates:
+- {name: t/client, certChainPem: "{CLIENT_CERT}", privateKeyPem: "{CLIENT_KEY}"}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_asks_for_a_client_certificate_gets_the_gateway_s() {
+    let (server_ca, client_ca, stranger_ca) = (ca(), ca(), ca());
+    let names = || CertificateParams::new(vec!["backend.example".to_owned()]).unwrap();
+    let (mtls, mtls_seen) = tls_backend_asking(&server_ca, names(), Some(&client_ca)).await;
+    let (mtls_san, _) = tls_backend_asking(&server_ca, san_params(), Some(&client_ca)).await;
+    let (mirror, mirror_seen) = tls_backend_asking(&server_ca, names(), Some(&client_ca)).await;
+    // The key pair the Gateway's clientCertificateRef names, issued by the CA the backends
+    // trust for clients.
+    let client_key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(vec!["gateway.example".to_owned()]).unwrap();
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let client_cert = params.signed_by(&client_key, &client_ca.issuer).unwrap();
+    let ours: String = client_cert
+        .der()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    // The same certificate signed by a CA the backends do not trust.
+    let stranger_key = KeyPair::generate().unwrap();
+    let stranger = CertificateParams::new(vec!["gateway.example".to_owned()])
+        .unwrap()
+        .signed_by(&stranger_key, &stranger_ca.issuer)
+        .unwrap();
+    for (client_pem, client_key_pem, trusted) in [
+        (client_cert.pem(), client_key.serialize_pem(), true),
+        (stranger.pem(), stranger_key.serialize_pem(), false),
+    ] {
+        for (fast_path, engine) in engines() {
+            let port = free_port();
+            let snap = snapshot(
+                CLIENT_CERT_SNAPSHOT,
+                &[
+                    ("PORT", port.to_string()),
+                    ("MTLS", mtls.port().to_string()),
+                    ("MTLS_SAN", mtls_san.port().to_string()),
+                    ("MIRROR", mirror.port().to_string()),
+                    ("CA", server_ca.pem.replace('\n', "\\n")),
+                    ("CLIENT_CERT", client_pem.replace('\n', "\\n")),
+                    ("CLIENT_KEY", client_key_pem.replace('\n', "\\n")),
+                ],
+            );
+            let limits = Limits {
+                fast_path,
+                ..Limits::default()
+            };
+            let proxy = Proxy::start_with(&snap, limits).await;
+            let base = format!("http://127.0.0.1:{port}");
+            let status = |path: &'static str| {
+                let url = format!("{base}{path}");
+                async move { get(&url, &[]).await.unwrap().status }
+            };
+            let expected = if trusted { 200 } else { 502 };
+            // Pingora's connector (hostname verification) and the proxy's own (subjectAltNames)
+            // both present the certificate.
+            assert_eq!(
+                status("/with").await,
+                expected,
+                "{engine}, trusted {trusted}"
+            );
+            assert_eq!(
+                status("/san").await,
+                expected,
+                "{engine}, trusted {trusted}"
+            );
+            // Without one, the backend refuses the handshake: 502, never a cleartext retry.
+            assert_eq!(status("/without").await, 502, "{engine}");
+            // A certificate the snapshot does not carry: refused here, not sent without.
+            assert_eq!(status("/unusable").await, 502, "{engine}");
+            if trusted {
+                let presented = mtls_seen.lock().unwrap().clone();
+                assert!(
+                    presented
+                        .iter()
+                        .filter(|l| l.starts_with("GET /with"))
+                        .all(|l| l.ends_with(&format!("client={ours}"))),
+                    "{presented:?}"
+                );
+                // Mirrors present it too.
+                let mirrored = || {
+                    mirror_seen
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .filter(|l| l.starts_with("GET /mirrored"))
+                        .count()
+                };
+                let before = mirrored();
+                assert_eq!(status("/mirrored").await, 200, "{engine}");
+                for _ in 0..100 {
+                    if mirrored() > before {
+                        break;
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                }
+                assert!(
+                    mirrored() > before,
+                    "{engine}: the mirror did not get through"
+                );
+            }
+            proxy.stop().await;
+        }
+    }
 }

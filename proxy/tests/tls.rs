@@ -232,3 +232,207 @@ async fn a_host_of_another_listener_than_the_sni_is_answered_421() {
     );
     proxy.stop().await;
 }
+
+// Client certificates (Gateway spec.tls.frontend): a port's CAs, AllowValidOnly or
+// AllowInsecureFallback, as the snapshot says at each handshake.
+
+struct Ca {
+    pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+fn ca() -> Ca {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let cert = params.self_signed(&key).unwrap();
+    Ca {
+        pem: cert.pem(),
+        issuer: rcgen::Issuer::new(params, key),
+    }
+}
+
+/// A client certificate `ca` issued: (chain PEM, key PEM).
+fn client_of(ca: &Ca) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["client.example".to_owned()]).unwrap();
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+const CLIENT_AUTH: &str = r#"
+listeners:
+- port: {STRICT}
+  protocol: PROTOCOL_HTTPS
+  certificates: [{sni: "", certificate: t/default}]
+  clientValidation: {caPem: "{STRICT_CA}"}
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: strict, rule: 0}
+      backends: [{cluster: "t/h1:80", weight: 1}]
+- port: {FALLBACK}
+  protocol: PROTOCOL_HTTPS
+  certificates: [{sni: "", certificate: t/default}]
+  clientValidation: {caPem: "{CA}", allowInsecureFallback: true}
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: fallback, rule: 0}
+      backends: [{cluster: "t/h1:80", weight: 1}]
+- port: {OPEN}
+  protocol: PROTOCOL_HTTPS
+  certificates: [{sni: "", certificate: t/default}]
+  {OPEN_VALIDATION}
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: open, rule: 0}
+      backends: [{cluster: "t/h1:80", weight: 1}]
+clusters:
+- name: t/h1:80
+  endpoints: [{address: 127.0.0.1, port: {BACKEND}, ready: true}]
+certificates:
+- {name: t/default, certChainPem: "{D_CERT}", privateKeyPem: "{D_KEY}"}
+requires: [frontend-client-validation]
+"#;
+
+/// One request on a new TLS connection made by `connector` (HTTP/2 when ALPN picks it): its
+/// status and whether the session was resumed, or why no answer came (a refused client
+/// certificate fails the handshake or, in TLS 1.3, the first read).
+async fn status_with(
+    port: u16,
+    connector: &tokio_rustls::TlsConnector,
+) -> Result<(u16, bool), String> {
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let tls = connector
+        .connect(ServerName::try_from("gw.example").unwrap(), tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let resumed = tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(&b"h2"[..]);
+    let status = if h2 {
+        let (mut sender, conn) = hyper::client::conn::http2::handshake::<_, _, Full<Bytes>>(
+            TokioExecutor::new(),
+            TokioIo::new(tls),
+        )
+        .await
+        .map_err(|e| format!("h2: {e}"))?;
+        tokio::spawn(conn);
+        let req = hyper::Request::get("https://gw.example/mtls")
+            .body(Full::default())
+            .unwrap();
+        sender.send_request(req).await.map_err(|e| e.to_string())?
+    } else {
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(tls))
+                .await
+                .map_err(|e| format!("http/1.1: {e}"))?;
+        tokio::spawn(conn);
+        let req = hyper::Request::get("/mtls")
+            .header("host", "gw.example")
+            .body(Full::default())
+            .unwrap();
+        sender.send_request(req).await.map_err(|e| e.to_string())?
+    };
+    let status = status.status().as_u16();
+    Ok((status, resumed))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_certificates_are_required_verified_or_let_through_as_each_port_says() {
+    let backend = echo_backend("mtls-backend").await;
+    let (strict, fallback, open) = (free_port(), free_port(), free_port());
+    let (good_ca, other_ca) = (ca(), ca());
+    let server = cert("gw.example");
+    let vars = |strict_ca: &Ca, open_validation: &str| {
+        snapshot(
+            CLIENT_AUTH,
+            &[
+                ("STRICT", strict.to_string()),
+                ("FALLBACK", fallback.to_string()),
+                ("OPEN", open.to_string()),
+                ("BACKEND", backend.port().to_string()),
+                ("STRICT_CA", yaml_escape(&strict_ca.pem)),
+                ("CA", yaml_escape(&good_ca.pem)),
+                ("OPEN_VALIDATION", open_validation.to_owned()),
+                ("D_CERT", yaml_escape(&server.pem)),
+                ("D_KEY", yaml_escape(&server.key)),
+            ],
+        )
+    };
+    let proxy = Proxy::start(&vars(&good_ca, "")).await;
+    let (good_chain, good_key) = client_of(&good_ca);
+    let (other_chain, other_key) = client_of(&other_ca);
+
+    for alpn in [&[&b"http/1.1"[..]][..], &[&b"h2"[..]][..]] {
+        let h2 = alpn == [&b"h2"[..]];
+        let none = connector(alpn);
+        let good = connector_with_client_cert(alpn, &good_chain, &good_key);
+        let other = connector_with_client_cert(alpn, &other_chain, &other_key);
+        // AllowValidOnly: only a certificate the port's CA issued gets in.
+        assert_eq!(
+            status_with(strict, &good).await,
+            Ok((200, false)),
+            "h2 {h2}"
+        );
+        for (who, c) in [("no certificate", &none), ("another CA", &other)] {
+            let r = status_with(strict, c).await;
+            assert!(r.is_err(), "{who} got in (h2 {h2}): {r:?}");
+        }
+        // AllowInsecureFallback: everyone gets in.
+        for (who, c) in [
+            ("valid", &good),
+            ("no certificate", &none),
+            ("another CA", &other),
+        ] {
+            assert_eq!(
+                status_with(fallback, c).await.map(|r| r.0),
+                Ok(200),
+                "{who} (h2 {h2})"
+            );
+        }
+        // No validation on the port: nobody is asked.
+        for c in [&none, &good] {
+            assert_eq!(status_with(open, c).await.map(|r| r.0), Ok(200));
+        }
+    }
+
+    // A client that holds TLS sessions from when the open port asked for nothing (one per
+    // resumption below: TLS 1.3 tickets are used once).
+    let http1: &[&[u8]] = &[b"http/1.1"];
+    let h2: &[&[u8]] = &[b"h2"];
+    let resuming = [connector(http1), connector(h2)];
+    for c in &resuming {
+        assert_eq!(status_with(open, c).await, Ok((200, false)));
+    }
+    let none = connector(http1);
+    let good = connector_with_client_cert(http1, &good_chain, &good_key);
+    let other = connector_with_client_cert(http1, &other_chain, &other_key);
+
+    // A new snapshot: the strict port trusts the other CA now, and the open port asks for
+    // certificates. Listeners stay bound; the next handshakes follow the new CAs.
+    let client_tls = format!(
+        "clientValidation: {{caPem: \"{}\"}}",
+        yaml_escape(&good_ca.pem)
+    );
+    let next = vars(&other_ca, &client_tls);
+    proxy.update(&next);
+    proxy.wait_ready(&next.version).await;
+    assert_eq!(status_with(strict, &other).await, Ok((200, false)));
+    assert!(status_with(strict, &good).await.is_err());
+    assert_eq!(status_with(open, &good).await.map(|r| r.0), Ok(200));
+    assert!(status_with(open, &none).await.is_err());
+    // Resuming a session skips the certificate exchange, so the proxy checks the session
+    // against the port's current CAs after the handshake and refuses its requests, on
+    // HTTP/1.1 and HTTP/2.
+    for c in &resuming {
+        assert_eq!(
+            status_with(open, c).await,
+            Ok((403, true)),
+            "a resumed session skipped the new CAs"
+        );
+    }
+    proxy.stop().await;
+}

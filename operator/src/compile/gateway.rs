@@ -2,6 +2,7 @@
 //! routes may attach to ([`super::listeners`] validates each listener).
 
 use super::Config;
+use super::gateway_tls::{FrontendTls, backend_client_certificate};
 use super::listeners::{AcceptedListener, compile_listeners};
 use super::refs::{GATEWAY_GROUP, Index};
 use super::status::{Condition, GatewayStatus, ListenerSetStatus, ObjectKey, Problem, reason};
@@ -50,6 +51,9 @@ pub struct GatewayOutput {
     pub certificates: BTreeMap<String, (String, String)>,
     /// Every ListenerSet whose parent is a Gateway of ours.
     pub listener_set_status: BTreeMap<ObjectKey, ListenerSetStatus>,
+    /// Dedicated Gateways' spec.tls.backend.clientCertificateRef: the certificate's name (in
+    /// `certificates`) their proxies present to TLS backends.
+    pub backend_clients: BTreeMap<ScopeKey, String>,
 }
 
 fn is_our_params_ref(group: &str, kind: &str) -> bool {
@@ -63,6 +67,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
         served: BTreeMap::new(),
         certificates: BTreeMap::new(),
         listener_set_status: BTreeMap::new(),
+        backend_clients: BTreeMap::new(),
     };
     // GatewayClass: ours when spec.controllerName is our controller name.
     let mut accepted_classes: BTreeMap<&str, bool> = BTreeMap::new();
@@ -209,6 +214,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
             }
         };
 
+        let frontend = FrontendTls::resolve(store, gateway, &key, dedicated);
         let mut taken = Vec::new();
         let (listener_statuses, mut accepted) = compile_listeners(
             store,
@@ -219,6 +225,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
             generation,
             &mut taken,
             &mut out.certificates,
+            &frontend,
         );
         let valid = accepted.iter().filter(|l| l.programmable).count();
         let total = gateway.spec.listeners.len();
@@ -273,6 +280,23 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
         let gateway_accepted = accepted_cond.is_true();
         gw_conditions.push(accepted_cond);
         gw_conditions.push(programmed_cond);
+        // spec.tls: ResolvedRefs only when the Gateway refers to something of its own.
+        match backend_client_certificate(store, index, gateway, &key, dedicated) {
+            None => {}
+            Some(Ok((name, pair))) => {
+                gw_conditions.push(Condition::new(
+                    reason::RESOLVED_REFS,
+                    true,
+                    reason::RESOLVED_REFS,
+                    "",
+                    generation,
+                ));
+                out.certificates.insert(name.clone(), pair);
+                out.backend_clients.insert(scope.clone(), name);
+            }
+            Some(Err(p)) => gw_conditions.push(p.condition(reason::RESOLVED_REFS, generation)),
+        }
+        gw_conditions.extend(frontend.insecure_condition(generation));
 
         // ListenerSets after the Gateway's own listeners, oldest first: each listener that
         // conflicts with one taken before it is the one turned away.
@@ -337,6 +361,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
                 ls_generation,
                 &mut taken,
                 &mut out.certificates,
+                &frontend,
             );
             let valid = ls_accepted.iter().filter(|l| l.programmable).count();
             let total = listeners.len();

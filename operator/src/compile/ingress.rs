@@ -488,6 +488,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
             hostname: None,
             source: "Ingress".into(),
             certificate: None,
+            client_validation: None,
         });
     }
     // One HTTPS slot per TLS host so each SNI name gets its certificate; for a host listed
@@ -503,6 +504,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
             hostname: None,
             source: "Ingress".into(),
             certificate: Some((host, cert)),
+            client_validation: None,
         });
     }
     out

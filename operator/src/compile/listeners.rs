@@ -1,11 +1,12 @@
 //! Listeners, of a Gateway or of a ListenerSet: validation, conflicts between them, the route
 //! kinds and namespaces they admit, and their certificates.
 
+use super::gateway_tls::{FrontendTls, PortValidation};
 use super::refs::{self, GATEWAY_GROUP, Index};
 use super::route::RouteKind;
 use super::status::{Condition, ListenerStatus, ObjectKey, Problem, RouteGroupKind, reason};
 use super::store::Store;
-use coxswain_api::snapshot::Protocol;
+use coxswain_api::snapshot::{ClientValidation, Protocol};
 use gateway_api::apis::standard::gateways::{
     GatewayListeners, GatewayListenersAllowedRoutesNamespacesFrom, GatewayListenersTlsMode,
 };
@@ -23,6 +24,8 @@ pub struct AcceptedListener {
     pub route_kinds: Vec<RouteKind>,
     /// HTTPS: the certificate's name in the snapshot.
     pub certificate: Option<String>,
+    /// HTTPS: the client certificates its port verifies (the Gateway's spec.tls.frontend).
+    pub client_validation: Option<ClientValidation>,
     /// False for a listener whose only problem is an unresolved reference (a missing or
     /// unreadable certificate): routes still attach to it and are counted in attachedRoutes,
     /// as the spec asks, but it serves nothing.
@@ -115,6 +118,7 @@ pub(super) fn compile_listeners(
     generation: i64,
     taken: &mut Vec<Taken>,
     certificates: &mut BTreeMap<String, (String, String)>,
+    frontend: &FrontendTls,
 ) -> (Vec<ListenerStatus>, Vec<AcceptedListener>) {
     // A ListenerSet's listener that collides with one taken before it.
     let mut refused: BTreeMap<&str, Problem> = BTreeMap::new();
@@ -300,6 +304,25 @@ pub(super) fn compile_listeners(
                 Err(problem) => resolved_problem = resolved_problem.or(Some(problem)),
             }
         }
+        // Client certificates (GEP-91): a port whose CAs all failed serves nothing rather than
+        // let clients in unverified.
+        let mut client_validation = None;
+        if protocol == Some(Protocol::Https) && accepted_problem.is_none() {
+            match frontend.for_port(l.port) {
+                PortValidation::None => {}
+                PortValidation::Valid {
+                    validation,
+                    partial,
+                } => {
+                    client_validation = Some(validation);
+                    resolved_problem = resolved_problem.or(partial);
+                }
+                PortValidation::Invalid { accepted, resolved } => {
+                    accepted_problem = Some(accepted);
+                    resolved_problem = resolved_problem.or(resolved);
+                }
+            }
+        }
 
         let conflict = turned_away.or(conflicts.get(l.name.as_str()));
         conditions.push(match &accepted_problem {
@@ -369,6 +392,7 @@ pub(super) fn compile_listeners(
                 allowed_namespaces: allowed_namespaces(store, l),
                 route_kinds,
                 certificate,
+                client_validation,
                 programmable: usable,
                 owner: owner.cloned(),
             });

@@ -24,6 +24,9 @@ pub mod clusters;
 pub mod entries;
 pub mod filters;
 pub mod gateway;
+pub mod gateway_tls;
+#[cfg(test)]
+mod gateway_tls_tests;
 pub mod global_limit;
 pub mod grpcroute;
 pub mod hostname;
@@ -188,6 +191,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
                     .certificate
                     .clone()
                     .map(|c| (l.hostname.clone().unwrap_or_default(), c)),
+                client_validation: l.client_validation.clone(),
             });
         }
     }
@@ -214,7 +218,14 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         };
     }
 
-    let snapshots = assemble(slots, entries, clusters, &certificates, &gateways.served);
+    let snapshots = assemble(
+        slots,
+        entries,
+        clusters,
+        &certificates,
+        &gateways.served,
+        &gateways.backend_clients,
+    );
     // Dedicated Gateways' proxies are named in one assignment over all of them (two can want
     // the same name), and those names are the identities that may serve their scopes.
     let proxy_names = proxies::assign(store, |key| {
@@ -288,6 +299,8 @@ pub struct Slot {
     pub source: String,
     /// HTTPS: (SNI name, "" for the default; certificate name).
     pub certificate: Option<(String, String)>,
+    /// HTTPS: client certificates verified on this port (one dedicated Gateway's setting).
+    pub client_validation: Option<snap::ClientValidation>,
 }
 
 fn assemble(
@@ -296,6 +309,7 @@ fn assemble(
     clusters: Vec<snap::Cluster>,
     certificates: &BTreeMap<String, (String, String)>,
     served: &BTreeMap<ObjectKey, gateway::ServedGateway>,
+    backend_clients: &BTreeMap<ScopeKey, String>,
 ) -> BTreeMap<ScopeKey, Snapshot> {
     let cluster_by_name: BTreeMap<String, snap::Cluster> =
         clusters.into_iter().map(|c| (c.name.clone(), c)).collect();
@@ -461,6 +475,13 @@ fn assemble(
             let mut sources: Vec<String> = port_slots.iter().map(|s| s.source.clone()).collect();
             sources.sort();
             sources.dedup();
+            // Only dedicated Gateways' ports verify clients, and all slots of such a port are
+            // that Gateway's, with its one setting for the port.
+            let client_validation = if protocol == snap::Protocol::Https {
+                port_slots.iter().find_map(|s| s.client_validation.clone())
+            } else {
+                None
+            };
             listeners.push(snap::Listener {
                 port,
                 protocol: protocol as i32,
@@ -468,9 +489,16 @@ fn assemble(
                 virtual_hosts,
                 certificates: sni,
                 listener_hostnames,
+                client_validation,
             });
         }
         let requires = requirements(&listeners);
+        // The Gateway's client certificate goes to every TLS backend of its scope: its proxy
+        // serves no other Gateway's routes.
+        let backend_client = backend_clients.get(&scope);
+        if let Some(name) = backend_client {
+            used_certs.insert(name.clone());
+        }
         let snapshot = Snapshot {
             version: String::new(),
             scope: Some(snap::Scope {
@@ -486,6 +514,12 @@ fn assemble(
             clusters: used_clusters
                 .iter()
                 .filter_map(|c| cluster_by_name.get(c).cloned())
+                .map(|mut c| {
+                    if let (Some(tls), Some(name)) = (c.tls.as_mut(), backend_client) {
+                        tls.client_certificate = name.clone();
+                    }
+                    c
+                })
                 .collect(),
             certificates: used_certs
                 .iter()
@@ -556,6 +590,9 @@ fn requirements(listeners: &[snap::Listener]) -> Vec<String> {
     }
     if routes().any(|r| r.global_rate_limit.is_some()) {
         out.push(snap::feature::GLOBAL_RATE_LIMIT.to_owned());
+    }
+    if listeners.iter().any(|l| l.client_validation.is_some()) {
+        out.push(snap::feature::FRONTEND_CLIENT_VALIDATION.to_owned());
     }
     out.sort();
     out

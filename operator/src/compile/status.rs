@@ -284,4 +284,8 @@ pub mod reason {
     pub const NO_VALID_CA_CERTIFICATE: &str = "NoValidCACertificate";
     pub const INVALID_CA_CERTIFICATE_REF: &str = "InvalidCACertificateRef";
     pub const TARGET_NOT_FOUND: &str = "TargetNotFound";
+    pub const INVALID_CA_CERTIFICATE_KIND: &str = "InvalidCACertificateKind";
+    pub const INVALID_CLIENT_CERTIFICATE_REF: &str = "InvalidClientCertificateRef";
+    pub const INSECURE_FRONTEND_VALIDATION_MODE: &str = "InsecureFrontendValidationMode";
+    pub const CONFIGURATION_CHANGED: &str = "ConfigurationChanged";
 }

@@ -619,6 +619,26 @@ pub fn connector(alpn: &[&[u8]]) -> TlsConnector {
     TlsConnector::from(Arc::new(config))
 }
 
+/// As [`connector`], presenting this client certificate (chain and key, PEM) when asked.
+pub fn connector_with_client_cert(alpn: &[&[u8]], chain_pem: &str, key_pem: &str) -> TlsConnector {
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::pki_types::pem::PemObject;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = CertificateDer::pem_slice_iter(chain_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AcceptAny(provider)))
+        .with_client_auth_cert(chain, key)
+        .unwrap();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    TlsConnector::from(Arc::new(config))
+}
+
 pub struct Cert {
     pub pem: String,
     pub key: String,
