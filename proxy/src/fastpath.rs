@@ -70,6 +70,9 @@ pub struct Env<'a> {
     pub https: bool,
     /// The server name the TLS client asked for.
     pub sni: Option<&'a str>,
+    /// A resumed TLS session without the client certificate the port requires: Pingora
+    /// answers its requests (403).
+    pub client_cert_refused: bool,
     /// Tells connections idling between requests to close (the listener stopped).
     pub closing: &'a mut watch::Receiver<bool>,
     pub shutdown: &'a watch::Receiver<bool>,
@@ -371,6 +374,9 @@ struct AccessFields {
 /// Checks and routes a parsed head; forwards it here only when nothing but forwarding is
 /// asked of it, and then writes the head to send upstream into `up_head`.
 fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
+    if env.client_cert_refused {
+        return Step::Pingora;
+    }
     let checked = match request::check(head, env.limits) {
         Ok(c) => c,
         Err(reject) => {

@@ -442,12 +442,14 @@ impl Connection {
     /// HTTP/1, cleartext or over TLS: each request head is read by `fastpath`, which serves it
     /// or hands that one request to Pingora; the connection then comes back for the next head.
     async fn serve_http1(&mut self, mut conn: Buffered) {
-        // The name the client asked for in its TLS handshake, kept by `tls::KeepSni`.
+        // What the TLS handshake told (`tls_accept::KeepSni`): the name the client asked for,
+        // and whether its session lacks a client certificate the port now requires.
         let digest = conn.get_ssl_digest();
-        let sni = digest
+        let tls = digest
             .as_ref()
-            .and_then(|d| d.extension.get::<crate::tls::ConnectionSni>())
-            .map(|s| &*s.0);
+            .and_then(|d| d.extension.get::<crate::tls::ConnectionTls>());
+        let sni = tls.and_then(|t| t.sni.as_deref());
+        let client_cert_refused = tls.is_some_and(|t| t.client_cert_refused);
         let https = self.tls.is_some();
         let mut first = true;
         loop {
@@ -459,6 +461,7 @@ impl Connection {
                     peer: self.peer,
                     https,
                     sni,
+                    client_cert_refused,
                     closing: &mut self.closing,
                     shutdown: &self.shutdown,
                 };
