@@ -5,6 +5,7 @@
 mod backend_tls;
 mod fixtures;
 mod gateway;
+mod golden;
 mod grpc;
 mod httproute;
 mod ingress;

@@ -1,0 +1,114 @@
+//! Every fixture the compiler's tests compile, kept as a file beside what the compiler made of
+//! it: the snapshot of every scope, the status, the dedicated proxies' names and
+//! ServiceAccounts. A change to the compiler that changes any of it byte for byte fails here,
+//! so a refactor can show it changed nothing; a change meant to alter output rewrites the
+//! expected files with `COXSWAIN_BLESS=1` and shows the difference in review.
+
+use crate::compile::*;
+use coxswain_api::snapshot::Snapshot;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+/// Where the fixtures are: `NAME.yaml` (the input; a first line `# ingress-nginx-compat`
+/// compiles it with that setting on) and `NAME.expected.yaml`.
+fn corpus() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata/compile")
+}
+
+const COMPAT_MARK: &str = "# ingress-nginx-compat\n";
+const EXPECTED_SUFFIX: &str = ".expected.yaml";
+
+/// What the golden files hold of a compile: every field of [`Compiled`], with keys as text.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Output<'a> {
+    snapshots: BTreeMap<String, &'a Snapshot>,
+    status: &'a StatusDecisions,
+    proxy_names: BTreeMap<String, String>,
+    proxy_accounts: BTreeMap<String, String>,
+}
+
+fn scope_name(scope: &ScopeKey) -> String {
+    match scope {
+        ScopeKey::SharedPool => "shared".to_owned(),
+        ScopeKey::Gateway(gw) => format!("gateway/{gw}"),
+    }
+}
+
+fn render(c: &Compiled) -> String {
+    let output = Output {
+        snapshots: c
+            .snapshots
+            .iter()
+            .map(|(k, s)| (scope_name(k), s))
+            .collect(),
+        status: &c.status,
+        proxy_names: c
+            .proxy_names
+            .iter()
+            .map(|(gw, name)| (gw.to_string(), format!("{name:?}")))
+            .collect(),
+        proxy_accounts: c
+            .proxy_accounts
+            .iter()
+            .map(|(scope, account)| (scope_name(scope), account.to_string()))
+            .collect(),
+    };
+    coxswain_api::snapshot::to_yaml(&output).unwrap_or_else(|e| panic!("encoding: {e}"))
+}
+
+fn expected_of(input: &Path) -> PathBuf {
+    let input = input.to_string_lossy();
+    let stem = input.strip_suffix(".yaml").unwrap_or(&input);
+    PathBuf::from(format!("{stem}{EXPECTED_SUFFIX}"))
+}
+
+fn compile_file(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut store = Store::default();
+    let mut errors = Vec::new();
+    store.load_yaml(path, &text, &mut errors);
+    assert!(errors.is_empty(), "{errors:?}");
+    let config = Config {
+        ingress_nginx_compat: text.starts_with(COMPAT_MARK),
+        ..Config::default()
+    };
+    render(&compile(&store, &config))
+}
+
+#[test]
+fn every_fixture_compiles_to_its_committed_output() {
+    let bless = std::env::var_os("COXSWAIN_BLESS").is_some();
+    let mut inputs: Vec<PathBuf> = std::fs::read_dir(corpus())
+        .unwrap_or_else(|e| panic!("{}: {e}", corpus().display()))
+        .map(|entry| entry.unwrap_or_else(|e| panic!("{e}")).path())
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with(".yaml") && !n.ends_with(EXPECTED_SUFFIX))
+        })
+        .collect();
+    inputs.sort();
+    assert!(inputs.len() > 100, "the corpus was found: {inputs:?}");
+    let mut changed = Vec::new();
+    for input in &inputs {
+        let actual = compile_file(input);
+        let expected_path = expected_of(input);
+        if bless {
+            std::fs::write(&expected_path, &actual).unwrap_or_else(|e| panic!("{e}"));
+            continue;
+        }
+        let expected = std::fs::read_to_string(&expected_path)
+            .unwrap_or_else(|e| panic!("{}: {e}", expected_path.display()));
+        if actual != expected {
+            changed.push(input.display().to_string());
+        }
+    }
+    assert!(
+        changed.is_empty(),
+        "{} of {} fixtures compile differently from their .expected.yaml \
+         (COXSWAIN_BLESS=1 rewrites them; review the diff): {changed:#?}",
+        changed.len(),
+        inputs.len()
+    );
+}
