@@ -11,11 +11,7 @@
 //! virtual hosts in precedence order per port and scope, and seals each snapshot with its
 //! content hash.
 
-#[cfg(test)]
-mod access_tests;
 pub mod accesspolicy;
-#[cfg(test)]
-mod accesspolicy_tests;
 pub mod annotations;
 pub mod backend;
 pub mod backendpolicy;
@@ -31,8 +27,6 @@ pub mod htpasswd;
 pub mod httproute;
 pub mod ingress;
 pub mod jwks;
-#[cfg(test)]
-mod lb_tests;
 pub mod listeners;
 pub mod proxies;
 pub mod refs;
