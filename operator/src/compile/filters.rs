@@ -1,6 +1,7 @@
 //! HTTPRoute filters, of a rule or of a backendRef, to snapshot filters.
 
 use super::backend::Referrer;
+use super::route::{header_modifier_as, request_mirror_as};
 use super::status::{Problem, reason};
 use coxswain_api::snapshot::{self as snap, Filter, filter};
 use gateway_api::apis::experimental::httproutes::{
@@ -291,64 +292,22 @@ pub(super) fn backend_filter_as_rule(
             }),
         external_auth: f.external_auth.as_ref().map(backend_external_auth_as_rule),
         request_header_modifier: f.request_header_modifier.as_ref().map(|m| {
-            http::HttpRouteRulesFiltersRequestHeaderModifier {
-                add: m.add.as_ref().map(|l| {
-                    l.iter()
-                        .map(|h| http::HttpRouteRulesFiltersRequestHeaderModifierAdd {
-                            name: h.name.clone(),
-                            value: h.value.clone(),
-                        })
-                        .collect()
-                }),
-                remove: m.remove.clone(),
-                set: m.set.as_ref().map(|l| {
-                    l.iter()
-                        .map(|h| http::HttpRouteRulesFiltersRequestHeaderModifierSet {
-                            name: h.name.clone(),
-                            value: h.value.clone(),
-                        })
-                        .collect()
-                }),
-            }
+            header_modifier_as!(m => HttpRouteRulesFiltersRequestHeaderModifier {
+                add: HttpRouteRulesFiltersRequestHeaderModifierAdd,
+                set: HttpRouteRulesFiltersRequestHeaderModifierSet,
+            })
         }),
         response_header_modifier: f.response_header_modifier.as_ref().map(|m| {
-            http::HttpRouteRulesFiltersResponseHeaderModifier {
-                add: m.add.as_ref().map(|l| {
-                    l.iter()
-                        .map(|h| http::HttpRouteRulesFiltersResponseHeaderModifierAdd {
-                            name: h.name.clone(),
-                            value: h.value.clone(),
-                        })
-                        .collect()
-                }),
-                remove: m.remove.clone(),
-                set: m.set.as_ref().map(|l| {
-                    l.iter()
-                        .map(|h| http::HttpRouteRulesFiltersResponseHeaderModifierSet {
-                            name: h.name.clone(),
-                            value: h.value.clone(),
-                        })
-                        .collect()
-                }),
-            }
+            header_modifier_as!(m => HttpRouteRulesFiltersResponseHeaderModifier {
+                add: HttpRouteRulesFiltersResponseHeaderModifierAdd,
+                set: HttpRouteRulesFiltersResponseHeaderModifierSet,
+            })
         }),
         request_mirror: f.request_mirror.as_ref().map(|m| {
-            http::HttpRouteRulesFiltersRequestMirror {
-                backend_ref: http::HttpRouteRulesFiltersRequestMirrorBackendRef {
-                    group: m.backend_ref.group.clone(),
-                    kind: m.backend_ref.kind.clone(),
-                    name: m.backend_ref.name.clone(),
-                    namespace: m.backend_ref.namespace.clone(),
-                    port: m.backend_ref.port,
-                },
-                fraction: m.fraction.as_ref().map(|f| {
-                    http::HttpRouteRulesFiltersRequestMirrorFraction {
-                        denominator: f.denominator,
-                        numerator: f.numerator,
-                    }
-                }),
-                percent: m.percent,
-            }
+            request_mirror_as!(m => HttpRouteRulesFiltersRequestMirror {
+                backend_ref: HttpRouteRulesFiltersRequestMirrorBackendRef,
+                fraction: HttpRouteRulesFiltersRequestMirrorFraction,
+            })
         }),
         request_redirect: f.request_redirect.as_ref().map(|r| {
             use http::HttpRouteRulesBackendRefsFiltersRequestRedirectPathType as BackendPath;
