@@ -1,8 +1,9 @@
-//! Every fixture the compiler's tests compile, kept as a file beside what the compiler made of
-//! it: the snapshot of every scope, the status, the dedicated proxies' names and
-//! ServiceAccounts. A change to the compiler that changes any of it byte for byte fails here,
-//! so a refactor can show it changed nothing; a change meant to alter output rewrites the
-//! expected files with `COXSWAIN_BLESS=1` and shows the difference in review.
+//! The fixtures the compiler's tests compiled when this corpus was made (named after their
+//! test), and cases added for what no test covered, each kept as a file beside what the
+//! compiler made of it: the snapshot of every scope, the status, the dedicated proxies' names
+//! and ServiceAccounts. A compiler change that alters any of it by a byte fails here, so a
+//! refactor can show it changed nothing; a change meant to alter output rewrites the expected
+//! files with `COXSWAIN_BLESS=1` and shows the difference in review.
 
 use crate::compile::*;
 use coxswain_api::snapshot::Snapshot;
