@@ -64,6 +64,26 @@ fn expected_of(input: &Path) -> PathBuf {
     PathBuf::from(format!("{stem}{EXPECTED_SUFFIX}"))
 }
 
+/// Where two outputs part, as the reader of a failure wants it first: a snapshot's content
+/// hash (`version:`) differs whenever anything in it does, so it is named only when nothing
+/// else differs.
+fn first_difference(expected: &str, actual: &str) -> String {
+    let mut expected_lines = expected.lines();
+    let mut actual_lines = actual.lines();
+    let mut hash = None;
+    for line in 1.. {
+        match (expected_lines.next(), actual_lines.next()) {
+            (Some(e), Some(a)) if e == a => {}
+            (Some(e), Some(a)) if e.trim_start().starts_with("version:") => {
+                hash.get_or_insert(format!("line {line}: expected {e:?}, got {a:?}"));
+            }
+            (None, None) => break,
+            (e, a) => return format!("line {line}: expected {e:?}, got {a:?}"),
+        }
+    }
+    hash.unwrap_or_else(|| "only in line endings".to_owned())
+}
+
 fn compile_file(path: &Path) -> String {
     let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut store = Store::default();
@@ -80,17 +100,22 @@ fn compile_file(path: &Path) -> String {
 #[test]
 fn every_fixture_compiles_to_its_committed_output() {
     let bless = std::env::var_os("COXSWAIN_BLESS").is_some();
-    let mut inputs: Vec<PathBuf> = std::fs::read_dir(corpus())
+    let (mut inputs, expected): (Vec<PathBuf>, Vec<PathBuf>) = std::fs::read_dir(corpus())
         .unwrap_or_else(|e| panic!("{}: {e}", corpus().display()))
         .map(|entry| entry.unwrap_or_else(|e| panic!("{e}")).path())
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.ends_with(".yaml") && !n.ends_with(EXPECTED_SUFFIX))
-        })
-        .collect();
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .partition(|p| !p.to_string_lossy().ends_with(EXPECTED_SUFFIX));
     inputs.sort();
     assert!(inputs.len() > 100, "the corpus was found: {inputs:?}");
+    // An expected output whose input was renamed or removed would otherwise check nothing.
+    let orphans: Vec<&PathBuf> = expected
+        .iter()
+        .filter(|e| !inputs.iter().any(|i| expected_of(i) == **e))
+        .collect();
+    assert!(
+        orphans.is_empty(),
+        "expected outputs without an input: {orphans:?}"
+    );
     let mut changed = Vec::new();
     for input in &inputs {
         let actual = compile_file(input);
@@ -102,7 +127,11 @@ fn every_fixture_compiles_to_its_committed_output() {
         let expected = std::fs::read_to_string(&expected_path)
             .unwrap_or_else(|e| panic!("{}: {e}", expected_path.display()));
         if actual != expected {
-            changed.push(input.display().to_string());
+            changed.push(format!(
+                "{}: {}",
+                input.display(),
+                first_difference(&expected, &actual)
+            ));
         }
     }
     assert!(
