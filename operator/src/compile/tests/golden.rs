@@ -20,6 +20,7 @@ const COMPAT_MARK: &str = "# ingress-nginx-compat\n";
 const EXPECTED_SUFFIX: &str = ".expected.yaml";
 
 /// What the golden files hold of a compile: every field of [`Compiled`], with keys as text.
+/// Fields at their default are left out ([`without_defaults`]).
 #[derive(serde::Serialize)]
 #[serde(rename_all = "camelCase")]
 struct Output<'a> {
@@ -55,7 +56,41 @@ fn render(c: &Compiled) -> String {
             .map(|(scope, account)| (scope_name(scope), account.to_string()))
             .collect(),
     };
-    coxswain_api::snapshot::to_yaml(&output).unwrap_or_else(|e| panic!("encoding: {e}"))
+    let value = serde_json::to_value(&output).unwrap_or_else(|e| panic!("encoding: {e}"));
+    coxswain_api::snapshot::to_yaml(&without_defaults(value))
+        .unwrap_or_else(|e| panic!("encoding: {e}"))
+}
+
+/// `value` without the object fields that hold their type's default (null, false, 0, "", an
+/// empty list or map). A field added to the snapshot or status then changes no fixture until
+/// something sets it, as proto's wire form (and so the snapshot's content hash, which stays
+/// in) does not change either; a value that moves to or from its default still shows, as a
+/// field that appears or goes.
+fn without_defaults(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Object(fields) => Value::Object(
+            fields
+                .into_iter()
+                .map(|(k, v)| (k, without_defaults(v)))
+                .filter(|(_, v)| !is_default(v))
+                .collect(),
+        ),
+        Value::Array(items) => Value::Array(items.into_iter().map(without_defaults).collect()),
+        other => other,
+    }
+}
+
+fn is_default(value: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match value {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(items) => items.is_empty(),
+        Value::Object(fields) => fields.is_empty(),
+    }
 }
 
 fn expected_of(input: &Path) -> PathBuf {
