@@ -14,7 +14,9 @@ use super::entries::Entry;
 use super::global_limit;
 use super::htpasswd;
 use super::refs::Index;
-use super::status::{AncestorRef, Condition, ObjectKey, PolicyAncestorStatus, reason};
+use super::status::{
+    AncestorRef, Condition, ObjectKey, PolicyAncestorStatus, Problem, Verdict, reason,
+};
 use super::store::Store;
 use coxswain_api::crd::accesspolicy::{
     CoxswainAccessPolicy, Jwt, RateLimit, RateLimitKeyType, RateUnit,
@@ -90,13 +92,7 @@ pub fn compile(store: &Store, index: &Index<'_>) -> Output {
         out.decided.insert(
             me,
             Decided {
-                conditions: vec![Condition::new(
-                    reason::ACCEPTED,
-                    verdict.0,
-                    verdict.1,
-                    verdict.2,
-                    generation,
-                )],
+                conditions: vec![verdict.condition(reason::ACCEPTED, generation)],
                 first_target,
                 gateways: BTreeSet::new(),
             },
@@ -105,7 +101,7 @@ pub fn compile(store: &Store, index: &Index<'_>) -> Output {
     out
 }
 
-/// (accepted, reason, message) of one policy; records what it holds.
+/// Whether one policy is accepted; records what it holds.
 fn decide(
     store: &Store,
     index: &Index<'_>,
@@ -113,9 +109,9 @@ fn decide(
     (ns, me): (&str, &ObjectKey),
     held: &mut BTreeMap<Target, Held>,
     clusters: &mut Vec<snap::Cluster>,
-) -> (bool, &'static str, String) {
+) -> Verdict {
     let rate_limit = match policy.spec.rate_limit.as_ref().map(|r| rate_limit(r, me)) {
-        Some(Err(why)) => return (false, reason::INVALID, why),
+        Some(Err(why)) => return Problem::new(reason::INVALID, why).into(),
         Some(Ok(r)) => Some(r),
         None => None,
     };
@@ -125,7 +121,7 @@ fn decide(
         .as_ref()
         .map(|g| global_limit::compile(g, index, me));
     let global = match global {
-        Some(Err(why)) => return (false, reason::INVALID, why),
+        Some(Err(why)) => return Problem::new(reason::INVALID, why).into(),
         Some(Ok(g)) => Some(g),
         None => None,
     };
@@ -185,15 +181,15 @@ fn decide(
         } else {
             format!("{section} of {kind} {name}")
         };
-        return (
-            false,
+        return Problem::new(
             reason::CONFLICTED,
             format!(
                 "CoxswainAccessPolicy {} is older and already targets {what}; this one is not \
                  applied",
                 older.name
             ),
-        );
+        )
+        .into();
     }
     for t in &targets {
         held.insert(
@@ -216,19 +212,19 @@ fn decide(
         } else {
             "; applied to the other targets"
         };
-        return (
-            false,
+        return Problem::new(
             reason::TARGET_NOT_FOUND,
             format!("{}{applied}", missing.join("; ")),
-        );
+        )
+        .into();
     }
     if basic_auth.as_ref().is_some_and(Option::is_none)
         || jwt.as_ref().is_some_and(Option::is_none)
         || global_unusable
     {
-        return (false, reason::INVALID, problems.join("; "));
+        return Problem::new(reason::INVALID, problems.join("; ")).into();
     }
-    (true, reason::ACCEPTED, problems.join("; "))
+    Verdict::holds(reason::ACCEPTED, problems.join("; "))
 }
 
 /// The providers whose keys the proxy can use; a provider without any is reported in

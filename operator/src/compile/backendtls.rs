@@ -8,7 +8,7 @@
 //! unverified. With subjectAltNames, the backend's certificate must carry one of them instead
 //! of the hostname (which is then only the SNI).
 
-use super::status::{Condition, ObjectKey, reason};
+use super::status::{Condition, ObjectKey, Problem, Verdict, reason};
 use super::store::Store;
 use coxswain_api::snapshot as snap;
 use gateway_api::apis::standard::backendtlspolicies::{
@@ -81,8 +81,7 @@ pub fn compile(store: &Store) -> Output {
         let (tls, accepted, resolved) = validate(store, policy, &ns);
         let taken = targets.iter().find(|t| out.settings.contains_key(*t));
         let accepted = match taken {
-            Some((_, svc, section)) => (
-                false,
+            Some((_, svc, section)) => Problem::new(
                 reason::CONFLICTED,
                 if section.is_empty() {
                     format!("an older BackendTLSPolicy already targets Service {svc}")
@@ -91,7 +90,8 @@ pub fn compile(store: &Store) -> Output {
                         "an older BackendTLSPolicy already targets port {section} of Service {svc}"
                     )
                 },
-            ),
+            )
+            .into(),
             None => {
                 for t in &targets {
                     out.settings.insert(t.clone(), tls.clone());
@@ -100,20 +100,8 @@ pub fn compile(store: &Store) -> Output {
             }
         };
         let conditions = vec![
-            Condition::new(
-                reason::ACCEPTED,
-                accepted.0,
-                accepted.1,
-                accepted.2,
-                generation,
-            ),
-            Condition::new(
-                reason::RESOLVED_REFS,
-                resolved.0,
-                resolved.1,
-                resolved.2,
-                generation,
-            ),
+            accepted.condition(reason::ACCEPTED, generation),
+            resolved.condition(reason::RESOLVED_REFS, generation),
         ];
         out.decided.insert(
             ObjectKey::new(&ns, &name),
@@ -126,8 +114,6 @@ pub fn compile(store: &Store) -> Output {
     out
 }
 
-type Verdict = (bool, &'static str, String);
-
 /// The TLS settings a policy asks for, and its Accepted and ResolvedRefs verdicts.
 fn validate(
     store: &Store,
@@ -139,11 +125,11 @@ fn validate(
         hostname: v.hostname.clone(),
         ..Default::default()
     };
-    let mut resolved: Verdict = (true, reason::RESOLVED_REFS, String::new());
+    let mut resolved = Verdict::holds(reason::RESOLVED_REFS, String::new());
     let mut pems = Vec::new();
     for r in v.ca_certificate_refs.iter().flatten() {
         let problem = if !r.group.is_empty() || r.kind != "ConfigMap" {
-            Some((
+            Some(Problem::new(
                 reason::INVALID_KIND,
                 format!(
                     "caCertificateRef {}/{} {} is not a ConfigMap",
@@ -156,30 +142,31 @@ fn validate(
                     pems.push(pem);
                     None
                 }
-                Err(why) => Some((reason::INVALID_CA_CERTIFICATE_REF, why)),
+                Err(why) => Some(Problem::new(reason::INVALID_CA_CERTIFICATE_REF, why)),
             }
         };
-        if let (Some((r, m)), true) = (problem, resolved.0) {
-            resolved = (false, r, m);
+        // The first problem found is the one reported.
+        if let (Some(problem), true) = (problem, resolved.holds) {
+            resolved = problem.into();
         }
     }
     tls.ca_pem = pems.join("\n");
     let accepted: Verdict = match v.well_known_ca_certificates.as_deref() {
         Some("System") => {
             tls.system_roots = true;
-            (true, reason::ACCEPTED, String::new())
+            Verdict::holds(reason::ACCEPTED, String::new())
         }
-        Some(other) => (
-            false,
+        Some(other) => Problem::new(
             reason::INVALID,
             format!("wellKnownCACertificates {other:?} is not supported; use System"),
-        ),
-        None if pems.is_empty() => (
-            false,
+        )
+        .into(),
+        None if pems.is_empty() => Problem::new(
             reason::NO_VALID_CA_CERTIFICATE,
             "no caCertificateRef holds a usable CA certificate".into(),
-        ),
-        None => (true, reason::ACCEPTED, String::new()),
+        )
+        .into(),
+        None => Verdict::holds(reason::ACCEPTED, String::new()),
     };
     let mut sans = Vec::new();
     for san in v.subject_alt_names.iter().flatten() {
@@ -198,9 +185,9 @@ fn validate(
             None => {}
         }
         let why = format!("a subjectAltName of type {:?} has no {field}", san.r#type);
-        return refused(tls, (false, reason::INVALID, why), resolved);
+        return refused(tls, Problem::new(reason::INVALID, why).into(), resolved);
     }
-    if !accepted.0 {
+    if !accepted.holds {
         return refused(tls, accepted, resolved);
     }
     // With subjectAltNames, `refuse` stays set for proxies that predate them (snapshot.proto).

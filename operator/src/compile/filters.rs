@@ -1,11 +1,12 @@
 //! HTTPRoute filters, of a rule or of a backendRef, to snapshot filters.
 
 use super::backend::Referrer;
+use super::route::{header_modifier_as, request_mirror_as};
 use super::status::{Problem, reason};
 use coxswain_api::snapshot::{self as snap, Filter, filter};
 use gateway_api::apis::experimental::httproutes::{
-    HttpRouteRulesFilters, HttpRouteRulesFiltersExternalAuth,
-    HttpRouteRulesFiltersExternalAuthProtocol,
+    self as http, HttpRouteRulesFilters, HttpRouteRulesFiltersExternalAuth,
+    HttpRouteRulesFiltersExternalAuthProtocol, HttpRouteRulesFiltersRequestRedirectScheme,
 };
 
 /// One filter of a rule or of a backendRef. A mirror's backend that does not resolve leaves
@@ -17,9 +18,17 @@ pub(super) fn compile_filter(
     resolved: &mut Result<(), Problem>,
 ) -> Result<Filter, Problem> {
     let kind = if let Some(m) = &f.request_header_modifier {
-        filter::Kind::RequestHeaderModifier(header_modifier(m)?)
+        filter::Kind::RequestHeaderModifier(header_modifier(
+            m.set.iter().flatten().map(|h| (&h.name, &h.value)),
+            m.add.iter().flatten().map(|h| (&h.name, &h.value)),
+            &m.remove,
+        ))
     } else if let Some(m) = &f.response_header_modifier {
-        filter::Kind::ResponseHeaderModifier(header_modifier(m)?)
+        filter::Kind::ResponseHeaderModifier(header_modifier(
+            m.set.iter().flatten().map(|h| (&h.name, &h.value)),
+            m.add.iter().flatten().map(|h| (&h.name, &h.value)),
+            &m.remove,
+        ))
     } else if let Some(r) = &f.request_redirect {
         let path = match &r.path {
             None => None,
@@ -28,14 +37,13 @@ pub(super) fn compile_filter(
                 p.replace_prefix_match.clone(),
             )?),
         };
-        let scheme = r
-            .scheme
-            .as_ref()
-            .and_then(|s| serde_json::to_value(s).ok())
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default();
+        let scheme = match r.scheme {
+            None => "",
+            Some(HttpRouteRulesFiltersRequestRedirectScheme::Http) => "http",
+            Some(HttpRouteRulesFiltersRequestRedirectScheme::Https) => "https",
+        };
         filter::Kind::RequestRedirect(snap::RequestRedirect {
-            scheme,
+            scheme: scheme.to_owned(),
             hostname: r.hostname.clone().unwrap_or_default(),
             path,
             port: r.port.and_then(|p| u32::try_from(p).ok()).unwrap_or(0),
@@ -202,47 +210,32 @@ pub(super) fn external_auth(
     Ok(out)
 }
 
-/// The shape both header modifier filters share. The generated Gateway API types give request
-/// and response modifiers distinct Rust types; reading either through this one keeps a single
-/// conversion.
-#[derive(serde::Deserialize)]
-struct HeaderModifierSpec {
-    #[serde(default)]
-    set: Vec<HeaderSpec>,
-    #[serde(default)]
-    add: Vec<HeaderSpec>,
-    #[serde(default)]
-    remove: Vec<String>,
-}
-
-#[derive(serde::Deserialize)]
-struct HeaderSpec {
-    name: String,
-    value: String,
-}
-
-fn header_modifier(m: &impl serde::Serialize) -> Result<snap::HeaderModifier, Problem> {
-    let spec: HeaderModifierSpec = serde_json::to_value(m)
-        .and_then(serde_json::from_value)
-        .map_err(|e| Problem::new(reason::UNSUPPORTED_VALUE, format!("header modifier: {e}")))?;
-    let headers = |list: Vec<HeaderSpec>| {
-        list.into_iter()
-            .map(|h| snap::Header {
-                name: h.name,
-                value: h.value,
-            })
-            .collect()
-    };
-    Ok(snap::HeaderModifier {
-        set: headers(spec.set),
-        add: headers(spec.add),
+/// A header modifier from its set and add lists as (name, value) pairs: the generated types
+/// give request and response modifiers, of rules and of backendRefs, distinct item types of
+/// the same shape.
+fn header_modifier<'a>(
+    set: impl Iterator<Item = (&'a String, &'a String)>,
+    add: impl Iterator<Item = (&'a String, &'a String)>,
+    remove: &Option<Vec<String>>,
+) -> snap::HeaderModifier {
+    snap::HeaderModifier {
+        set: headers(set),
+        add: headers(add),
         // Header names compare case-insensitively; the proxy matches lower-case names.
-        remove: spec
-            .remove
-            .into_iter()
+        remove: remove
+            .iter()
+            .flatten()
             .map(|r| r.to_ascii_lowercase())
             .collect(),
+    }
+}
+
+fn headers<'a>(list: impl Iterator<Item = (&'a String, &'a String)>) -> Vec<snap::Header> {
+    list.map(|(name, value)| snap::Header {
+        name: name.clone(),
+        value: value.clone(),
     })
+    .collect()
 }
 
 fn path_modifier(
@@ -260,4 +253,142 @@ fn path_modifier(
         }
     };
     Ok(snap::PathModifier { kind: Some(kind) })
+}
+
+/// A backendRef's filter as the rule filter it is field for field: the generated types repeat
+/// every filter type under the backendRef's names. Struct literals without `..Default` so a
+/// field added to the API is a compile error here, not a filter silently dropped.
+pub(super) fn backend_filter_as_rule(
+    f: &http::HttpRouteRulesBackendRefsFilters,
+) -> HttpRouteRulesFilters {
+    use http::HttpRouteRulesBackendRefsFiltersType as Backend;
+    use http::HttpRouteRulesFiltersType as Rule;
+    HttpRouteRulesFilters {
+        r#type: match f.r#type {
+            Backend::RequestHeaderModifier => Rule::RequestHeaderModifier,
+            Backend::ResponseHeaderModifier => Rule::ResponseHeaderModifier,
+            Backend::RequestMirror => Rule::RequestMirror,
+            Backend::RequestRedirect => Rule::RequestRedirect,
+            Backend::UrlRewrite => Rule::UrlRewrite,
+            Backend::ExtensionRef => Rule::ExtensionRef,
+            Backend::Cors => Rule::Cors,
+            Backend::ExternalAuth => Rule::ExternalAuth,
+        },
+        cors: f.cors.as_ref().map(|c| http::HttpRouteRulesFiltersCors {
+            allow_credentials: c.allow_credentials,
+            allow_headers: c.allow_headers.clone(),
+            allow_methods: c.allow_methods.clone(),
+            allow_origins: c.allow_origins.clone(),
+            expose_headers: c.expose_headers.clone(),
+            max_age: c.max_age,
+        }),
+        extension_ref: f
+            .extension_ref
+            .as_ref()
+            .map(|e| http::HttpRouteRulesFiltersExtensionRef {
+                group: e.group.clone(),
+                kind: e.kind.clone(),
+                name: e.name.clone(),
+            }),
+        external_auth: f.external_auth.as_ref().map(backend_external_auth_as_rule),
+        request_header_modifier: f.request_header_modifier.as_ref().map(|m| {
+            header_modifier_as!(m => HttpRouteRulesFiltersRequestHeaderModifier {
+                add: HttpRouteRulesFiltersRequestHeaderModifierAdd,
+                set: HttpRouteRulesFiltersRequestHeaderModifierSet,
+            })
+        }),
+        response_header_modifier: f.response_header_modifier.as_ref().map(|m| {
+            header_modifier_as!(m => HttpRouteRulesFiltersResponseHeaderModifier {
+                add: HttpRouteRulesFiltersResponseHeaderModifierAdd,
+                set: HttpRouteRulesFiltersResponseHeaderModifierSet,
+            })
+        }),
+        request_mirror: f.request_mirror.as_ref().map(|m| {
+            request_mirror_as!(m => HttpRouteRulesFiltersRequestMirror {
+                backend_ref: HttpRouteRulesFiltersRequestMirrorBackendRef,
+                fraction: HttpRouteRulesFiltersRequestMirrorFraction,
+            })
+        }),
+        request_redirect: f.request_redirect.as_ref().map(|r| {
+            use http::HttpRouteRulesBackendRefsFiltersRequestRedirectPathType as BackendPath;
+            use http::HttpRouteRulesBackendRefsFiltersRequestRedirectScheme as BackendScheme;
+            use http::HttpRouteRulesFiltersRequestRedirectPathType as RulePath;
+            http::HttpRouteRulesFiltersRequestRedirect {
+                hostname: r.hostname.clone(),
+                path: r
+                    .path
+                    .as_ref()
+                    .map(|p| http::HttpRouteRulesFiltersRequestRedirectPath {
+                        replace_full_path: p.replace_full_path.clone(),
+                        replace_prefix_match: p.replace_prefix_match.clone(),
+                        r#type: match p.r#type {
+                            BackendPath::ReplaceFullPath => RulePath::ReplaceFullPath,
+                            BackendPath::ReplacePrefixMatch => RulePath::ReplacePrefixMatch,
+                        },
+                    }),
+                port: r.port,
+                scheme: r.scheme.as_ref().map(|s| match s {
+                    BackendScheme::Http => HttpRouteRulesFiltersRequestRedirectScheme::Http,
+                    BackendScheme::Https => HttpRouteRulesFiltersRequestRedirectScheme::Https,
+                }),
+                status_code: r.status_code,
+            }
+        }),
+        url_rewrite: f.url_rewrite.as_ref().map(|u| {
+            use http::HttpRouteRulesBackendRefsFiltersUrlRewritePathType as BackendPath;
+            use http::HttpRouteRulesFiltersUrlRewritePathType as RulePath;
+            http::HttpRouteRulesFiltersUrlRewrite {
+                hostname: u.hostname.clone(),
+                path: u
+                    .path
+                    .as_ref()
+                    .map(|p| http::HttpRouteRulesFiltersUrlRewritePath {
+                        replace_full_path: p.replace_full_path.clone(),
+                        replace_prefix_match: p.replace_prefix_match.clone(),
+                        r#type: match p.r#type {
+                            BackendPath::ReplaceFullPath => RulePath::ReplaceFullPath,
+                            BackendPath::ReplacePrefixMatch => RulePath::ReplacePrefixMatch,
+                        },
+                    }),
+            }
+        }),
+    }
+}
+
+fn backend_external_auth_as_rule(
+    e: &http::HttpRouteRulesBackendRefsFiltersExternalAuth,
+) -> HttpRouteRulesFiltersExternalAuth {
+    use http::HttpRouteRulesBackendRefsFiltersExternalAuthProtocol as Backend;
+    HttpRouteRulesFiltersExternalAuth {
+        backend_ref: http::HttpRouteRulesFiltersExternalAuthBackendRef {
+            group: e.backend_ref.group.clone(),
+            kind: e.backend_ref.kind.clone(),
+            name: e.backend_ref.name.clone(),
+            namespace: e.backend_ref.namespace.clone(),
+            port: e.backend_ref.port,
+        },
+        forward_body: e.forward_body.as_ref().map(|b| {
+            http::HttpRouteRulesFiltersExternalAuthForwardBody {
+                max_size: b.max_size,
+            }
+        }),
+        grpc: e
+            .grpc
+            .as_ref()
+            .map(|g| http::HttpRouteRulesFiltersExternalAuthGrpc {
+                allowed_headers: g.allowed_headers.clone(),
+            }),
+        http: e
+            .http
+            .as_ref()
+            .map(|h| http::HttpRouteRulesFiltersExternalAuthHttp {
+                allowed_headers: h.allowed_headers.clone(),
+                allowed_response_headers: h.allowed_response_headers.clone(),
+                path: h.path.clone(),
+            }),
+        protocol: match e.protocol {
+            Backend::Http => HttpRouteRulesFiltersExternalAuthProtocol::Http,
+            Backend::Grpc => HttpRouteRulesFiltersExternalAuthProtocol::Grpc,
+        },
+    }
 }

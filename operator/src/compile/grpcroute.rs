@@ -4,7 +4,7 @@
 //! What stays gRPC-specific — HTTP/2 to the backends, the kind in status and ReferenceGrants —
 //! is decided by the route compiler from [`RouteKind::Grpc`].
 
-use super::route::{RouteForm, RouteKind};
+use super::route::{RouteForm, RouteKind, header_modifier_as, request_mirror_as};
 use super::status::{Problem, reason};
 use gateway_api::apis::experimental::httproutes as http;
 use gateway_api::apis::standard::grpcroutes as grpc;
@@ -158,12 +158,6 @@ fn match_as_http(m: &GrpcRouteRulesMatches) -> Result<http::HttpRouteRulesMatche
     })
 }
 
-/// Header name/value lists: every generated header type of both APIs is a name and a value
-/// under a type name of its own.
-fn pairs<F, T>(list: &Option<Vec<F>>, pair: impl Fn(&F) -> T) -> Option<Vec<T>> {
-    list.as_ref().map(|l| l.iter().map(pair).collect())
-}
-
 /// A rule filter. GRPCRoute filters are a subset of HTTPRoute's, field for field.
 fn filter_as_http(f: &grpc::GrpcRouteRulesFilters) -> http::HttpRouteRulesFilters {
     use grpc::GrpcRouteRulesFiltersType as Grpc;
@@ -176,56 +170,22 @@ fn filter_as_http(f: &grpc::GrpcRouteRulesFilters) -> http::HttpRouteRulesFilter
             Grpc::ExtensionRef => Http::ExtensionRef,
         },
         request_header_modifier: f.request_header_modifier.as_ref().map(|m| {
-            http::HttpRouteRulesFiltersRequestHeaderModifier {
-                add: pairs(&m.add, |h| {
-                    http::HttpRouteRulesFiltersRequestHeaderModifierAdd {
-                        name: h.name.clone(),
-                        value: h.value.clone(),
-                    }
-                }),
-                set: pairs(&m.set, |h| {
-                    http::HttpRouteRulesFiltersRequestHeaderModifierSet {
-                        name: h.name.clone(),
-                        value: h.value.clone(),
-                    }
-                }),
-                remove: m.remove.clone(),
-            }
+            header_modifier_as!(m => HttpRouteRulesFiltersRequestHeaderModifier {
+                add: HttpRouteRulesFiltersRequestHeaderModifierAdd,
+                set: HttpRouteRulesFiltersRequestHeaderModifierSet,
+            })
         }),
         response_header_modifier: f.response_header_modifier.as_ref().map(|m| {
-            http::HttpRouteRulesFiltersResponseHeaderModifier {
-                add: pairs(&m.add, |h| {
-                    http::HttpRouteRulesFiltersResponseHeaderModifierAdd {
-                        name: h.name.clone(),
-                        value: h.value.clone(),
-                    }
-                }),
-                set: pairs(&m.set, |h| {
-                    http::HttpRouteRulesFiltersResponseHeaderModifierSet {
-                        name: h.name.clone(),
-                        value: h.value.clone(),
-                    }
-                }),
-                remove: m.remove.clone(),
-            }
+            header_modifier_as!(m => HttpRouteRulesFiltersResponseHeaderModifier {
+                add: HttpRouteRulesFiltersResponseHeaderModifierAdd,
+                set: HttpRouteRulesFiltersResponseHeaderModifierSet,
+            })
         }),
         request_mirror: f.request_mirror.as_ref().map(|m| {
-            http::HttpRouteRulesFiltersRequestMirror {
-                backend_ref: http::HttpRouteRulesFiltersRequestMirrorBackendRef {
-                    group: m.backend_ref.group.clone(),
-                    kind: m.backend_ref.kind.clone(),
-                    name: m.backend_ref.name.clone(),
-                    namespace: m.backend_ref.namespace.clone(),
-                    port: m.backend_ref.port,
-                },
-                fraction: m.fraction.as_ref().map(|f| {
-                    http::HttpRouteRulesFiltersRequestMirrorFraction {
-                        numerator: f.numerator,
-                        denominator: f.denominator,
-                    }
-                }),
-                percent: m.percent,
-            }
+            request_mirror_as!(m => HttpRouteRulesFiltersRequestMirror {
+                backend_ref: HttpRouteRulesFiltersRequestMirrorBackendRef,
+                fraction: HttpRouteRulesFiltersRequestMirrorFraction,
+            })
         }),
         extension_ref: f
             .extension_ref
@@ -268,56 +228,22 @@ fn backend_filter_as_http(
             Grpc::ExtensionRef => Http::ExtensionRef,
         },
         request_header_modifier: f.request_header_modifier.as_ref().map(|m| {
-            http::HttpRouteRulesBackendRefsFiltersRequestHeaderModifier {
-                add: pairs(&m.add, |h| {
-                    http::HttpRouteRulesBackendRefsFiltersRequestHeaderModifierAdd {
-                        name: h.name.clone(),
-                        value: h.value.clone(),
-                    }
-                }),
-                set: pairs(&m.set, |h| {
-                    http::HttpRouteRulesBackendRefsFiltersRequestHeaderModifierSet {
-                        name: h.name.clone(),
-                        value: h.value.clone(),
-                    }
-                }),
-                remove: m.remove.clone(),
-            }
+            header_modifier_as!(m => HttpRouteRulesBackendRefsFiltersRequestHeaderModifier {
+                add: HttpRouteRulesBackendRefsFiltersRequestHeaderModifierAdd,
+                set: HttpRouteRulesBackendRefsFiltersRequestHeaderModifierSet,
+            })
         }),
         response_header_modifier: f.response_header_modifier.as_ref().map(|m| {
-            http::HttpRouteRulesBackendRefsFiltersResponseHeaderModifier {
-                add: pairs(&m.add, |h| {
-                    http::HttpRouteRulesBackendRefsFiltersResponseHeaderModifierAdd {
-                        name: h.name.clone(),
-                        value: h.value.clone(),
-                    }
-                }),
-                set: pairs(&m.set, |h| {
-                    http::HttpRouteRulesBackendRefsFiltersResponseHeaderModifierSet {
-                        name: h.name.clone(),
-                        value: h.value.clone(),
-                    }
-                }),
-                remove: m.remove.clone(),
-            }
+            header_modifier_as!(m => HttpRouteRulesBackendRefsFiltersResponseHeaderModifier {
+                add: HttpRouteRulesBackendRefsFiltersResponseHeaderModifierAdd,
+                set: HttpRouteRulesBackendRefsFiltersResponseHeaderModifierSet,
+            })
         }),
         request_mirror: f.request_mirror.as_ref().map(|m| {
-            http::HttpRouteRulesBackendRefsFiltersRequestMirror {
-                backend_ref: http::HttpRouteRulesBackendRefsFiltersRequestMirrorBackendRef {
-                    group: m.backend_ref.group.clone(),
-                    kind: m.backend_ref.kind.clone(),
-                    name: m.backend_ref.name.clone(),
-                    namespace: m.backend_ref.namespace.clone(),
-                    port: m.backend_ref.port,
-                },
-                fraction: m.fraction.as_ref().map(|f| {
-                    http::HttpRouteRulesBackendRefsFiltersRequestMirrorFraction {
-                        numerator: f.numerator,
-                        denominator: f.denominator,
-                    }
-                }),
-                percent: m.percent,
-            }
+            request_mirror_as!(m => HttpRouteRulesBackendRefsFiltersRequestMirror {
+                backend_ref: HttpRouteRulesBackendRefsFiltersRequestMirrorBackendRef,
+                fraction: HttpRouteRulesBackendRefsFiltersRequestMirrorFraction,
+            })
         }),
         extension_ref: f.extension_ref.as_ref().map(|e| {
             http::HttpRouteRulesBackendRefsFiltersExtensionRef {

@@ -1,7 +1,8 @@
 //! HTTPRoutes, GRPCRoutes and TLSRoutes: attachment to Gateway listeners, rules to snapshot
-//! routes, and the `status.parents` entries this controller owns. Every route is first read in
-//! the shared form ([`super::route`]; GRPCRoutes and TLSRoutes through [`super::grpcroute`] and
-//! [`super::tlsroute`]), then compiled by the same code.
+//! routes, and the `status.parents` entries this controller owns. Every route arrives in the
+//! shared form ([`super::route`]; the compiler's root converts GRPCRoutes and TLSRoutes with
+//! [`super::grpcroute`] and [`super::tlsroute`]), so one code compiles all three kinds and
+//! depends on none of the converters.
 
 use super::Config;
 use super::backend::Referrer;
@@ -14,7 +15,6 @@ use super::route::{RouteForm, RouteKind};
 use super::rules::compile_rules;
 use super::status::{Condition, ObjectKey, ParentRef, Problem, RouteParentStatus, reason};
 use super::store::Store;
-use super::{grpcroute, tlsroute};
 use coxswain_api::snapshot::{self as snap, RouteSource};
 use gateway_api::apis::experimental::httproutes::{HttpRoute, HttpRouteParentRefs};
 use std::collections::BTreeMap;
@@ -41,6 +41,7 @@ struct Inputs<'a> {
 }
 
 pub fn compile(
+    routes: &[RouteForm<'_>],
     store: &Store,
     index: &Index<'_>,
     served: &BTreeMap<ObjectKey, ServedGateway>,
@@ -61,15 +62,8 @@ pub fn compile(
         served,
         config,
     };
-    let routes: Vec<RouteForm<'_>> = store
-        .http_routes
-        .iter()
-        .map(RouteForm::http)
-        .chain(store.grpc_routes.iter().map(grpcroute::as_route_form))
-        .chain(store.tls_routes.iter().map(tlsroute::as_route_form))
-        .collect();
-    let rejected = cross_kind_conflicts(&inputs, &routes);
-    for form in &routes {
+    let rejected = cross_kind_conflicts(&inputs, routes);
+    for form in routes {
         compile_route(&inputs, form, &rejected, &mut out);
     }
     out

@@ -11,11 +11,7 @@
 //! virtual hosts in precedence order per port and scope, and seals each snapshot with its
 //! content hash.
 
-#[cfg(test)]
-mod access_tests;
 pub mod accesspolicy;
-#[cfg(test)]
-mod accesspolicy_tests;
 pub mod annotations;
 pub mod backend;
 pub mod backendpolicy;
@@ -34,8 +30,6 @@ pub mod htpasswd;
 pub mod httproute;
 pub mod ingress;
 pub mod jwks;
-#[cfg(test)]
-mod lb_tests;
 pub mod listeners;
 pub mod proxies;
 pub mod refs;
@@ -104,10 +98,22 @@ pub struct Compiled {
     pub proxy_accounts: ProxyAccounts,
 }
 
+/// Every route of every kind in the shared form. The conversions run here, at the root, so the
+/// route compiler and the converters depend on the shared form and not on each other.
+fn route_forms(store: &Store) -> Vec<route::RouteForm<'_>> {
+    store
+        .http_routes
+        .iter()
+        .map(route::RouteForm::http)
+        .chain(store.grpc_routes.iter().map(grpcroute::as_route_form))
+        .chain(store.tls_routes.iter().map(tlsroute::as_route_form))
+        .collect()
+}
+
 pub fn compile(store: &Store, config: &Config) -> Compiled {
     let index = refs::Index::new(store);
     let gateways = gateway::compile(store, &index, config);
-    let routes = httproute::compile(store, &index, &gateways.served, config);
+    let routes = httproute::compile(&route_forms(store), store, &index, &gateways.served, config);
     let ingresses = ingress::compile(store, &index, config);
 
     let backend_tls_policies = index

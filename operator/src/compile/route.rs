@@ -87,3 +87,60 @@ impl<'a> RouteForm<'a> {
         )
     }
 }
+
+/// One generated header modifier type as another, the target types named without their module
+/// (gateway_api's experimental httproutes). The Gateway API types repeat the shape
+/// `{add, set: [{name, value}], remove}` under a type name per route kind, filter and place
+/// (rule or backendRef); converting between them is copying it field for field.
+macro_rules! header_modifier_as {
+    ($m:expr => $modifier:ident { add: $add:ident, set: $set:ident $(,)? }) => {{
+        use gateway_api::apis::experimental::httproutes as generated;
+        let m = $m;
+        generated::$modifier {
+            add: m.add.as_ref().map(|list| {
+                list.iter()
+                    .map(|h| generated::$add {
+                        name: h.name.clone(),
+                        value: h.value.clone(),
+                    })
+                    .collect()
+            }),
+            remove: m.remove.clone(),
+            set: m.set.as_ref().map(|list| {
+                list.iter()
+                    .map(|h| generated::$set {
+                        name: h.name.clone(),
+                        value: h.value.clone(),
+                    })
+                    .collect()
+            }),
+        }
+    }};
+}
+pub(super) use header_modifier_as;
+
+/// One generated RequestMirror type as another, as [`header_modifier_as`] does header
+/// modifiers.
+macro_rules! request_mirror_as {
+    (
+        $m:expr => $mirror:ident { backend_ref: $backend_ref:ident, fraction: $fraction:ident $(,)? }
+    ) => {{
+        use gateway_api::apis::experimental::httproutes as generated;
+        let m = $m;
+        generated::$mirror {
+            backend_ref: generated::$backend_ref {
+                group: m.backend_ref.group.clone(),
+                kind: m.backend_ref.kind.clone(),
+                name: m.backend_ref.name.clone(),
+                namespace: m.backend_ref.namespace.clone(),
+                port: m.backend_ref.port,
+            },
+            fraction: m.fraction.as_ref().map(|f| generated::$fraction {
+                numerator: f.numerator,
+                denominator: f.denominator,
+            }),
+            percent: m.percent,
+        }
+    }};
+}
+pub(super) use request_mirror_as;

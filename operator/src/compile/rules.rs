@@ -3,15 +3,15 @@
 //! persistence.
 
 use super::backend::Referrer;
-use super::filters::{compile_filter, external_auth};
+use super::filters::{backend_filter_as_rule, compile_filter, external_auth};
 use super::status::{Problem, reason};
 use coxswain_api::snapshot::{
     self as snap, Filter, HeaderMatch, PathMatch, QueryParamMatch, RouteMatch, WeightedBackend,
     filter,
 };
 use gateway_api::apis::experimental::httproutes::{
-    HttpRoute, HttpRouteRules, HttpRouteRulesFilters, HttpRouteRulesMatches,
-    HttpRouteRulesMatchesHeadersType, HttpRouteRulesMatchesPathType,
+    HttpRoute, HttpRouteRules, HttpRouteRulesMatches, HttpRouteRulesMatchesHeadersType,
+    HttpRouteRulesMatchesMethod, HttpRouteRulesMatchesPathType,
     HttpRouteRulesMatchesQueryParamsType,
 };
 
@@ -262,12 +262,7 @@ fn compile_rule(
         };
         let mut backend_filters = Vec::new();
         for f in b.filters.iter().flatten() {
-            // The backend-level filter type has the same shape as the rule-level one.
-            let as_rule: HttpRouteRulesFilters = serde_json::to_value(f)
-                .and_then(serde_json::from_value)
-                .map_err(|e| {
-                    Problem::new(reason::UNSUPPORTED_VALUE, format!("backendRef filter: {e}"))
-                })?;
+            let as_rule = backend_filter_as_rule(f);
             backend_filters.push(compile_filter(from, &as_rule, clusters, &mut resolved)?);
         }
         backends.push(WeightedBackend {
@@ -407,12 +402,18 @@ fn compile_match(m: &HttpRouteRulesMatches) -> Result<RouteMatch, Problem> {
         });
     }
     let method = match &m.method {
-        None => String::new(),
-        Some(method) => serde_json::to_value(method)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_owned))
-            .unwrap_or_default(),
-    };
+        None => "",
+        Some(HttpRouteRulesMatchesMethod::Get) => "GET",
+        Some(HttpRouteRulesMatchesMethod::Head) => "HEAD",
+        Some(HttpRouteRulesMatchesMethod::Post) => "POST",
+        Some(HttpRouteRulesMatchesMethod::Put) => "PUT",
+        Some(HttpRouteRulesMatchesMethod::Delete) => "DELETE",
+        Some(HttpRouteRulesMatchesMethod::Connect) => "CONNECT",
+        Some(HttpRouteRulesMatchesMethod::Options) => "OPTIONS",
+        Some(HttpRouteRulesMatchesMethod::Trace) => "TRACE",
+        Some(HttpRouteRulesMatchesMethod::Patch) => "PATCH",
+    }
+    .to_owned();
     Ok(RouteMatch {
         path,
         headers,

@@ -76,6 +76,46 @@ impl Problem {
     }
 }
 
+/// A condition's outcome before it has a type and a generation: whether it holds, its reason
+/// and the message for the object's owner. A Problem is a verdict that does not hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    pub holds: bool,
+    pub reason: &'static str,
+    pub message: String,
+}
+
+impl Verdict {
+    pub fn holds(reason: &'static str, message: String) -> Self {
+        Self {
+            holds: true,
+            reason,
+            message,
+        }
+    }
+
+    /// The condition of `type_` this verdict sets.
+    pub fn condition(&self, type_: &'static str, generation: i64) -> Condition {
+        Condition::new(
+            type_,
+            self.holds,
+            self.reason,
+            self.message.clone(),
+            generation,
+        )
+    }
+}
+
+impl From<Problem> for Verdict {
+    fn from(p: Problem) -> Self {
+        Self {
+            holds: false,
+            reason: p.reason,
+            message: p.message,
+        }
+    }
+}
+
 /// Namespace and name of an object. Serializes as "namespace/name" so it can key a map.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ObjectKey {

@@ -52,14 +52,31 @@ spec:
   - {name: http, port: 80, protocol: HTTP}
 "#;
 
-pub(super) fn compile_yaml(docs: &[&str]) -> Compiled {
+/// An htpasswd line for user foo (apr1), as `htpasswd -c auth foo` writes it.
+pub(super) const APR1_LINE: &str = "foo:$apr1$r31Jzq3U$oriiaS31APatLwvTBKE3D.";
+
+/// The objects of `docs`, each a YAML text of one or more documents; all must load.
+pub(super) fn load(docs: &[&str]) -> Store {
     let mut store = Store::default();
     let mut errors = Vec::new();
     for d in docs {
         store.load_yaml(Path::new("fixture.yaml"), d, &mut errors);
     }
     assert!(errors.is_empty(), "{errors:?}");
-    compile(&store, &Config::default())
+    store
+}
+
+pub(super) fn compile_yaml(docs: &[&str]) -> Compiled {
+    compile(&load(docs), &Config::default())
+}
+
+/// Compiles with ingress-nginx compatibility (`--ingress-nginx-compat`) on or off.
+pub(super) fn compile_with(compat: bool, docs: &[&str]) -> Compiled {
+    let config = Config {
+        ingress_nginx_compat: compat,
+        ..Config::default()
+    };
+    compile(&load(docs), &config)
 }
 
 pub(super) fn shared(c: &Compiled) -> &Snapshot {

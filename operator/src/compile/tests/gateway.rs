@@ -4,7 +4,6 @@
 use super::fixtures::*;
 use crate::compile::status::ConditionStatus;
 use crate::compile::*;
-use std::path::Path;
 
 #[test]
 fn gateway_class_acceptance_follows_controller_name() {
@@ -22,10 +21,7 @@ spec: {controllerName: example.com/other}
 
 #[test]
 fn gateway_classes_report_the_installed_gateway_api_version() {
-    let mut store = Store::default();
-    let mut errors = Vec::new();
-    store.load_yaml(Path::new("fixture.yaml"), BASE, &mut errors);
-    assert!(errors.is_empty(), "{errors:?}");
+    let store = load(&[BASE]);
     let with = |version: &str| {
         let config = Config {
             gateway_api_version: Some(version.to_owned()),

@@ -4,7 +4,6 @@
 use super::fixtures::*;
 use crate::compile::*;
 use coxswain_api::snapshot::{self as snap, path_match};
-use std::path::Path;
 
 #[test]
 fn ingresses_of_our_class_become_routes() {
@@ -117,11 +116,7 @@ spec:
         ", annotations: {ingress.coxswain-labs.dev/read-timeout: 5s}",
         "  ingressClassName: coxswain\n",
     );
-    let mut store = Store::default();
-    let mut errors = Vec::new();
-    for d in [BASE, INGRESS_CLASS, params, &ing] {
-        store.load_yaml(Path::new("f.yaml"), d, &mut errors);
-    }
+    let store = load(&[BASE, INGRESS_CLASS, params, &ing]);
     let effective =
         ingress::effective_annotations(&store, &store.ingress_classes[0], &store.ingresses[0]);
     assert_eq!(effective["ingress.coxswain-labs.dev/read-timeout"], "5s");

@@ -2,24 +2,7 @@
 //! ingress-nginx compatibility.
 
 use super::fixtures::*;
-use crate::compile::*;
 use coxswain_api::snapshot::{self as snap, Route, Snapshot, path_match};
-use std::path::Path;
-
-/// Compiles with ingress-nginx compatibility on or off.
-fn compile_with(docs: &[&str], compat: bool) -> Compiled {
-    let mut store = Store::default();
-    let mut errors = Vec::new();
-    for d in docs {
-        store.load_yaml(Path::new("fixture.yaml"), d, &mut errors);
-    }
-    assert!(errors.is_empty(), "{errors:?}");
-    let config = Config {
-        ingress_nginx_compat: compat,
-        ..Config::default()
-    };
-    compile(&store, &config)
-}
 
 /// The routes of the vhost `host` on `port`, in order.
 fn vhost_routes<'a>(s: &'a Snapshot, port: u32, host: &str) -> &'a [Route] {
@@ -157,7 +140,7 @@ fn ssl_redirects_answer_the_http_port_only() {
         ECHO_PATH,
     );
     let docs = [BASE, INGRESS_CLASS, SHOP_TLS, &on, &plain, &forced];
-    let c = compile_with(&docs, false);
+    let c = compile_with(false, &docs);
     let s = shared(&c);
     let redirect_of = |r: &Route| match r.filters.first().and_then(|f| f.kind.as_ref()) {
         Some(snap::filter::Kind::RequestRedirect(rr)) => Some((rr.scheme.clone(), rr.status_code)),
@@ -176,7 +159,7 @@ fn ssl_redirects_answer_the_http_port_only() {
         Some(("https".into(), 308))
     );
     // Under ingress-nginx compatibility, TLS Ingresses redirect by default, as there.
-    let c = compile_with(&docs, true);
+    let c = compile_with(true, &docs);
     assert_eq!(
         redirect_of(&vhost_routes(shared(&c), 80, "plain.example")[0]),
         Some(("https".into(), 308))
@@ -452,7 +435,7 @@ spec:
 
 #[test]
 fn ingress_nginx_annotations_compile_under_compat_and_snippets_are_reported() {
-    let c = compile_with(&[BASE, INGRESS_CLASS, SHOP_TLS, NGINX_STYLE], true);
+    let c = compile_with(true, &[BASE, INGRESS_CLASS, SHOP_TLS, NGINX_STYLE]);
     let s = shared(&c);
     let http = &vhost_routes(s, 80, "legacy.example")[0];
     assert!(matches!(
@@ -484,7 +467,7 @@ fn ingress_nginx_annotations_compile_under_compat_and_snippets_are_reported() {
     );
 
     // Compatibility off: the nginx annotations mean nothing; the snippet is still reported.
-    let c = compile_with(&[BASE, INGRESS_CLASS, SHOP_TLS, NGINX_STYLE], false);
+    let c = compile_with(false, &[BASE, INGRESS_CLASS, SHOP_TLS, NGINX_STYLE]);
     let https = &vhost_routes(shared(&c), 443, "legacy.example")[0];
     assert!(https.filters.is_empty());
     assert_eq!(

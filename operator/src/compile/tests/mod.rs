@@ -2,13 +2,17 @@
 //! each test names the Gateway API (or Ingress) rule it checks. [`fixtures`] holds what many
 //! topics share.
 
+mod access_policy;
 mod backend_tls;
 mod fixtures;
 mod gateway;
+mod golden;
 mod grpc;
 mod httproute;
 mod ingress;
+mod ingress_access;
 mod ingress_annotations;
 mod inputs;
 mod listener_sets;
+mod load_balancing;
 mod tls;

@@ -2,12 +2,10 @@
 //! Basic authentication and rate limits, precedence between rule, route, listener and Gateway
 //! policies, conflicts, and the Accepted condition under each ancestor.
 
-use super::status::{ConditionStatus, ObjectKey, PolicyAncestorStatus};
-use super::*;
+use super::fixtures::{APR1_LINE, compile_yaml, load};
+use crate::compile::status::{ConditionStatus, ObjectKey, PolicyAncestorStatus};
+use crate::compile::*;
 use coxswain_api::snapshot as snap;
-use std::path::Path;
-
-const APR1_LINE: &str = "foo:$apr1$r31Jzq3U$oriiaS31APatLwvTBKE3D.";
 
 /// Our GatewayClass, Gateway "edge" (listeners "web" on 80 and "admin" on 8080) in namespace
 /// shop, Service "app", the htpasswd Secret "users", and HTTPRoute "store" with rules "browse"
@@ -62,20 +60,6 @@ spec:
   - matches: [{path: {type: PathPrefix, value: /old}}]
     filters: [{type: RequestRedirect, requestRedirect: {scheme: https, statusCode: 301}}]
 "#;
-
-fn compile_yaml(docs: &[&str]) -> Compiled {
-    compile(&load(docs), &Config::default())
-}
-
-fn load(docs: &[&str]) -> Store {
-    let mut store = Store::default();
-    let mut errors = Vec::new();
-    for d in docs {
-        store.load_yaml(Path::new("fixture.yaml"), d, &mut errors);
-    }
-    assert!(errors.is_empty(), "{errors:?}");
-    store
-}
 
 fn policy(name: &str, created: &str, targets: &str, spec: &str) -> String {
     format!(

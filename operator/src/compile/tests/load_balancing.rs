@@ -1,10 +1,10 @@
 //! Load balancing and session persistence: CoxswainBackendPolicies and the Ingress
 //! annotations, compiled from the YAML a user would apply.
 
-use super::status::{ConditionStatus, ObjectKey, PolicyAncestorStatus};
-use super::*;
+use super::fixtures::{compile_with, compile_yaml};
+use crate::compile::status::{ConditionStatus, ObjectKey, PolicyAncestorStatus};
+use crate::compile::*;
 use coxswain_api::snapshot::{self as snap, hash_key::Source, load_balancer::Algorithm};
-use std::path::Path;
 
 /// Our IngressClass and GatewayClass, a Gateway, and Service "app" in namespace web with two
 /// named ports.
@@ -34,30 +34,6 @@ spec:
   - {name: http, port: 8080}
   - {name: admin, port: 9090}
 "#;
-
-fn compile_yaml(docs: &[&str]) -> Compiled {
-    let mut store = Store::default();
-    let mut errors = Vec::new();
-    for d in docs {
-        store.load_yaml(Path::new("fixture.yaml"), d, &mut errors);
-    }
-    assert!(errors.is_empty(), "{errors:?}");
-    compile(&store, &Config::default())
-}
-
-fn compile_compat(docs: &[&str]) -> Compiled {
-    let mut store = Store::default();
-    let mut errors = Vec::new();
-    for d in docs {
-        store.load_yaml(Path::new("fixture.yaml"), d, &mut errors);
-    }
-    assert!(errors.is_empty(), "{errors:?}");
-    let config = Config {
-        ingress_nginx_compat: true,
-        ..Config::default()
-    };
-    compile(&store, &config)
-}
 
 /// Every cluster of that name in every snapshot, with its load balancer; they must agree.
 fn lb_of(c: &Compiled, cluster: &str) -> Option<snap::LoadBalancer> {
@@ -453,15 +429,18 @@ fn nginx_hash_variables_map_to_keys_under_compat() {
         ("$cookie_session_id", Source::Cookie("session_id".into())),
         ("${http_x_tenant}", Source::Header("x-tenant".into())),
     ] {
-        let c = compile_compat(&[
-            BASE,
-            &ingress(
-                "shop",
-                "2026-01-01T00:00:00Z",
-                &format!("{{nginx.ingress.kubernetes.io/upstream-hash-by: '{value}'}}"),
-                8080,
-            ),
-        ]);
+        let c = compile_with(
+            true,
+            &[
+                BASE,
+                &ingress(
+                    "shop",
+                    "2026-01-01T00:00:00Z",
+                    &format!("{{nginx.ingress.kubernetes.io/upstream-hash-by: '{value}'}}"),
+                    8080,
+                ),
+            ],
+        );
         assert_eq!(
             lb_of(&c, "web/app:8080"),
             Some(lb(Algorithm::ConsistentHash, Some(want))),
@@ -469,15 +448,18 @@ fn nginx_hash_variables_map_to_keys_under_compat() {
         );
     }
     // A variable that names no key the proxy hashes on is refused, not guessed at.
-    let c = compile_compat(&[
-        BASE,
-        &ingress(
-            "shop",
-            "2026-01-01T00:00:00Z",
-            "{nginx.ingress.kubernetes.io/upstream-hash-by: '$request_uri'}",
-            8080,
-        ),
-    ]);
+    let c = compile_with(
+        true,
+        &[
+            BASE,
+            &ingress(
+                "shop",
+                "2026-01-01T00:00:00Z",
+                "{nginx.ingress.kubernetes.io/upstream-hash-by: '$request_uri'}",
+                8080,
+            ),
+        ],
+    );
     assert_eq!(lb_of(&c, "web/app:8080"), None);
     let w = warnings_of(&c, "shop");
     assert_eq!(w.len(), 1, "{w:?}");
@@ -601,15 +583,18 @@ fn cookie_affinity_becomes_session_persistence_on_the_ingress_routes() {
     );
 
     // ingress-nginx's defaults: cookie INGRESSCOOKIE, a session cookie, path "/".
-    let c = compile_compat(&[
-        BASE,
-        &ingress(
-            "shop",
-            "2026-01-01T00:00:00Z",
-            "{nginx.ingress.kubernetes.io/affinity: cookie}",
-            8080,
-        ),
-    ]);
+    let c = compile_with(
+        true,
+        &[
+            BASE,
+            &ingress(
+                "shop",
+                "2026-01-01T00:00:00Z",
+                "{nginx.ingress.kubernetes.io/affinity: cookie}",
+                8080,
+            ),
+        ],
+    );
     let want = snap::SessionPersistence {
         kind: snap::session_persistence::Kind::Cookie as i32,
         name: "INGRESSCOOKIE".into(),

@@ -2,11 +2,9 @@
 //! ingress-nginx's under compatibility) and the htpasswd Secret, compiled from the YAML a user
 //! would apply.
 
-use super::*;
+use super::fixtures::{APR1_LINE, compile_with};
+use crate::compile::*;
 use coxswain_api::snapshot as snap;
-use std::path::Path;
-
-const APR1_LINE: &str = "foo:$apr1$r31Jzq3U$oriiaS31APatLwvTBKE3D.";
 
 /// Our IngressClass, Service "app" in namespace web, and Secrets: `basic-auth` holds an
 /// htpasswd file with user foo (as `htpasswd -c auth foo` writes it), `with-des` adds a DES
@@ -47,20 +45,6 @@ metadata: {name: basic-auth, namespace: elsewhere}
 type: Opaque
 data: {auth: Zm9vOiRhcHIxJHIzMUp6cTNVJG9yaWlhUzMxQVBhdEx3dlRCS0UzRC4K}
 "#;
-
-fn compile_with(compat: bool, docs: &[&str]) -> Compiled {
-    let mut store = Store::default();
-    let mut errors = Vec::new();
-    for d in docs {
-        store.load_yaml(Path::new("fixture.yaml"), d, &mut errors);
-    }
-    assert!(errors.is_empty(), "{errors:?}");
-    let config = Config {
-        ingress_nginx_compat: compat,
-        ..Config::default()
-    };
-    compile(&store, &config)
-}
 
 /// An Ingress "site" for foo.bar.com with these annotations (a YAML map), TLS when `tls`.
 fn ingress(annotations: &str, tls: bool) -> String {
@@ -107,7 +91,7 @@ fn only_route(c: &Compiled) -> snap::Route {
     r.into_iter().next().unwrap_or_default()
 }
 
-fn status(c: &Compiled) -> &super::status::IngressStatus {
+fn status(c: &Compiled) -> &crate::compile::status::IngressStatus {
     &c.status.ingresses[&ObjectKey::new("web", "site")]
 }
 
