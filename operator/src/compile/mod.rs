@@ -21,8 +21,6 @@ pub mod entries;
 pub mod filters;
 pub mod gateway;
 pub mod gateway_tls;
-#[cfg(test)]
-mod gateway_tls_tests;
 pub mod global_limit;
 pub mod grpcroute;
 pub mod hostname;

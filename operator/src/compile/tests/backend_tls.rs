@@ -5,13 +5,6 @@ use super::fixtures::*;
 use crate::compile::status::ConditionStatus;
 use crate::compile::*;
 
-fn ca_pem() -> String {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::default();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params.self_signed(&key).unwrap().pem()
-}
-
 fn backend_tls_policy(name: &str, created: &str, target: &str, validation: &str) -> String {
     format!(
         r#"

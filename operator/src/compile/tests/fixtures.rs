@@ -55,6 +55,14 @@ spec:
 /// An htpasswd line for user foo (apr1), as `htpasswd -c auth foo` writes it.
 pub(super) const APR1_LINE: &str = "foo:$apr1$r31Jzq3U$oriiaS31APatLwvTBKE3D.";
 
+/// A fresh self-signed CA certificate, PEM.
+pub(super) fn ca_pem() -> String {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params.self_signed(&key).unwrap().pem()
+}
+
 /// The objects of `docs`, each a YAML text of one or more documents; all must load.
 pub(super) fn load(docs: &[&str]) -> Store {
     let mut store = Store::default();

@@ -1,17 +1,10 @@
 //! Gateway `spec.tls` (GEP-91): client certificate validation on HTTPS listeners and the
 //! client certificate presented to TLS backends, compiled from the YAML a user would apply.
 
-use super::status::{Condition, ConditionStatus, ObjectKey, reason};
-use super::*;
+use super::fixtures::{ca_pem, compile_yaml};
+use crate::compile::status::{Condition, ConditionStatus, ObjectKey, reason};
+use crate::compile::*;
 use coxswain_api::snapshot as snap;
-use std::path::Path;
-
-fn ca_pem() -> String {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::default();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    params.self_signed(&key).unwrap().pem()
-}
 
 /// Our classes (`coxswain`: shared pool; `dedicated`: a proxy per Gateway), the TLS Secret
 /// `cert` and a Service `echo` with one endpoint, all in namespace web.
@@ -108,15 +101,10 @@ spec:
   validation: {hostname: echo.internal, caCertificateRefs: [{group: '', kind: ConfigMap, name: backend-ca}]}
 "#;
 
+/// `BASE`, then `docs`.
 fn compile_docs(docs: &[&str]) -> Compiled {
-    let mut store = Store::default();
-    let mut errors = Vec::new();
-    store.load_yaml(Path::new("base.yaml"), BASE, &mut errors);
-    for d in docs {
-        store.load_yaml(Path::new("fixture.yaml"), d, &mut errors);
-    }
-    assert!(errors.is_empty(), "{errors:?}");
-    compile(&store, &Config::default())
+    let all: Vec<&str> = std::iter::once(BASE).chain(docs.iter().copied()).collect();
+    compile_yaml(&all)
 }
 
 fn edge() -> ObjectKey {
