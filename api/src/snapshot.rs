@@ -39,6 +39,8 @@ pub mod feature {
     pub const GLOBAL_RATE_LIMIT: &str = "global-rate-limit";
     /// `Listener.client_validation`: clients must present a certificate the port's CAs issued.
     pub const FRONTEND_CLIENT_VALIDATION: &str = "frontend-client-validation";
+    /// `VirtualHost.terminate_tls`: TLS ends at the proxy for that host of a TLS port.
+    pub const TLS_TERMINATE: &str = "tls-terminate";
 }
 
 impl Snapshot {

@@ -105,11 +105,12 @@ fn describe_compile(
     counts: &std::collections::BTreeMap<&'static str, usize>,
     compiled: &compile::Compiled,
 ) {
-    const INPUTS: [(&str, &str); 6] = [
+    const INPUTS: [(&str, &str); 7] = [
         ("Gateway", "coxswain.input.gateways"),
         ("HTTPRoute", "coxswain.input.httproutes"),
         ("GRPCRoute", "coxswain.input.grpcroutes"),
         ("TLSRoute", "coxswain.input.tlsroutes"),
+        ("TCPRoute", "coxswain.input.tcproutes"),
         ("Ingress", "coxswain.input.ingresses"),
         ("Service", "coxswain.input.services"),
     ];

@@ -1,5 +1,5 @@
 //! The status writer: turns the compiler's decisions into server-side applies of `status` on
-//! GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes, TLSRoutes, BackendTLSPolicies,
+//! GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes, TLSRoutes, TCPRoutes, BackendTLSPolicies,
 //! CoxswainBackendPolicies and Ingresses (their addresses: the proxy Service's load balancer). It keeps lastTransitionTime
 //! when a condition's status did not change, writes only this controller's `status.parents`
 //! entries of a route and `status.ancestors` entries of a policy (other controllers' entries
@@ -17,6 +17,7 @@ use crate::compile::{Compiled, Store};
 use crate::discovery::Hub;
 use coxswain_api::{CoxswainAccessPolicy, CoxswainBackendPolicy};
 use gateway_api::apis::experimental::httproutes::HttpRoute;
+use gateway_api::apis::experimental::tcproutes::TcpRoute;
 use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
@@ -81,6 +82,8 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteResponseHeaderModification",
     "HTTPRouteSchemeRedirect",
     "ListenerSet",
+    "TLSRouteModeMixed",
+    "TLSRouteModeTerminate",
 ];
 
 /// What `conditions` look like on the object now, for transition times and no-op detection.
@@ -869,6 +872,8 @@ impl StatusWriter {
             .await;
         self.route_parents(&mut next, &store.tls_routes, &decisions.tls_routes, &now)
             .await;
+        self.route_parents(&mut next, &store.tcp_routes, &decisions.tcp_routes, &now)
+            .await;
         self.route_parents(
             &mut next,
             &store.backend_tls_policies,
@@ -1009,6 +1014,15 @@ impl SharedStatus for GrpcRoute {
 
 impl SharedStatus for TlsRoute {
     const KIND: &'static str = "TLSRoute";
+    const FIELDS: (&'static str, &'static str) = ("parents", "parentRef");
+    fn entries(&self) -> Vec<Value> {
+        as_values(self.status.as_ref().map(|s| &s.parents))
+    }
+}
+
+impl SharedStatus for TcpRoute {
+    const KIND: &'static str = "TCPRoute";
+    const API_VERSION: &'static str = "gateway.networking.k8s.io/v1alpha2";
     const FIELDS: (&'static str, &'static str) = ("parents", "parentRef");
     fn entries(&self) -> Vec<Value> {
         as_values(self.status.as_ref().map(|s| &s.parents))

@@ -59,6 +59,7 @@ fn snapshot(routes: usize) -> Snapshot {
             hostname,
             routes,
             single_label: false,
+            terminate_tls: false,
         });
     }
     virtual_hosts.sort_by(|a, b| a.hostname.cmp(&b.hostname));

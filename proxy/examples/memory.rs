@@ -93,6 +93,7 @@ fn virtual_host(h: usize) -> snap::VirtualHost {
         hostname: host(h),
         routes: (0..PATHS_PER_HOST).map(|p| route(h, p)).collect(),
         single_label: false,
+        terminate_tls: false,
     }
 }
 

@@ -4,7 +4,8 @@
 //! Pingora's `Server` binds its listeners once at start-up, but a snapshot can add or drop
 //! ports at any time. So the proxy runs its own accept loops (started and stopped as
 //! snapshots change), caps the connections open at once, and serves each connection by its
-//! port's protocol: TLS passthrough, or HTTP over TLS or in clear. HTTP/2 (by ALPN or prior
+//! port's protocol: relayed (TLS routed by SNI, passed through or terminated; TCP), or HTTP
+//! over TLS or in clear. HTTP/2 (by ALPN or prior
 //! knowledge) is Pingora's; on HTTP/1 connections every request head is read here under the
 //! head deadline and then served by the fast path or Pingora.
 
@@ -169,15 +170,24 @@ impl Listeners {
             match TcpListener::bind(addr).await {
                 Ok(listener) => {
                     let https = protocol == snap::Protocol::Https;
-                    let tls_passthrough = protocol == snap::Protocol::TlsPassthrough;
+                    let relay = match protocol {
+                        snap::Protocol::Tls => Some(crate::relay::Relay::Tls(Arc::new(
+                            crate::relay::Terminator {
+                                acceptor: self.acceptor(port, false),
+                                handshake: self.limits.tls_handshake,
+                            },
+                        ))),
+                        snap::Protocol::Tcp => Some(crate::relay::Relay::Tcp),
+                        _ => None,
+                    };
                     let proxy = self.proxy_for(port, https);
                     let (closing, closed) = watch::channel(false);
                     let accept = tokio::spawn(accept_loop(
                         listener,
                         Connection {
                             proxy: proxy.clone(),
-                            tls: https.then(|| self.acceptor(port)),
-                            tls_passthrough,
+                            tls: https.then(|| self.acceptor(port, true)),
+                            relay,
                             table: self.table.clone(),
                             limits: self.limits.clone(),
                             port,
@@ -258,7 +268,8 @@ impl Listeners {
         Arc::new(proxy)
     }
 
-    fn acceptor(&self, port: u16) -> Arc<Acceptor> {
+    /// The TLS acceptor of `port`; `http` offers HTTP/2 and HTTP/1.1 by ALPN.
+    fn acceptor(&self, port: u16, http: bool) -> Arc<Acceptor> {
         // Pingora's settings (TLS 1.2 and 1.3, ring) with our certificate resolver, and a
         // callback that keeps the connection's SNI for the HTTP layer (misdirected requests).
         let mut settings = pingora::listeners::tls::TlsSettings::with_callbacks(Box::new(
@@ -278,14 +289,16 @@ impl Listeners {
             port,
             table: self.table.clone(),
         }));
-        settings.set_alpn(ALPN::H2H1);
+        if http {
+            settings.set_alpn(ALPN::H2H1);
+        }
         Arc::new(settings.build())
     }
 }
 
 /// A connection for the TLS acceptor, which takes Pingora's own stream type (rustls then
 /// batches writes into records, so it needs no buffer under it).
-fn l4_stream(tcp: tokio::net::TcpStream, peer: SocketAddr) -> L4Stream {
+pub(crate) fn l4_stream(tcp: tokio::net::TcpStream, peer: SocketAddr) -> L4Stream {
     let mut stream = L4Stream::from(tcp);
     // The client address, for allowlists and access logs.
     let digest = SocketDigest::from_raw_fd(stream.as_raw_fd());
@@ -368,8 +381,9 @@ async fn accept_loop(
 struct Connection {
     proxy: Arc<HttpProxy<Gateway>>,
     tls: Option<Arc<Acceptor>>,
-    /// TLS is relayed to the backend chosen by SNI, not terminated (see `tls_passthrough`).
-    tls_passthrough: bool,
+    /// TLS and TCP ports: connections are relayed to a backend, not read as HTTP (see
+    /// `relay`).
+    relay: Option<crate::relay::Relay>,
     table: SharedTable,
     limits: Arc<Limits>,
     port: u16,
@@ -404,8 +418,8 @@ impl Connection {
                 }
             }
         }
-        if self.tls_passthrough {
-            crate::tls_passthrough::serve(tcp, &self.table, self.port, self.peer).await;
+        if let Some(relay) = &self.relay {
+            crate::relay::serve(tcp, &self.table, self.port, self.peer, relay).await;
             return;
         }
         match self.tls.clone() {

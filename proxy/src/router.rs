@@ -103,6 +103,8 @@ pub struct PortRouter {
     single_label: HashMap<Box<str>, usize>,
     any: Option<usize>,
     hosts: Vec<Vec<CompiledRoute>>,
+    /// TLS ports: per host (as `hosts`), whether TLS ends here before the relay.
+    terminates_tls: Vec<bool>,
     pub protocol: snap::Protocol,
     /// HTTPS: the Gateway listeners' hostnames, to tell a misdirected request.
     listeners: ListenerNames,
@@ -367,6 +369,7 @@ impl Router {
                     .map(|r| compile_route(r, &clusters, metrics))
                     .collect::<Result<Vec<_>, _>>()?;
                 pr.hosts.push(routes);
+                pr.terminates_tls.push(vhost.terminate_tls);
                 let name = vhost.hostname.to_ascii_lowercase();
                 if name.is_empty() {
                     pr.any = Some(idx);
@@ -480,9 +483,12 @@ impl PortRouter {
         }
     }
 
-    /// The first route of the host a name lands on: TLS passthrough has only the SNI to go by.
-    pub fn first_route_for(&self, host: &str) -> Option<&CompiledRoute> {
-        self.hosts[self.host_index(host)?].first()
+    /// The first route of the host a name lands on, and whether that host ends TLS here: what
+    /// a relayed connection goes by (a TLS port has only the ClientHello's SNI; a TCP port, no
+    /// name at all: "").
+    pub fn relay_route(&self, host: &str) -> Option<(&CompiledRoute, bool)> {
+        let i = self.host_index(host)?;
+        Some((self.hosts[i].first()?, self.terminates_tls[i]))
     }
 
     /// The most specific host: exact name, then the longest wildcard suffix, then any. A

@@ -233,6 +233,7 @@ mod tests {
                         ..Default::default()
                     }],
                     single_label: false,
+                    terminate_tls: false,
                 }],
                 ..Default::default()
             }],

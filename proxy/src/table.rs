@@ -22,6 +22,7 @@ pub const FEATURES: &[&str] = &[
     feature::JWT,
     feature::GLOBAL_RATE_LIMIT,
     feature::FRONTEND_CLIENT_VALIDATION,
+    feature::TLS_TERMINATE,
 ];
 
 #[derive(Debug, thiserror::Error)]

@@ -7,8 +7,8 @@
 
 use coxswain_proxy::http1::{Chunked, Framing, parse_response};
 use coxswain_proxy::proxy_protocol;
+use coxswain_proxy::relay::{Hello, client_hello_sni};
 use coxswain_proxy::request::normalize;
-use coxswain_proxy::tls_passthrough::{Hello, client_hello_sni};
 use proptest::prelude::*;
 
 fn cases(default: u32) -> ProptestConfig {

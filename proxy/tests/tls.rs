@@ -236,31 +236,6 @@ async fn a_host_of_another_listener_than_the_sni_is_answered_421() {
 // Client certificates (Gateway spec.tls.frontend): a port's CAs, AllowValidOnly or
 // AllowInsecureFallback, as the snapshot says at each handshake.
 
-struct Ca {
-    pem: String,
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-}
-
-fn ca() -> Ca {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::default();
-    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let cert = params.self_signed(&key).unwrap();
-    Ca {
-        pem: cert.pem(),
-        issuer: rcgen::Issuer::new(params, key),
-    }
-}
-
-/// A client certificate `ca` issued: (chain PEM, key PEM).
-fn client_of(ca: &Ca) -> (String, String) {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(vec!["client.example".to_owned()]).unwrap();
-    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
-    let cert = params.signed_by(&key, &ca.issuer).unwrap();
-    (cert.pem(), key.serialize_pem())
-}
-
 const CLIENT_AUTH: &str = r#"
 listeners:
 - port: {STRICT}

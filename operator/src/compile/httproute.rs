@@ -1,7 +1,7 @@
 //! HTTPRoutes, GRPCRoutes and TLSRoutes: attachment to Gateway listeners, rules to snapshot
 //! routes, and the `status.parents` entries this controller owns. Every route arrives in the
 //! shared form ([`super::route`]; the compiler's root converts GRPCRoutes and TLSRoutes with
-//! [`super::grpcroute`] and [`super::tlsroute`]), so one code compiles all three kinds and
+//! [`super::grpcroute`] and [`super::l4route`]), so one code compiles all three kinds and
 //! depends on none of the converters.
 
 use super::Config;
@@ -24,6 +24,7 @@ pub struct RouteOutput {
     pub status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     pub grpc_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     pub tls_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    pub tcp_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     /// (gateway, owning ListenerSet, listener name) -> number of attached routes
     pub attached: BTreeMap<(ObjectKey, Option<ObjectKey>, String), i32>,
     /// (namespace, Service) -> the Gateways whose accepted routes send to it: the ancestors
@@ -52,6 +53,7 @@ pub fn compile(
         status: BTreeMap::new(),
         grpc_status: BTreeMap::new(),
         tls_status: BTreeMap::new(),
+        tcp_status: BTreeMap::new(),
         attached: BTreeMap::new(),
         service_gateways: BTreeMap::new(),
         clusters: Vec::new(),
@@ -370,6 +372,7 @@ fn compile_route(
         RouteKind::Http => out.status.insert(key, parents),
         RouteKind::Grpc => out.grpc_status.insert(key, parents),
         RouteKind::Tls => out.tls_status.insert(key, parents),
+        RouteKind::Tcp => out.tcp_status.insert(key, parents),
     };
 }
 

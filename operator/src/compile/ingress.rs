@@ -489,6 +489,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
             source: "Ingress".into(),
             certificate: None,
             client_validation: None,
+            terminate_tls: false,
         });
     }
     // One HTTPS slot per TLS host so each SNI name gets its certificate; for a host listed
@@ -505,6 +506,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
             source: "Ingress".into(),
             certificate: Some((host, cert)),
             client_validation: None,
+            terminate_tls: false,
         });
     }
     out

@@ -22,8 +22,10 @@ pub struct AcceptedListener {
     pub allowed_namespaces: AllowedNamespaces,
     /// The route kinds that may attach (allowedRoutes.kinds, narrowed to what we serve).
     pub route_kinds: Vec<RouteKind>,
-    /// HTTPS: the certificate's name in the snapshot.
+    /// HTTPS, or TLS with mode Terminate: the certificate's name in the snapshot.
     pub certificate: Option<String>,
+    /// TLS with mode Terminate: the proxy ends TLS and relays the plaintext to the backend.
+    pub terminate_tls: bool,
     /// HTTPS: the client certificates its port verifies (the Gateway's spec.tls.frontend).
     pub client_validation: Option<ClientValidation>,
     /// False for a listener whose only problem is an unresolved reference (a missing or
@@ -56,7 +58,8 @@ pub enum AllowedNamespaces {
 fn served_kinds(protocol: Option<Protocol>) -> &'static [RouteKind] {
     match protocol {
         Some(Protocol::Http | Protocol::Https) => &[RouteKind::Http, RouteKind::Grpc],
-        Some(Protocol::TlsPassthrough) => &[RouteKind::Tls],
+        Some(Protocol::Tls) => &[RouteKind::Tls],
+        Some(Protocol::Tcp) => &[RouteKind::Tcp],
         _ => &[],
     }
 }
@@ -72,31 +75,19 @@ fn route_group_kind(kind: RouteKind) -> RouteGroupKind {
 /// after it.
 pub struct Taken {
     port: i32,
-    protocol: (String, Option<GatewayListenersTlsMode>),
+    protocol: String,
     hostname: String,
     /// "listener N of Gateway/ListenerSet ns/name", for messages.
     what: String,
 }
 
-/// `(protocol, TLS mode)` as conflicts compare them.
-fn protocol_of(l: &GatewayListeners) -> (String, Option<GatewayListenersTlsMode>) {
-    (
-        normalized_protocol(&l.protocol),
-        l.tls.as_ref().and_then(|t| t.mode.clone()),
-    )
-}
-
-/// Why two listeners on one port cannot both be served, if they cannot: another protocol
-/// (TLS listeners that terminate and TLS listeners that pass through cannot share a port
-/// either: the first bytes of a connection cannot tell them apart), or the same hostname.
-fn conflict_between(
-    a: (&(String, Option<GatewayListenersTlsMode>), &str),
-    b: (&(String, Option<GatewayListenersTlsMode>), &str),
-) -> Option<&'static str> {
+/// Why two listeners on one port cannot both be served, if they cannot: another protocol, or
+/// the same hostname. TLS listeners that terminate and TLS listeners that pass through may
+/// share a port: the proxy reads the ClientHello's SNI before it decides (TLSRouteModeMixed).
+fn conflict_between(a: (&str, &str), b: (&str, &str)) -> Option<&'static str> {
     let (pa, ha) = a;
     let (pb, hb) = b;
-    let tls_modes_differ = pa.0 == "TLS" && pb.0 == "TLS" && pa.1 != pb.1;
-    if pa.0 != pb.0 || tls_modes_differ {
+    if pa != pb {
         Some(reason::PROTOCOL_CONFLICT)
     } else if ha == hb {
         Some(reason::HOSTNAME_CONFLICT)
@@ -124,15 +115,15 @@ pub(super) fn compile_listeners(
     let mut refused: BTreeMap<&str, Problem> = BTreeMap::new();
     if owner.is_some() {
         for l in listeners {
-            let mine = protocol_of(l);
-            let host = l.hostname.as_deref().unwrap_or("");
+            let mine = normalized_protocol(&l.protocol);
+            let host = routing_hostname(l);
             if let Some((why, t)) = taken.iter().filter(|t| t.port == l.port).find_map(|t| {
                 conflict_between((&mine, host), (&t.protocol, &t.hostname)).map(|why| (why, t))
             }) {
                 let message = if why == reason::PROTOCOL_CONFLICT {
                     format!(
                         "port {} is already used by {} with protocol {}",
-                        l.port, t.what, t.protocol.0
+                        l.port, t.what, t.protocol
                     )
                 } else {
                     format!(
@@ -156,39 +147,15 @@ pub(super) fn compile_listeners(
             {
                 continue;
             }
-            // TLS listeners that terminate and TLS listeners that pass through cannot share a
-            // port either: the first bytes of a connection cannot tell them apart.
-            let pa = (
-                normalized_protocol(&a.protocol),
-                a.tls.as_ref().and_then(|t| t.mode.clone()),
-            );
-            let pb = (
-                normalized_protocol(&b.protocol),
-                b.tls.as_ref().and_then(|t| t.mode.clone()),
-            );
-            let tls_modes_differ = pa.0 == "TLS" && pb.0 == "TLS" && pa.1 != pb.1;
-            if pa.0 != pb.0 || tls_modes_differ {
+            if normalized_protocol(&a.protocol) != normalized_protocol(&b.protocol) {
                 conflicts.entry(&a.name).or_insert(Problem::new(
                     reason::PROTOCOL_CONFLICT,
-                    if tls_modes_differ {
-                        format!(
-                            "port {} is also used by listener {} with TLS mode {}",
-                            a.port,
-                            b.name,
-                            if pb.1 == Some(GatewayListenersTlsMode::Passthrough) {
-                                "Passthrough"
-                            } else {
-                                "Terminate"
-                            }
-                        )
-                    } else {
-                        format!(
-                            "port {} is also used by listener {} with protocol {}",
-                            a.port, b.name, b.protocol
-                        )
-                    },
+                    format!(
+                        "port {} is also used by listener {} with protocol {}",
+                        a.port, b.name, b.protocol
+                    ),
                 ));
-            } else if a.hostname.as_deref().unwrap_or("") == b.hostname.as_deref().unwrap_or("") {
+            } else if routing_hostname(a) == routing_hostname(b) {
                 conflicts.entry(&a.name).or_insert(Problem::new(
                     reason::HOSTNAME_CONFLICT,
                     format!(
@@ -211,10 +178,13 @@ pub(super) fn compile_listeners(
         let protocol = match normalized_protocol(&l.protocol).as_str() {
             "HTTP" => Some(Protocol::Http),
             "HTTPS" if !passthrough => Some(Protocol::Https),
-            // TLS terminated here and then relayed (TLSRoute mode Terminate) is not served.
-            "TLS" if passthrough => Some(Protocol::TlsPassthrough),
+            "TLS" => Some(Protocol::Tls),
+            "TCP" => Some(Protocol::Tcp),
             _ => None,
         };
+        // Terminate is the default mode: TLS ends here and the plaintext goes to the backend.
+        let terminate_tls = protocol == Some(Protocol::Tls) && !passthrough;
+        let terminates = protocol == Some(Protocol::Https) || terminate_tls;
         let (supported_kinds, kinds_ok) = supported_kinds(l, protocol);
         let route_kinds: Vec<RouteKind> = supported_kinds
             .iter()
@@ -232,19 +202,11 @@ pub(super) fn compile_listeners(
                     "HTTPS listeners terminate TLS; tls.mode Passthrough needs protocol TLS".into(),
                 ));
             }
-            "TLS" if !passthrough => {
-                accepted_problem = Some(Problem::new(
-                    reason::UNSUPPORTED_VALUE,
-                    "TLS listeners pass TLS through to the backend (tls.mode Passthrough); \
-                     mode Terminate is not supported, use protocol HTTPS to terminate TLS"
-                        .into(),
-                ));
-            }
             _ if protocol.is_none() => {
                 accepted_problem = Some(Problem::new(
                     reason::UNSUPPORTED_PROTOCOL,
                     format!(
-                        "protocol {} is not supported; use HTTP, HTTPS or TLS",
+                        "protocol {} is not supported; use HTTP, HTTPS, TLS or TCP",
                         l.protocol
                     ),
                 ));
@@ -291,7 +253,7 @@ pub(super) fn compile_listeners(
             ));
         }
         let mut certificate = None;
-        if protocol == Some(Protocol::Https) && accepted_problem.is_none() {
+        if terminates && accepted_problem.is_none() {
             let from = match owner {
                 Some(ls) => (ls, "ListenerSet"),
                 None => (key, "Gateway"),
@@ -307,7 +269,7 @@ pub(super) fn compile_listeners(
         // Client certificates (GEP-91): a port whose CAs all failed serves nothing rather than
         // let clients in unverified.
         let mut client_validation = None;
-        if protocol == Some(Protocol::Https) && accepted_problem.is_none() {
+        if terminates && accepted_problem.is_none() {
             match frontend.for_port(l.port) {
                 PortValidation::None => {}
                 PortValidation::Valid {
@@ -388,10 +350,13 @@ pub(super) fn compile_listeners(
                 name: l.name.clone(),
                 port,
                 protocol,
-                hostname: l.hostname.clone().filter(|h| !h.is_empty()),
+                hostname: Some(routing_hostname(l))
+                    .filter(|h| !h.is_empty())
+                    .map(str::to_owned),
                 allowed_namespaces: allowed_namespaces(store, l),
                 route_kinds,
                 certificate,
+                terminate_tls,
                 client_validation,
                 programmable: usable,
                 owner: owner.cloned(),
@@ -401,8 +366,8 @@ pub(super) fn compile_listeners(
         if owner.is_none() || conflict.is_none() {
             taken.push(Taken {
                 port: l.port,
-                protocol: protocol_of(l),
-                hostname: l.hostname.clone().unwrap_or_default(),
+                protocol: normalized_protocol(&l.protocol),
+                hostname: routing_hostname(l).to_owned(),
                 what: match owner {
                     Some(ls) => format!("listener {} of ListenerSet {ls}", l.name),
                     None => format!("listener {} of Gateway {key}", l.name),
@@ -411,6 +376,16 @@ pub(super) fn compile_listeners(
         }
     }
     (statuses, accepted)
+}
+
+/// The hostname that tells a listener's connections apart from its port's other listeners':
+/// none for TCP, whose connections carry no name (the field is ignored, as the spec allows).
+fn routing_hostname(l: &GatewayListeners) -> &str {
+    if normalized_protocol(&l.protocol) == "TCP" {
+        ""
+    } else {
+        l.hostname.as_deref().unwrap_or("")
+    }
 }
 
 fn normalized_protocol(p: &str) -> String {
@@ -518,7 +493,7 @@ fn resolve_certificate(
     let Some(r) = refs.and_then(|r| r.first()) else {
         return Err(Problem::new(
             reason::INVALID_CERTIFICATE_REF,
-            "an HTTPS listener needs tls.certificateRefs".into(),
+            "a listener that terminates TLS needs tls.certificateRefs".into(),
         ));
     };
     let group = r.group.as_deref().unwrap_or("");

@@ -6,7 +6,7 @@
 //! BackendTLSPolicies ([`backendtls`]) which Service ports get verified TLS and
 //! CoxswainBackendPolicies ([`backendpolicy`]) which load balancer they get; HTTPRoutes,
 //! GRPCRoutes and TLSRoutes ([`httproute`], read in the shared [`route`] form that
-//! [`grpcroute`] and [`tlsroute`] convert to) and Ingresses ([`ingress`]) become route
+//! [`grpcroute`] and [`l4route`] convert to) and Ingresses ([`ingress`]) become route
 //! [`entries`] on those listeners; [`assemble`] groups entries into
 //! virtual hosts in precedence order per port and scope, and seals each snapshot with its
 //! content hash.
@@ -28,6 +28,7 @@ pub mod htpasswd;
 pub mod httproute;
 pub mod ingress;
 pub mod jwks;
+pub mod l4route;
 pub mod listeners;
 pub mod proxies;
 pub mod refs;
@@ -37,7 +38,6 @@ pub mod status;
 pub mod store;
 #[cfg(test)]
 mod tests;
-pub mod tlsroute;
 
 use coxswain_api::names;
 use coxswain_api::snapshot::{self as snap, Snapshot};
@@ -104,7 +104,8 @@ fn route_forms(store: &Store) -> Vec<route::RouteForm<'_>> {
         .iter()
         .map(route::RouteForm::http)
         .chain(store.grpc_routes.iter().map(grpcroute::as_route_form))
-        .chain(store.tls_routes.iter().map(tlsroute::as_route_form))
+        .chain(store.tls_routes.iter().map(l4route::tls_route_form))
+        .chain(store.tcp_routes.iter().map(l4route::tcp_route_form))
         .collect()
 }
 
@@ -161,6 +162,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         http_routes: routes.status,
         grpc_routes: routes.grpc_status,
         tls_routes: routes.tls_status,
+        tcp_routes: routes.tcp_status,
         backend_tls_policies,
         backend_policies,
         access_policies,
@@ -196,6 +198,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
                     .clone()
                     .map(|c| (l.hostname.clone().unwrap_or_default(), c)),
                 client_validation: l.client_validation.clone(),
+                terminate_tls: l.terminate_tls,
             });
         }
     }
@@ -301,10 +304,13 @@ pub struct Slot {
     pub protocol: snap::Protocol,
     pub hostname: Option<String>,
     pub source: String,
-    /// HTTPS: (SNI name, "" for the default; certificate name).
+    /// HTTPS, TLS terminated here: (SNI name, "" for the default; certificate name).
     pub certificate: Option<(String, String)>,
-    /// HTTPS: client certificates verified on this port (one dedicated Gateway's setting).
+    /// HTTPS, TLS terminated here: client certificates verified on this port (one dedicated
+    /// Gateway's setting).
     pub client_validation: Option<snap::ClientValidation>,
+    /// TLS: the hosts this listener owns end TLS at the proxy (tls.mode Terminate).
+    pub terminate_tls: bool,
 }
 
 fn assemble(
@@ -366,6 +372,13 @@ fn assemble(
             );
             let listener_hosts: BTreeSet<String> = port_slots
                 .iter()
+                .map(|s| s.hostname.clone().unwrap_or_default())
+                .collect();
+            // On a TLS port, the listener owning a host decides whether TLS ends here. Two
+            // listeners with one hostname on a port conflict, so the first slot is the owner.
+            let terminating: BTreeSet<String> = port_slots
+                .iter()
+                .filter(|s| s.terminate_tls)
                 .map(|s| s.hostname.clone().unwrap_or_default())
                 .collect();
 
@@ -444,12 +457,15 @@ fn assemble(
                         hostname: vhost.clone(),
                         routes,
                         single_label,
+                        terminate_tls: protocol == snap::Protocol::Tls
+                            && terminating.contains(owner),
                     });
                 }
             }
 
+            let terminates = matches!(protocol, snap::Protocol::Https | snap::Protocol::Tls);
             let mut sni: Vec<snap::SniCertificate> = Vec::new();
-            if protocol == snap::Protocol::Https {
+            if terminates {
                 for s in &port_slots {
                     if let Some((name, cert)) = &s.certificate
                         && !sni.iter().any(|c| &c.sni == name)
@@ -481,7 +497,7 @@ fn assemble(
             sources.dedup();
             // Only dedicated Gateways' ports verify clients, and all slots of such a port are
             // that Gateway's, with its one setting for the port.
-            let client_validation = if protocol == snap::Protocol::Https {
+            let client_validation = if terminates {
                 port_slots.iter().find_map(|s| s.client_validation.clone())
             } else {
                 None
@@ -597,6 +613,13 @@ fn requirements(listeners: &[snap::Listener]) -> Vec<String> {
     }
     if listeners.iter().any(|l| l.client_validation.is_some()) {
         out.push(snap::feature::FRONTEND_CLIENT_VALIDATION.to_owned());
+    }
+    if listeners
+        .iter()
+        .flat_map(|l| &l.virtual_hosts)
+        .any(|v| v.terminate_tls)
+    {
+        out.push(snap::feature::TLS_TERMINATE.to_owned());
     }
     out.sort();
     out

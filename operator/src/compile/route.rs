@@ -1,6 +1,6 @@
-//! The shared route form: HTTPRoutes, GRPCRoutes and TLSRoutes as the one shape the route
-//! compiler reads. A GRPCRoute or TLSRoute becomes the HTTPRoute it is equivalent to
-//! ([`super::grpcroute`] and [`super::tlsroute`] convert them, [`RouteForm::equivalent`] puts
+//! The shared route form: HTTPRoutes, GRPCRoutes, TLSRoutes and TCPRoutes as the one shape the
+//! route compiler reads. A route of another kind becomes the HTTPRoute it is equivalent to
+//! ([`super::grpcroute`] and [`super::l4route`] convert them, [`RouteForm::equivalent`] puts
 //! the parts together), and its kind stays beside it: attachment, ReferenceGrants, the
 //! backends' protocol and status still tell the kinds apart.
 //!
@@ -17,6 +17,7 @@ pub enum RouteKind {
     Http,
     Grpc,
     Tls,
+    Tcp,
 }
 
 impl RouteKind {
@@ -25,6 +26,7 @@ impl RouteKind {
             Self::Http => "HTTPRoute",
             Self::Grpc => "GRPCRoute",
             Self::Tls => "TLSRoute",
+            Self::Tcp => "TCPRoute",
         }
     }
 
@@ -33,6 +35,7 @@ impl RouteKind {
             "HTTPRoute" => Some(Self::Http),
             "GRPCRoute" => Some(Self::Grpc),
             "TLSRoute" => Some(Self::Tls),
+            "TCPRoute" => Some(Self::Tcp),
             _ => None,
         }
     }

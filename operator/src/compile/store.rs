@@ -6,6 +6,7 @@ use coxswain_api::{
     CoxswainIngressClassParameters,
 };
 use gateway_api::apis::experimental::httproutes::HttpRoute;
+use gateway_api::apis::experimental::tcproutes::TcpRoute;
 use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
@@ -28,6 +29,8 @@ pub struct Store {
     pub http_routes: Vec<HttpRoute>,
     pub grpc_routes: Vec<GrpcRoute>,
     pub tls_routes: Vec<TlsRoute>,
+    /// Experimental (v1alpha2): absent unless the cluster installs the experimental channel.
+    pub tcp_routes: Vec<TcpRoute>,
     pub backend_tls_policies: Vec<BackendTlsPolicy>,
     /// Read for BackendTLSPolicy CA certificates.
     pub config_maps: Vec<ConfigMap>,
@@ -67,6 +70,7 @@ impl Store {
             ("HTTPRoute", self.http_routes.len()),
             ("GRPCRoute", self.grpc_routes.len()),
             ("TLSRoute", self.tls_routes.len()),
+            ("TCPRoute", self.tcp_routes.len()),
             ("BackendTLSPolicy", self.backend_tls_policies.len()),
             ("ConfigMap", self.config_maps.len()),
             ("ReferenceGrant", self.reference_grants.len()),
@@ -201,6 +205,7 @@ impl Store {
             ("gateway.networking.k8s.io", "HTTPRoute") => push(&mut self.http_routes, value),
             ("gateway.networking.k8s.io", "GRPCRoute") => push(&mut self.grpc_routes, value),
             ("gateway.networking.k8s.io", "TLSRoute") => push(&mut self.tls_routes, value),
+            ("gateway.networking.k8s.io", "TCPRoute") => push(&mut self.tcp_routes, value),
             ("gateway.networking.k8s.io", "BackendTLSPolicy") => {
                 push(&mut self.backend_tls_policies, value)
             }

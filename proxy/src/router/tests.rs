@@ -362,11 +362,11 @@ fn a_single_label_wildcard_covers_one_label_and_a_multi_label_one_the_rest() {
     assert_eq!(get("x.bar.org").as_deref(), Some("bar/0"));
     assert_eq!(get("y.x.bar.org").as_deref(), Some("org/0"));
     assert_eq!(get("bar.org").as_deref(), Some("org/0"));
-    // TLS passthrough and the first route of a name follow the same choice.
+    // TLS ports' choice by SNI (the first route of a name) follows the same rules.
     let port = r.port(80).unwrap();
     let first = |host| {
-        port.first_route_for(host)
-            .map(|c| c.route.source.as_ref().unwrap().name.clone())
+        port.relay_route(host)
+            .map(|(c, _)| c.route.source.as_ref().unwrap().name.clone())
     };
     assert_eq!(first("bar.foo.com").as_deref(), Some("ing"));
     assert_eq!(first("baz.bar.foo.com").as_deref(), Some("gw"));

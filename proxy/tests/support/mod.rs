@@ -654,6 +654,32 @@ pub fn cert(name: &str) -> Cert {
     }
 }
 
+/// A certificate authority for client certificates.
+pub struct Ca {
+    pub pem: String,
+    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+pub fn ca() -> Ca {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::default();
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    let cert = params.self_signed(&key).unwrap();
+    Ca {
+        pem: cert.pem(),
+        issuer: rcgen::Issuer::new(params, key),
+    }
+}
+
+/// A client certificate `ca` issued: (chain PEM, key PEM).
+pub fn client_of(ca: &Ca) -> (String, String) {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec!["client.example".to_owned()]).unwrap();
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let cert = params.signed_by(&key, &ca.issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
 /// YAML double-quoted scalars keep PEM newlines as \n.
 pub fn yaml_escape(pem: &str) -> String {
     pem.replace('\n', "\\n")

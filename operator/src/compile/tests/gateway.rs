@@ -282,16 +282,16 @@ metadata: {name: edge, namespace: web}
 spec:
   gatewayClassName: coxswain
   listeners:
-  - {name: tcp, port: 9000, protocol: TCP}
+  - {name: sctp, port: 9000, protocol: SCTP}
   - name: kinds
     port: 80
     protocol: HTTP
     allowedRoutes: {kinds: [{kind: HTTPRoute}, {kind: TCPRoute}]}
 "#;
     let c = compile_yaml(&[BASE, gw]);
-    let tcp = listener_condition(&c, "edge", "tcp", "Accepted");
+    let sctp = listener_condition(&c, "edge", "sctp", "Accepted");
     assert_eq!(
-        (tcp.status, tcp.reason),
+        (sctp.status, sctp.reason),
         (ConditionStatus::False, "UnsupportedProtocol")
     );
     // ListenerConditionResolvedRefs: InvalidRouteKinds, and supportedKinds lists only the

@@ -16,4 +16,5 @@ mod ingress_annotations;
 mod inputs;
 mod listener_sets;
 mod load_balancing;
+mod tcp;
 mod tls;

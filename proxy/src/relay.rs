@@ -1,17 +1,30 @@
-//! TLS passthrough listeners (Gateway listener protocol TLS, tls.mode Passthrough; TLSRoutes):
-//! TLS ends at the backend, not here. The proxy reads the client's first flight until the
-//! ClientHello is complete, takes its server_name (SNI), picks the virtual host by it as HTTP
-//! listeners pick one by Host, and relays the connection to a backend of the host's first
-//! route, starting with the bytes it read.
+//! Relayed connections: bytes to a backend, never read as HTTP.
 //!
-//! Metrics count each connection as one request of its route: 2xx relayed, 5xx when no backend
-//! could take it; a name no route serves counts as an unrouted 404.
+//! TCP listeners (Gateway listener protocol TCP, with TCPRoutes) have one host, "": a
+//! connection goes to a backend of its first route.
+//!
+//! TLS listeners (protocol TLS, with TLSRoutes) route by the name the client asks for. The proxy reads the client's first flight until the ClientHello
+//! is complete, takes its server_name (SNI), and picks the virtual host by it as HTTP
+//! listeners pick one by Host. Then, by the host's listener mode:
+//! - Passthrough: TLS ends at the backend. The connection is relayed to a backend of the
+//!   host's first route, starting with the bytes already read.
+//! - Terminate: the proxy completes the handshake with the port's certificate for the name
+//!   (client certificates verified as the port asks), then relays the plaintext.
+//!
+//! Both modes may share a port (TLSRouteModeMixed): the ClientHello is read before either
+//! begins. Metrics count each connection as one request of its route: 2xx relayed, 5xx when
+//! no backend could take it, 403 for a resumed session without the client certificate the
+//! port now requires; a name no route serves counts as an unrouted 404.
 
+use crate::metrics::Metrics;
 use crate::router::Pick;
 use crate::table::SharedTable;
+use pingora::listeners::tls::Acceptor;
+use pingora::protocols::Ssl;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// A ClientHello is a few hundred bytes, a couple of KiB with post-quantum key shares; the TLS
@@ -21,6 +34,24 @@ const MAX_HELLO: usize = 64 * 1024;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long connecting to a backend may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How a port's connections are relayed.
+#[derive(Clone)]
+pub enum Relay {
+    /// By the ClientHello's SNI, TLS passed through or ended by this.
+    Tls(Arc<Terminator>),
+    /// As they come, to the first route of the port's one host.
+    Tcp,
+}
+
+/// What ends TLS for the hosts of a port that terminate it.
+pub struct Terminator {
+    /// The port's certificates and client verification, without ALPN: the bytes relayed are
+    /// the backend's protocol, which the proxy does not speak for it.
+    pub acceptor: Arc<Acceptor>,
+    /// How long the rest of the handshake may take.
+    pub handshake: Duration,
+}
 
 /// What the bytes read so far say.
 #[derive(Debug, PartialEq, Eq)]
@@ -136,8 +167,28 @@ fn server_name(body: &[u8]) -> Option<Option<String>> {
     Some(None)
 }
 
-/// Serves one connection accepted on a passthrough `port`.
-pub async fn serve(mut client: TcpStream, table: &SharedTable, port: u16, peer: SocketAddr) {
+/// Serves one connection accepted on `port`.
+pub async fn serve(
+    client: TcpStream,
+    table: &SharedTable,
+    port: u16,
+    peer: SocketAddr,
+    relay: &Relay,
+) {
+    match relay {
+        Relay::Tcp => forward(client, table, port, peer, "", &[]).await,
+        Relay::Tls(terminator) => serve_tls(client, table, port, peer, terminator).await,
+    }
+}
+
+/// Serves one connection accepted on TLS `port`.
+async fn serve_tls(
+    mut client: TcpStream,
+    table: &SharedTable,
+    port: u16,
+    peer: SocketAddr,
+    terminator: &Terminator,
+) {
     let mut first = Vec::with_capacity(2048);
     let sni = match tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut client, &mut first)).await {
         Ok(Some(sni)) => sni,
@@ -150,17 +201,79 @@ pub async fn serve(mut client: TcpStream, table: &SharedTable, port: u16, peer: 
             return;
         }
     };
+    let name = sni.as_deref().unwrap_or("");
+    let terminate = {
+        let current = table.load();
+        match current.router.port(port).and_then(|p| p.relay_route(name)) {
+            Some((_, terminate)) => terminate,
+            None => {
+                table.metrics().unrouted(404);
+                tracing::debug!(%peer, port, sni = name, "no route for this name");
+                return;
+            }
+        }
+    };
+    if !terminate {
+        forward(client, table, port, peer, name, &first).await;
+        return;
+    }
+    let mut stream = crate::listeners::l4_stream(client, peer);
+    // The handshake starts from the ClientHello already read.
+    stream.rewind(&first);
+    let handshake = terminator.acceptor.tls_handshake(stream);
+    let tls = match tokio::time::timeout(terminator.handshake, handshake).await {
+        Ok(Ok(s)) => s,
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, port, error = %e, "TLS handshake failed");
+            return;
+        }
+        Err(_) => {
+            Metrics::count(&table.metrics().tls_handshake_timeouts);
+            tracing::debug!(%peer, port, "TLS handshake deadline passed");
+            return;
+        }
+    };
+    let refused = tls.get_ssl_digest().is_some_and(|d| {
+        d.extension
+            .get::<crate::tls::ConnectionTls>()
+            .is_some_and(|t| t.client_cert_refused)
+    });
+    if refused {
+        // Record it against the route, as HTTPS answers such a session's requests 403.
+        if let Some((route, _)) = table
+            .load()
+            .router
+            .port(port)
+            .and_then(|p| p.relay_route(name))
+        {
+            route.counters.record(403);
+        }
+        tracing::debug!(%peer, port, "resumed session without the required client certificate");
+        return;
+    }
+    forward(tls, table, port, peer, name, &[]).await;
+}
+
+/// Relays `client` to a backend of the first route of the host `name` lands on, sending
+/// `first` (bytes already read from the client) ahead of the rest.
+async fn forward<C>(
+    mut client: C,
+    table: &SharedTable,
+    port: u16,
+    peer: SocketAddr,
+    name: &str,
+    first: &[u8],
+) where
+    C: AsyncRead + AsyncWrite + Unpin,
+{
     // Held while the connection is relayed: a least-request cluster counts it as busy.
     let (addr, counters, _in_flight) = {
         let metrics = table.metrics().clone();
         let table = table.load();
-        let Some(route) = table
-            .router
-            .port(port)
-            .and_then(|p| p.first_route_for(sni.as_deref().unwrap_or("")))
-        else {
+        let Some((route, _)) = table.router.port(port).and_then(|p| p.relay_route(name)) else {
+            // The table changed during a handshake and no longer serves the name.
             metrics.unrouted(404);
-            tracing::debug!(%peer, port, sni = sni.as_deref().unwrap_or(""), "no route for this name");
+            tracing::debug!(%peer, port, sni = name, "no route for this name");
             return;
         };
         let counters = route.counters.clone();
@@ -201,7 +314,7 @@ pub async fn serve(mut client: TcpStream, table: &SharedTable, port: u16, peer: 
         }
     };
     let _ = upstream.set_nodelay(true);
-    if upstream.write_all(&first).await.is_err() {
+    if !first.is_empty() && upstream.write_all(first).await.is_err() {
         counters.record(503);
         return;
     }
@@ -209,7 +322,7 @@ pub async fn serve(mut client: TcpStream, table: &SharedTable, port: u16, peer: 
     // There are no request boundaries to stop at: on SIGTERM a relayed connection lives until
     // either side closes it or the drain period ends with the process.
     if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        tracing::debug!(%peer, %addr, error = %e, "passthrough connection ended");
+        tracing::debug!(%peer, %addr, error = %e, "relayed connection ended");
     }
 }
 
