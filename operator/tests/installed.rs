@@ -2,6 +2,7 @@
 //! running as Pods on the test node: the controller replicas elect a leader, the shared pool
 //! and a Gateway's dedicated proxy bootstrap their SVIDs from projected tokens, and real HTTP
 //! through LoadBalancer addresses reaches echo-basic Pods. Gateway status says Programmed.
+//! TCP through a TCPRoute splits connections by weight and survives a route change.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
 mod support;
@@ -9,6 +10,7 @@ mod support;
 use coxswain_api::names;
 use coxswain_testenv::{TestEnv, eventually};
 use gateway_api::apis::experimental::httproutes::HttpRoute;
+use gateway_api::apis::experimental::tcproutes::TcpRoute;
 use gateway_api::apis::standard::gateways::Gateway;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -19,7 +21,7 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 use support::apply_yaml;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 
 const WAIT: Duration = Duration::from_secs(120);
 
@@ -40,6 +42,43 @@ async fn request(addr: SocketAddr, path: &str, host: &str) -> Option<(String, St
     let text = String::from_utf8_lossy(&buf).into_owned();
     let (head, body) = text.split_once("\r\n\r\n")?;
     Some((head.lines().next()?.to_owned(), body.to_owned()))
+}
+
+/// A connection to echo-basic's TCP server (TCP_ECHO_SERVER), past its welcome line.
+type TcpEcho = tokio::io::Lines<BufReader<tokio::net::TcpStream>>;
+
+async fn tcp_echo(addr: SocketAddr) -> Option<TcpEcho> {
+    let connect = tokio::net::TcpStream::connect(addr);
+    let stream = tokio::time::timeout(Duration::from_secs(3), connect)
+        .await
+        .ok()?
+        .ok()?;
+    let mut lines = BufReader::new(stream).lines();
+    let welcome = tokio::time::timeout(Duration::from_secs(5), lines.next_line())
+        .await
+        .ok()?
+        .ok()??;
+    welcome.contains("TCP Server").then_some(lines)
+}
+
+/// One line to echo-basic's TCP server and its answer: "TEST" is answered with the Pod's
+/// context as JSON, "PING" with "PONG".
+async fn tcp_ask(conn: &mut TcpEcho, line: &str) -> Option<String> {
+    let stream = conn.get_mut().get_mut();
+    stream
+        .write_all(format!("{line}\n").as_bytes())
+        .await
+        .ok()?;
+    tokio::time::timeout(Duration::from_secs(5), conn.next_line())
+        .await
+        .ok()?
+        .ok()?
+}
+
+/// The Pod that answered "TEST" on `conn`.
+async fn tcp_pod(conn: &mut TcpEcho) -> Option<String> {
+    let json: serde_json::Value = serde_json::from_str(&tcp_ask(conn, "TEST").await?).ok()?;
+    Some(json["pod"].as_str()?.to_owned())
 }
 
 async fn ready_replicas(api: &Api<Deployment>, name: &str, want: i32) {
@@ -166,7 +205,9 @@ spec:
   gatewayClassName: coxswain
   infrastructure:
     parametersRef: {{group: gateway.coxswain-labs.dev, kind: CoxswainGatewayParameters, name: edge-params}}
-  listeners: [{{name: http, port: 8080, protocol: HTTP}}]
+  listeners:
+  - {{name: http, port: 8080, protocol: HTTP}}
+  - {{name: tcp, port: 5432, protocol: TCP}}
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
@@ -181,6 +222,64 @@ metadata: {{name: dedicated, namespace: {ns}}}
 spec:
   parentRefs: [{{name: edge}}]
   rules: [{{backendRefs: [{{name: echo, port: 8080}}]}}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: tcp-a, namespace: {ns}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: tcp-a}}}}
+  template:
+    metadata: {{labels: {{app: tcp-a}}}}
+    spec:
+      containers:
+      - name: echo
+        image: gcr.io/k8s-staging-gateway-api/echo-basic:v20240412-v1.0.0-394-g40c666fd
+        ports: [{{name: tcp, containerPort: 3000}}]
+        env:
+        - {{name: TCP_ECHO_SERVER, value: "1"}}
+        - {{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}
+        readinessProbe: {{tcpSocket: {{port: tcp}}, periodSeconds: 1}}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: tcp-b, namespace: {ns}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: tcp-b}}}}
+  template:
+    metadata: {{labels: {{app: tcp-b}}}}
+    spec:
+      containers:
+      - name: echo
+        image: gcr.io/k8s-staging-gateway-api/echo-basic:v20240412-v1.0.0-394-g40c666fd
+        ports: [{{name: tcp, containerPort: 3000}}]
+        env:
+        - {{name: TCP_ECHO_SERVER, value: "1"}}
+        - {{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}
+        readinessProbe: {{tcpSocket: {{port: tcp}}, periodSeconds: 1}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: tcp-a, namespace: {ns}}}
+spec:
+  selector: {{app: tcp-a}}
+  ports: [{{name: tcp, port: 5432, targetPort: tcp}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: tcp-b, namespace: {ns}}}
+spec:
+  selector: {{app: tcp-b}}
+  ports: [{{name: tcp, port: 5432, targetPort: tcp}}]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: TCPRoute
+metadata: {{name: db, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: edge, sectionName: tcp}}]
+  rules:
+  - backendRefs: [{{name: tcp-a, port: 5432, weight: 3}}, {{name: tcp-b, port: 5432, weight: 1}}]
 ---
 apiVersion: networking.k8s.io/v1
 kind: IngressClass
@@ -295,6 +394,88 @@ spec:
         )
         .await;
     }
+
+    // TCP through the dedicated proxy. The TCPRoute is accepted with its references resolved,
+    // connections split 3:1 between its backends, and a route change applies to new
+    // connections while an established one keeps its backend.
+    let tcp_routes: Api<TcpRoute> = env.api();
+    eventually("TCPRoute Accepted and ResolvedRefs", WAIT, || {
+        let tcp_routes = tcp_routes.clone();
+        async move {
+            let status = tcp_routes.get("db").await.ok()?.status?;
+            let conditions = &status.parents.first()?.conditions;
+            ["Accepted", "ResolvedRefs"]
+                .iter()
+                .all(|t| {
+                    conditions
+                        .iter()
+                        .any(|c| c.type_ == *t && c.status == "True")
+                })
+                .then_some(())
+        }
+    })
+    .await;
+    let tcp_addr = SocketAddr::new(edge_ip, 5432);
+    // Both backends answer before counting: until then, Pods may still be starting.
+    eventually(
+        "both TCP backends through the dedicated proxy",
+        WAIT,
+        || async move {
+            let mut seen = std::collections::BTreeSet::new();
+            for _ in 0..40 {
+                let pod = tcp_pod(&mut tcp_echo(tcp_addr).await?).await?;
+                seen.insert(pod.starts_with("tcp-a-"));
+            }
+            (seen.len() == 2).then_some(())
+        },
+    )
+    .await;
+    let (mut to_a, mut to_b) = (0u32, 0u32);
+    for i in 0..1000 {
+        let mut conn = tcp_echo(tcp_addr)
+            .await
+            .unwrap_or_else(|| panic!("TCP connection {i} through the dedicated proxy"));
+        let pod = tcp_pod(&mut conn)
+            .await
+            .unwrap_or_else(|| panic!("TEST on {i}"));
+        if pod.starts_with("tcp-a-") {
+            to_a += 1;
+        } else {
+            assert!(pod.starts_with("tcp-b-"), "{pod}");
+            to_b += 1;
+        }
+    }
+    eprintln!("TCPRoute 3:1 over 1,000 connections: tcp-a {to_a}, tcp-b {to_b}");
+    // 750 expected; a random pick stays within five standard deviations (about 68).
+    assert!((682..=818).contains(&to_a), "tcp-a {to_a}, tcp-b {to_b}");
+    let mut established = tcp_echo(tcp_addr).await.expect("a kept connection");
+    let kept_by = tcp_pod(&mut established).await.expect("TEST");
+    let only_b = serde_json::json!({"spec": {"rules": [{"backendRefs":
+        [{"name": "tcp-b", "port": 5432}]}]}});
+    tcp_routes
+        .patch("db", &PatchParams::default(), &Patch::Merge(&only_b))
+        .await
+        .unwrap();
+    eventually("new TCP connections only to tcp-b", WAIT, || async move {
+        for _ in 0..20 {
+            let pod = tcp_pod(&mut tcp_echo(tcp_addr).await?).await?;
+            if !pod.starts_with("tcp-b-") {
+                return None;
+            }
+        }
+        Some(())
+    })
+    .await;
+    assert_eq!(
+        tcp_ask(&mut established, "PING").await.as_deref(),
+        Some("PONG")
+    );
+    assert_eq!(
+        tcp_pod(&mut established).await.as_deref(),
+        Some(kept_by.as_str()),
+        "the established connection keeps its backend"
+    );
+    drop(established);
 
     // Editing the route changes the answer; deleting it gives 404.
     let routes: Api<HttpRoute> = env.api();
