@@ -105,12 +105,13 @@ fn describe_compile(
     counts: &std::collections::BTreeMap<&'static str, usize>,
     compiled: &compile::Compiled,
 ) {
-    const INPUTS: [(&str, &str); 7] = [
+    const INPUTS: [(&str, &str); 8] = [
         ("Gateway", "coxswain.input.gateways"),
         ("HTTPRoute", "coxswain.input.httproutes"),
         ("GRPCRoute", "coxswain.input.grpcroutes"),
         ("TLSRoute", "coxswain.input.tlsroutes"),
         ("TCPRoute", "coxswain.input.tcproutes"),
+        ("UDPRoute", "coxswain.input.udproutes"),
         ("Ingress", "coxswain.input.ingresses"),
         ("Service", "coxswain.input.services"),
     ];

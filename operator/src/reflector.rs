@@ -18,6 +18,7 @@ use coxswain_api::{
 use futures::StreamExt;
 use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::experimental::tcproutes::TcpRoute;
+use gateway_api::apis::experimental::udproutes::UdpRoute;
 use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
@@ -47,6 +48,7 @@ pub struct Reflector {
     grpc_routes: Cache<GrpcRoute>,
     tls_routes: Cache<TlsRoute>,
     tcp_routes: Cache<TcpRoute>,
+    udp_routes: Cache<UdpRoute>,
     backend_tls_policies: Cache<BackendTlsPolicy>,
     config_maps: Cache<ConfigMap>,
     reference_grants: Cache<ReferenceGrant>,
@@ -189,6 +191,7 @@ impl Reflector {
             grpc_routes: reflect(client, all.clone(), c.clone(), s),
             tls_routes: reflect(client, all.clone(), c.clone(), s),
             tcp_routes: reflect(client, all.clone(), c.clone(), s),
+            udp_routes: reflect(client, all.clone(), c.clone(), s),
             backend_tls_policies: reflect(client, all.clone(), c.clone(), s),
             config_maps: reflect(client, all.clone(), c.clone(), s),
             reference_grants: reflect(client, all.clone(), c.clone(), s),
@@ -240,6 +243,7 @@ impl Reflector {
             grpc_routes: copy(&self.grpc_routes),
             tls_routes: copy(&self.tls_routes),
             tcp_routes: copy(&self.tcp_routes),
+            udp_routes: copy(&self.udp_routes),
             backend_tls_policies: copy(&self.backend_tls_policies),
             config_maps: copy(&self.config_maps),
             reference_grants: copy(&self.reference_grants),

@@ -1,5 +1,6 @@
 //! The status writer: turns the compiler's decisions into server-side applies of `status` on
-//! GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes, TLSRoutes, TCPRoutes, BackendTLSPolicies,
+//! GatewayClasses, Gateways, HTTPRoutes, GRPCRoutes, TLSRoutes, TCPRoutes, UDPRoutes,
+//! BackendTLSPolicies,
 //! CoxswainBackendPolicies and Ingresses (their addresses: the proxy Service's load balancer). It keeps lastTransitionTime
 //! when a condition's status did not change, writes only this controller's `status.parents`
 //! entries of a route and `status.ancestors` entries of a policy (other controllers' entries
@@ -18,6 +19,7 @@ use crate::discovery::Hub;
 use coxswain_api::{CoxswainAccessPolicy, CoxswainBackendPolicy};
 use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::experimental::tcproutes::TcpRoute;
+use gateway_api::apis::experimental::udproutes::UdpRoute;
 use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
@@ -874,6 +876,8 @@ impl StatusWriter {
             .await;
         self.route_parents(&mut next, &store.tcp_routes, &decisions.tcp_routes, &now)
             .await;
+        self.route_parents(&mut next, &store.udp_routes, &decisions.udp_routes, &now)
+            .await;
         self.route_parents(
             &mut next,
             &store.backend_tls_policies,
@@ -1022,6 +1026,15 @@ impl SharedStatus for TlsRoute {
 
 impl SharedStatus for TcpRoute {
     const KIND: &'static str = "TCPRoute";
+    const API_VERSION: &'static str = "gateway.networking.k8s.io/v1alpha2";
+    const FIELDS: (&'static str, &'static str) = ("parents", "parentRef");
+    fn entries(&self) -> Vec<Value> {
+        as_values(self.status.as_ref().map(|s| &s.parents))
+    }
+}
+
+impl SharedStatus for UdpRoute {
+    const KIND: &'static str = "UDPRoute";
     const API_VERSION: &'static str = "gateway.networking.k8s.io/v1alpha2";
     const FIELDS: (&'static str, &'static str) = ("parents", "parentRef");
     fn entries(&self) -> Vec<Value> {

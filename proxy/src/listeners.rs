@@ -64,19 +64,23 @@ fn table_active(table: &SharedTable) -> Arc<AtomicUsize> {
 
 struct Running {
     protocol: snap::Protocol,
+    /// The accept loop, or a UDP port's receive loop (which holds its flows).
     accept: JoinHandle<()>,
-    proxy: Arc<HttpProxy<Gateway>>,
+    /// None on UDP ports.
+    proxy: Option<Arc<HttpProxy<Gateway>>>,
     /// Tells fast-path connections idling between requests to close.
     closing: watch::Sender<bool>,
 }
 
 impl Running {
     /// Stops accepting, and wakes connections idling between keep-alive requests so they
-    /// close; requests in flight finish.
+    /// close; requests in flight finish. A UDP port's flows end at once.
     async fn stop(self) {
         self.accept.abort();
         let _ = self.closing.send(true);
-        self.proxy.cleanup().await;
+        if let Some(proxy) = self.proxy {
+            proxy.cleanup().await;
+        }
     }
 }
 
@@ -167,6 +171,30 @@ impl Listeners {
                 continue;
             }
             let addr = SocketAddr::new(self.bind_ip, port);
+            if protocol == snap::Protocol::Udp {
+                match tokio::net::UdpSocket::bind(addr).await {
+                    Ok(socket) => {
+                        let (closing, _) = watch::channel(false);
+                        let receive = tokio::spawn(crate::relay::udp::serve(
+                            socket,
+                            self.table.clone(),
+                            port,
+                        ));
+                        tracing::info!(port, ?protocol, "listener bound");
+                        self.running.insert(
+                            port,
+                            Running {
+                                protocol,
+                                accept: receive,
+                                proxy: None,
+                                closing,
+                            },
+                        );
+                    }
+                    Err(source) => errors.push(ListenError::Bind { addr, source }),
+                }
+                continue;
+            }
             match TcpListener::bind(addr).await {
                 Ok(listener) => {
                     let https = protocol == snap::Protocol::Https;
@@ -209,7 +237,7 @@ impl Listeners {
                         Running {
                             protocol,
                             accept,
-                            proxy,
+                            proxy: Some(proxy),
                             closing,
                         },
                     );

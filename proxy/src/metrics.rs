@@ -50,6 +50,8 @@ pub struct Metrics {
     pub tls_handshake_timeouts: AtomicU64,
     /// Connections closed because their PROXY protocol header was missing, malformed or late.
     pub proxy_protocol_refused: AtomicU64,
+    /// UDP datagrams dropped because their port's flow table was full.
+    pub udp_flows_refused: AtomicU64,
     /// Requests sent to another endpoint because connecting to the one picked failed.
     pub connect_retries: AtomicU64,
     /// Requests sent again because the backend's answer is one the route retries.
@@ -229,6 +231,11 @@ impl Metrics {
                 "coxswain_proxy_proxy_protocol_refused_total",
                 "Connections closed because their PROXY protocol header was missing, malformed or late.",
                 &self.proxy_protocol_refused,
+            ),
+            (
+                "coxswain_proxy_udp_flows_refused_total",
+                "UDP datagrams of new client flows dropped because the port's flow table was full.",
+                &self.udp_flows_refused,
             ),
             (
                 "coxswain_proxy_upstream_connect_retries_total",

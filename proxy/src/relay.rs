@@ -1,7 +1,8 @@
 //! Relayed connections: bytes to a backend, never read as HTTP.
 //!
 //! TCP listeners (Gateway listener protocol TCP, with TCPRoutes) have one host, "": a
-//! connection goes to a backend of its first route.
+//! connection goes to a backend of its first route. UDP listeners relay datagrams per client
+//! flow ([`udp`]).
 //!
 //! TLS listeners (protocol TLS, with TLSRoutes) route by the name the client asks for. The proxy reads the client's first flight until the ClientHello
 //! is complete, takes its server_name (SNI), and picks the virtual host by it as HTTP
@@ -15,6 +16,8 @@
 //! begins. Metrics count each connection as one request of its route: 2xx relayed, 5xx when
 //! no backend could take it, 403 for a resumed session without the client certificate the
 //! port now requires; a name no route serves counts as an unrouted 404.
+
+pub mod udp;
 
 use crate::metrics::Metrics;
 use crate::router::Pick;

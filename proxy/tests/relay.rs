@@ -1,5 +1,5 @@
 //! Relayed connections. TCP listeners send each connection to a backend of their one route,
-//! by weight. TLS listeners route connections by the ClientHello's SNI. Passthrough: the proxy holds no
+//! by weight; UDP listeners do the same per client flow, which lasts until it is idle. TLS listeners route connections by the ClientHello's SNI. Passthrough: the proxy holds no
 //! certificate for these names; it relays the connection to the backend of the name's route,
 //! and the client completes its handshake with that backend, verifying the backend's own
 //! certificate. Terminate: the proxy completes the handshake with the port's certificate
@@ -9,6 +9,7 @@
 
 mod support;
 
+use coxswain_api::snapshot::Snapshot;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use std::net::SocketAddr;
@@ -482,4 +483,199 @@ async fn tcp_connections_split_by_weight_and_outlive_a_route_change() {
     let line = r#"route="TCPRoute/t/db",rule="0",code="2xx"} 402"#;
     assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     proxy.stop().await;
+}
+
+const UDP: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_UDP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: UDPRoute, namespace: t, name: dns, rule: 0}
+      backends: {BACKENDS}
+clusters:
+- name: t/a:53
+  endpoints: [{address: 127.0.0.1, port: {A}, ready: true, serving: true}]
+- name: t/b:53
+  endpoints: [{address: 127.0.0.1, port: {B}, ready: true, serving: true}]
+"#;
+
+/// A UDP server that answers every datagram with "<name> <datagram>".
+async fn udp_backend(name: &'static str) -> SocketAddr {
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let addr = socket.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 65_535];
+        while let Ok((n, from)) = socket.recv_from(&mut buf).await {
+            let answer = format!("{name} {}", String::from_utf8_lossy(&buf[..n]));
+            let _ = socket.send_to(answer.as_bytes(), from).await;
+        }
+    });
+    addr
+}
+
+/// A client socket of its own (a flow of its own at the proxy).
+async fn udp_client() -> tokio::net::UdpSocket {
+    tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap()
+}
+
+/// One datagram to `port` and the answer, if one comes within `wait`.
+async fn udp_ask(
+    client: &tokio::net::UdpSocket,
+    port: u16,
+    payload: &str,
+    wait: Duration,
+) -> Option<String> {
+    client
+        .send_to(payload.as_bytes(), ("127.0.0.1", port))
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 65_535];
+    let (n, _) = tokio::time::timeout(wait, client.recv_from(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+fn udp_snapshot(port: u16, a: SocketAddr, b: SocketAddr, backends: &str) -> Snapshot {
+    snapshot(
+        UDP,
+        &[
+            ("PORT", port.to_string()),
+            ("A", a.port().to_string()),
+            ("B", b.port().to_string()),
+            ("BACKENDS", backends.to_owned()),
+        ],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_flows_split_by_weight_keep_their_backend_and_outlive_a_route_change() {
+    let (a, b) = (udp_backend("a").await, udp_backend("b").await);
+    let port = free_port();
+    let split = udp_snapshot(
+        port,
+        a,
+        b,
+        r#"[{cluster: "t/a:53", weight: 3}, {cluster: "t/b:53", weight: 1}]"#,
+    );
+    let proxy = Proxy::start(&split).await;
+    let wait = Duration::from_secs(5);
+
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    // Every client socket stays open to the end: a closed one's port could be handed to a
+    // later client, which would then be the same flow to the proxy.
+    let mut clients = Vec::new();
+    for i in 0..400 {
+        let client = udp_client().await;
+        let answer = udp_ask(&client, port, &format!("q{i}"), wait)
+            .await
+            .unwrap_or_else(|| panic!("no answer to flow {i}"));
+        let (name, echoed) = answer.split_once(' ').unwrap();
+        assert_eq!(echoed, format!("q{i}"), "datagrams arrive as sent");
+        *counts.entry(name.to_owned()).or_default() += 1;
+        clients.push(client);
+    }
+    let a_share = counts.get("a").copied().unwrap_or(0);
+    assert!((257..=343).contains(&a_share), "{counts:?}");
+
+    // One client is one flow: every datagram goes to the backend its first one picked, and
+    // keeps going there after the route changes; a new client follows the change.
+    let kept = udp_client().await;
+    let first = udp_ask(&kept, port, "1", wait).await.unwrap();
+    let backend = first.split_once(' ').unwrap().0.to_owned();
+    for i in 2..10 {
+        assert_eq!(
+            udp_ask(&kept, port, &i.to_string(), wait).await,
+            Some(format!("{backend} {i}"))
+        );
+    }
+    let other = if backend == "a" { "t/b:53" } else { "t/a:53" };
+    let moved = udp_snapshot(
+        port,
+        a,
+        b,
+        &format!(r#"[{{cluster: "{other}", weight: 1}}]"#),
+    );
+    proxy.update(&moved);
+    proxy.wait_ready(&moved.version).await;
+    assert_eq!(
+        udp_ask(&kept, port, "after", wait).await,
+        Some(format!("{backend} after"))
+    );
+    let fresh = udp_client().await;
+    let answer = udp_ask(&fresh, port, "new", wait).await.unwrap();
+    assert_ne!(answer.split_once(' ').unwrap().0, backend, "{answer}");
+
+    let metrics = get(&format!("http://{}/metrics", proxy.admin), &[])
+        .await
+        .unwrap()
+        .body;
+    // 400 flows, the kept one and the fresh one.
+    let line = r#"route="UDPRoute/t/dns",rule="0",code="2xx"} 402"#;
+    assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    drop(clients);
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_udp_flow_table_drops_new_clients_until_a_flow_is_idle() {
+    use coxswain_proxy::table::{SharedTable, Table};
+    let (a, b) = (udp_backend("a").await, udp_backend("b").await);
+    let socket = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let port = socket.local_addr().unwrap().port();
+    let table = SharedTable::default();
+    let to_a = udp_snapshot(port, a, b, r#"[{cluster: "t/a:53", weight: 1}]"#);
+    table.store(Table::build(&to_a, table.metrics()).unwrap());
+    let idle = Duration::from_millis(300);
+    let relay = tokio::spawn(coxswain_proxy::relay::udp::serve_with(
+        socket,
+        table.clone(),
+        port,
+        idle,
+        1,
+    ));
+    let wait = Duration::from_secs(5);
+
+    let first = udp_client().await;
+    assert_eq!(
+        udp_ask(&first, port, "hi", wait).await.as_deref(),
+        Some("a hi")
+    );
+    // The route moves to b; the one flow there is stays on a.
+    let to_b = udp_snapshot(port, a, b, r#"[{cluster: "t/b:53", weight: 1}]"#);
+    table.store(Table::build(&to_b, table.metrics()).unwrap());
+    assert_eq!(
+        udp_ask(&first, port, "again", wait).await.as_deref(),
+        Some("a again")
+    );
+    let flow_started = std::time::Instant::now();
+    // The table holds one flow: a second client is dropped, and counted.
+    let second = udp_client().await;
+    let refused = &table.metrics().udp_flows_refused;
+    assert_eq!(
+        udp_ask(&second, port, "me too", Duration::from_millis(200)).await,
+        None
+    );
+    assert!(refused.load(std::sync::atomic::Ordering::Relaxed) >= 1);
+    // Once the first flow has been idle long enough it ends, and the second client gets in,
+    // on the route as it is now.
+    let answer = loop {
+        if let Some(a) = udp_ask(&second, port, "me too", Duration::from_millis(100)).await {
+            break a;
+        }
+        assert!(
+            flow_started.elapsed() < Duration::from_secs(10),
+            "the idle flow never ended"
+        );
+    };
+    assert_eq!(answer, "b me too");
+    assert!(
+        flow_started.elapsed() >= idle,
+        "a flow ended before it was idle: {:?}",
+        flow_started.elapsed()
+    );
+    relay.abort();
 }

@@ -25,6 +25,7 @@ pub struct RouteOutput {
     pub grpc_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     pub tls_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     pub tcp_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    pub udp_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     /// (gateway, owning ListenerSet, listener name) -> number of attached routes
     pub attached: BTreeMap<(ObjectKey, Option<ObjectKey>, String), i32>,
     /// (namespace, Service) -> the Gateways whose accepted routes send to it: the ancestors
@@ -54,6 +55,7 @@ pub fn compile(
         grpc_status: BTreeMap::new(),
         tls_status: BTreeMap::new(),
         tcp_status: BTreeMap::new(),
+        udp_status: BTreeMap::new(),
         attached: BTreeMap::new(),
         service_gateways: BTreeMap::new(),
         clusters: Vec::new(),
@@ -373,6 +375,7 @@ fn compile_route(
         RouteKind::Grpc => out.grpc_status.insert(key, parents),
         RouteKind::Tls => out.tls_status.insert(key, parents),
         RouteKind::Tcp => out.tcp_status.insert(key, parents),
+        RouteKind::Udp => out.udp_status.insert(key, parents),
     };
 }
 

@@ -1,17 +1,18 @@
-//! TLSRoutes and TCPRoutes, read as HTTPRoutes with neither matches nor filters: a relayed
-//! connection is chosen by the ClientHello's SNI alone (TLS) or by its port alone (TCP), so
-//! such a route is hostnames (TLS only) and weighted backends, which is an HTTPRoute whose
-//! rules match every request. The route compiler then attaches and resolves them like other
-//! routes; [`RouteKind::Tls`] and [`RouteKind::Tcp`] keep them on listeners of their protocol
-//! and name them in status and ReferenceGrants.
+//! TLSRoutes, TCPRoutes and UDPRoutes, read as HTTPRoutes with neither matches nor filters: a
+//! relayed connection (or UDP flow) is chosen by the ClientHello's SNI alone (TLS) or by its
+//! port alone (TCP, UDP), so such a route is hostnames (TLS only) and weighted backends, which
+//! is an HTTPRoute whose rules match every request. The route compiler then attaches and
+//! resolves them like other routes; their [`RouteKind`] keeps them on listeners of their
+//! protocol and names them in status and ReferenceGrants.
 
 use super::route::{RouteForm, RouteKind};
 use gateway_api::apis::experimental::httproutes as http;
 use gateway_api::apis::experimental::tcproutes::TcpRoute;
+use gateway_api::apis::experimental::udproutes::UdpRoute;
 use gateway_api::apis::standard::tlsroutes::TlsRoute;
 
 /// The shared form of a route whose generated type has the parentRefs and rules (backendRefs
-/// only) of TLSRoute and TCPRoute: the fields agree, the types are distinct.
+/// only) of TLSRoute, TCPRoute and UDPRoute: the fields agree, the types are distinct.
 macro_rules! relayed_route_form {
     ($kind:expr, $route:expr, $hostnames:expr) => {{
         let route = $route;
@@ -68,6 +69,11 @@ pub fn tls_route_form<'a>(route: &TlsRoute) -> RouteForm<'a> {
 /// A TCPRoute in the shared form: no hostnames, so it serves whatever arrives on the port.
 pub fn tcp_route_form<'a>(route: &TcpRoute) -> RouteForm<'a> {
     relayed_route_form!(RouteKind::Tcp, route, None)
+}
+
+/// A UDPRoute in the shared form: no hostnames, like a TCPRoute.
+pub fn udp_route_form<'a>(route: &UdpRoute) -> RouteForm<'a> {
+    relayed_route_form!(RouteKind::Udp, route, None)
 }
 
 #[cfg(test)]

@@ -60,6 +60,7 @@ fn served_kinds(protocol: Option<Protocol>) -> &'static [RouteKind] {
         Some(Protocol::Http | Protocol::Https) => &[RouteKind::Http, RouteKind::Grpc],
         Some(Protocol::Tls) => &[RouteKind::Tls],
         Some(Protocol::Tcp) => &[RouteKind::Tcp],
+        Some(Protocol::Udp) => &[RouteKind::Udp],
         _ => &[],
     }
 }
@@ -180,6 +181,7 @@ pub(super) fn compile_listeners(
             "HTTPS" if !passthrough => Some(Protocol::Https),
             "TLS" => Some(Protocol::Tls),
             "TCP" => Some(Protocol::Tcp),
+            "UDP" => Some(Protocol::Udp),
             _ => None,
         };
         // Terminate is the default mode: TLS ends here and the plaintext goes to the backend.
@@ -206,7 +208,7 @@ pub(super) fn compile_listeners(
                 accepted_problem = Some(Problem::new(
                     reason::UNSUPPORTED_PROTOCOL,
                     format!(
-                        "protocol {} is not supported; use HTTP, HTTPS, TLS or TCP",
+                        "protocol {} is not supported; use HTTP, HTTPS, TLS, TCP or UDP",
                         l.protocol
                     ),
                 ));
@@ -379,9 +381,10 @@ pub(super) fn compile_listeners(
 }
 
 /// The hostname that tells a listener's connections apart from its port's other listeners':
-/// none for TCP, whose connections carry no name (the field is ignored, as the spec allows).
+/// none for TCP and UDP, whose traffic carries no name (the field is ignored, as the spec
+/// allows).
 fn routing_hostname(l: &GatewayListeners) -> &str {
-    if normalized_protocol(&l.protocol) == "TCP" {
+    if matches!(normalized_protocol(&l.protocol).as_str(), "TCP" | "UDP") {
         ""
     } else {
         l.hostname.as_deref().unwrap_or("")

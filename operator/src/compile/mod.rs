@@ -106,6 +106,7 @@ fn route_forms(store: &Store) -> Vec<route::RouteForm<'_>> {
         .chain(store.grpc_routes.iter().map(grpcroute::as_route_form))
         .chain(store.tls_routes.iter().map(l4route::tls_route_form))
         .chain(store.tcp_routes.iter().map(l4route::tcp_route_form))
+        .chain(store.udp_routes.iter().map(l4route::udp_route_form))
         .collect()
 }
 
@@ -163,6 +164,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         grpc_routes: routes.grpc_status,
         tls_routes: routes.tls_status,
         tcp_routes: routes.tcp_status,
+        udp_routes: routes.udp_status,
         backend_tls_policies,
         backend_policies,
         access_policies,

@@ -1,4 +1,4 @@
-//! The shared route form: HTTPRoutes, GRPCRoutes, TLSRoutes and TCPRoutes as the one shape the
+//! The shared route form: HTTPRoutes, GRPCRoutes and the relayed kinds (TLS, TCP, UDP) as the one shape the
 //! route compiler reads. A route of another kind becomes the HTTPRoute it is equivalent to
 //! ([`super::grpcroute`] and [`super::l4route`] convert them, [`RouteForm::equivalent`] puts
 //! the parts together), and its kind stays beside it: attachment, ReferenceGrants, the
@@ -18,6 +18,7 @@ pub enum RouteKind {
     Grpc,
     Tls,
     Tcp,
+    Udp,
 }
 
 impl RouteKind {
@@ -27,6 +28,7 @@ impl RouteKind {
             Self::Grpc => "GRPCRoute",
             Self::Tls => "TLSRoute",
             Self::Tcp => "TCPRoute",
+            Self::Udp => "UDPRoute",
         }
     }
 
@@ -36,6 +38,7 @@ impl RouteKind {
             "GRPCRoute" => Some(Self::Grpc),
             "TLSRoute" => Some(Self::Tls),
             "TCPRoute" => Some(Self::Tcp),
+            "UDPRoute" => Some(Self::Udp),
             _ => None,
         }
     }

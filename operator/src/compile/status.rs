@@ -274,6 +274,8 @@ pub struct StatusDecisions {
     pub tls_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub tcp_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub udp_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     /// BackendTLSPolicy -> one entry per Gateway whose routes use a Service it targets
     /// (`status.ancestors`; the entry's parent_ref is the ancestorRef).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]

@@ -7,6 +7,7 @@ use coxswain_api::{
 };
 use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::experimental::tcproutes::TcpRoute;
+use gateway_api::apis::experimental::udproutes::UdpRoute;
 use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
 use gateway_api::apis::standard::gatewayclasses::GatewayClass;
 use gateway_api::apis::standard::gateways::Gateway;
@@ -31,6 +32,8 @@ pub struct Store {
     pub tls_routes: Vec<TlsRoute>,
     /// Experimental (v1alpha2): absent unless the cluster installs the experimental channel.
     pub tcp_routes: Vec<TcpRoute>,
+    /// Experimental (v1alpha2), as TCPRoute.
+    pub udp_routes: Vec<UdpRoute>,
     pub backend_tls_policies: Vec<BackendTlsPolicy>,
     /// Read for BackendTLSPolicy CA certificates.
     pub config_maps: Vec<ConfigMap>,
@@ -71,6 +74,7 @@ impl Store {
             ("GRPCRoute", self.grpc_routes.len()),
             ("TLSRoute", self.tls_routes.len()),
             ("TCPRoute", self.tcp_routes.len()),
+            ("UDPRoute", self.udp_routes.len()),
             ("BackendTLSPolicy", self.backend_tls_policies.len()),
             ("ConfigMap", self.config_maps.len()),
             ("ReferenceGrant", self.reference_grants.len()),
@@ -206,6 +210,7 @@ impl Store {
             ("gateway.networking.k8s.io", "GRPCRoute") => push(&mut self.grpc_routes, value),
             ("gateway.networking.k8s.io", "TLSRoute") => push(&mut self.tls_routes, value),
             ("gateway.networking.k8s.io", "TCPRoute") => push(&mut self.tcp_routes, value),
+            ("gateway.networking.k8s.io", "UDPRoute") => push(&mut self.udp_routes, value),
             ("gateway.networking.k8s.io", "BackendTLSPolicy") => {
                 push(&mut self.backend_tls_policies, value)
             }

@@ -280,10 +280,18 @@ pub fn render(inputs: &Inputs<'_>) -> Result<Rendered, RenderError> {
         ..Default::default()
     };
 
-    let mut ports: Vec<i32> = gw.spec.listeners.iter().map(|l| l.port).collect();
+    let mut ports: Vec<ListenPort> = gw
+        .spec
+        .listeners
+        .iter()
+        .map(|l| ListenPort {
+            port: l.port,
+            udp: l.protocol.eq_ignore_ascii_case("UDP"),
+        })
+        .collect();
     ports.sort_unstable();
     ports.dedup();
-    let low_port = ports.iter().any(|p| *p < 1024);
+    let low_port = ports.iter().any(|p| p.port < 1024);
 
     let trust_name = format!("{name}-trust");
     let base = proxy_pod_template(&ProxyPod {
@@ -409,10 +417,10 @@ pub fn render(inputs: &Inputs<'_>) -> Result<Rendered, RenderError> {
                 ports
                     .iter()
                     .map(|p| ServicePort {
-                        name: Some(format!("port-{p}")),
-                        port: *p,
-                        target_port: Some(IntOrString::Int(*p)),
-                        protocol: Some("TCP".into()),
+                        name: Some(p.name()),
+                        port: p.port,
+                        target_port: Some(IntOrString::Int(p.port)),
+                        protocol: Some(p.protocol().into()),
                         ..Default::default()
                     })
                     .collect(),
@@ -452,12 +460,35 @@ struct ProxyPod<'a> {
     controller_namespace: &'a str,
     image: &'a str,
     resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
-    ports: &'a [i32],
+    ports: &'a [ListenPort],
     trust_configmap: &'a str,
     labels: BTreeMap<String, String>,
     annotations: Option<BTreeMap<String, String>>,
     client_address: Option<&'a ClientAddress>,
     tracing: Option<&'a Tracing>,
+}
+
+/// A port a Gateway's listeners use, with its transport: UDP listeners need UDP Service and
+/// container ports (a TCP listener may use the same number).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct ListenPort {
+    port: i32,
+    udp: bool,
+}
+
+impl ListenPort {
+    fn protocol(self) -> &'static str {
+        if self.udp { "UDP" } else { "TCP" }
+    }
+
+    /// Service port names are unique per Service; TCP keeps the name it always had.
+    fn name(self) -> String {
+        if self.udp {
+            format!("udp-{}", self.port)
+        } else {
+            format!("port-{}", self.port)
+        }
+    }
 }
 
 fn proxy_security_context(low_port: bool) -> SecurityContext {
@@ -488,7 +519,7 @@ fn pod_security_context() -> PodSecurityContext {
 }
 
 fn proxy_pod_template(p: &ProxyPod<'_>) -> PodTemplateSpec {
-    let low_port = p.ports.iter().any(|port| *port < 1024);
+    let low_port = p.ports.iter().any(|port| port.port < 1024);
     let probe = |path: &str| Probe {
         http_get: Some(HTTPGetAction {
             path: Some(path.into()),
@@ -502,8 +533,8 @@ fn proxy_pod_template(p: &ProxyPod<'_>) -> PodTemplateSpec {
         .ports
         .iter()
         .map(|port| ContainerPort {
-            container_port: *port,
-            protocol: Some("TCP".into()),
+            container_port: port.port,
+            protocol: Some(port.protocol().into()),
             ..Default::default()
         })
         .collect();
@@ -1128,6 +1159,46 @@ spec:
                 .unwrap()
                 .iter()
                 .any(|v| v.name == mount.name && v.empty_dir.is_some())
+        );
+    }
+
+    #[test]
+    fn udp_listeners_get_udp_ports_beside_tcp_ones_of_the_same_number() {
+        let gw = GW.replace(
+            "  - {name: https, port: 8443, protocol: HTTPS}",
+            "  - {name: dns-tcp, port: 5353, protocol: TCP}\n  - {name: dns, port: 5353, protocol: UDP}",
+        );
+        let r = render_with(&gw, None, None).unwrap();
+        let svc = r.service.spec.as_ref().unwrap();
+        let ports: Vec<(&str, i32, &str)> = svc
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p.name.as_deref().unwrap(),
+                    p.port,
+                    p.protocol.as_deref().unwrap(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            ports,
+            [
+                ("port-5353", 5353, "TCP"),
+                ("udp-5353", 5353, "UDP"),
+                ("port-8080", 8080, "TCP")
+            ]
+        );
+        let container = &pod(&r).containers[0];
+        assert!(
+            container
+                .ports
+                .as_ref()
+                .unwrap()
+                .iter()
+                .any(|p| p.container_port == 5353 && p.protocol.as_deref() == Some("UDP"))
         );
     }
 

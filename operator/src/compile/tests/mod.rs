@@ -16,5 +16,5 @@ mod ingress_annotations;
 mod inputs;
 mod listener_sets;
 mod load_balancing;
-mod tcp;
+mod tcp_udp;
 mod tls;

@@ -1,5 +1,5 @@
-//! TCP listeners and TCPRoutes: no names to go by, so a port serves its routes' backends as
-//! they come.
+//! TCP and UDP listeners with TCPRoutes and UDPRoutes: no names to go by, so a port serves its
+//! route's backends as connections (or UDP flows) come.
 
 use super::fixtures::*;
 use crate::compile::status::ConditionStatus;
@@ -149,4 +149,54 @@ spec:
         (resolved.status, resolved.reason),
         (ConditionStatus::False, "BackendNotFound")
     );
+}
+
+#[test]
+fn a_udp_route_serves_its_port_and_udp_cannot_share_a_port_with_tcp() {
+    let docs = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: dns, namespace: web, generation: 1}
+spec:
+  gatewayClassName: coxswain
+  listeners:
+  - {name: udp, port: 5353, protocol: UDP}
+  - {name: clash-udp, port: 6000, protocol: UDP}
+  - {name: clash-tcp, port: 6000, protocol: TCP}
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: UDPRoute
+metadata: {name: resolver, namespace: web, generation: 2}
+spec:
+  parentRefs: [{name: dns, sectionName: udp}]
+  rules: [{backendRefs: [{name: echo, port: 8080}]}]
+"#;
+    let c = compile_yaml(&[BASE, docs]);
+    let parents = &c.status.udp_routes[&key("web", "resolver")];
+    for type_ in ["Accepted", "ResolvedRefs"] {
+        let cond = find(&parents[0].conditions, type_);
+        assert_eq!(cond.status, ConditionStatus::True, "{cond:?}");
+    }
+    let l = shared(&c)
+        .listeners
+        .iter()
+        .find(|l| l.port == 5353)
+        .unwrap();
+    assert_eq!(l.protocol, snap::Protocol::Udp as i32);
+    assert_eq!(l.virtual_hosts.len(), 1);
+    assert_eq!(l.virtual_hosts[0].hostname, "");
+    assert_eq!(
+        l.virtual_hosts[0].routes[0].source.as_ref().unwrap().kind,
+        "UDPRoute"
+    );
+    // One port, one protocol: TCP and UDP on 6000 conflict.
+    for listener in ["clash-udp", "clash-tcp"] {
+        let conflicted = listener_condition(&c, "dns", listener, "Conflicted");
+        assert_eq!(
+            (conflicted.status, conflicted.reason),
+            (ConditionStatus::True, "ProtocolConflict"),
+            "{listener}"
+        );
+    }
+    assert!(shared(&c).listeners.iter().all(|l| l.port != 6000));
 }
