@@ -2,7 +2,8 @@
 //! running as Pods on the test node: the controller replicas elect a leader, the shared pool
 //! and a Gateway's dedicated proxy bootstrap their SVIDs from projected tokens, and real HTTP
 //! through LoadBalancer addresses reaches echo-basic Pods. Gateway status says Programmed.
-//! TCP through a TCPRoute splits connections by weight and survives a route change.
+//! TCP through a TCPRoute splits connections by weight and survives a route change; UDP
+//! through a UDPRoute splits client flows by weight.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
 mod support;
@@ -11,6 +12,7 @@ use coxswain_api::names;
 use coxswain_testenv::{TestEnv, eventually};
 use gateway_api::apis::experimental::httproutes::HttpRoute;
 use gateway_api::apis::experimental::tcproutes::TcpRoute;
+use gateway_api::apis::experimental::udproutes::UdpRoute;
 use gateway_api::apis::standard::gateways::Gateway;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
@@ -42,6 +44,31 @@ async fn request(addr: SocketAddr, path: &str, host: &str) -> Option<(String, St
     let text = String::from_utf8_lossy(&buf).into_owned();
     let (head, body) = text.split_once("\r\n\r\n")?;
     Some((head.lines().next()?.to_owned(), body.to_owned()))
+}
+
+/// A DNS query for who.example (type A) from `socket`, and the address the answer holds: each
+/// CoreDNS backend of the UDP test answers with its own.
+async fn who(socket: &tokio::net::UdpSocket, server: SocketAddr) -> Option<std::net::Ipv4Addr> {
+    // Header: id, flags (recursion desired), one question; then the name, type A, class IN.
+    let mut query = vec![0x12, 0x34, 0x01, 0x00, 0, 1, 0, 0, 0, 0, 0, 0];
+    for label in ["who", "example"] {
+        query.push(u8::try_from(label.len()).ok()?);
+        query.extend_from_slice(label.as_bytes());
+    }
+    query.extend_from_slice(&[0, 0, 1, 0, 1]);
+    socket.send_to(&query, server).await.ok()?;
+    let mut buf = [0u8; 512];
+    let (n, _) = tokio::time::timeout(Duration::from_secs(2), socket.recv_from(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let answer = &buf[..n];
+    // One answer record, an A record: its address ends the message.
+    if answer.get(6..8)? != [0, 1] {
+        return None;
+    }
+    let address: [u8; 4] = answer.get(n.checked_sub(4)?..)?.try_into().ok()?;
+    Some(address.into())
 }
 
 /// A connection to echo-basic's TCP server (TCP_ECHO_SERVER), past its welcome line.
@@ -208,6 +235,7 @@ spec:
   listeners:
   - {{name: http, port: 8080, protocol: HTTP}}
   - {{name: tcp, port: 5432, protocol: TCP}}
+  - {{name: dns, port: 5353, protocol: UDP}}
 ---
 apiVersion: gateway.networking.k8s.io/v1
 kind: Gateway
@@ -272,6 +300,86 @@ metadata: {{name: tcp-b, namespace: {ns}}}
 spec:
   selector: {{app: tcp-b}}
   ports: [{{name: tcp, port: 5432, targetPort: tcp}}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: dns-a, namespace: {ns}}}
+data:
+  Corefile: |
+    .:1053 {{
+        hosts {{
+            10.0.0.1 who.example
+        }}
+    }}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: dns-a, namespace: {ns}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: dns-a}}}}
+  template:
+    metadata: {{labels: {{app: dns-a}}}}
+    spec:
+      containers:
+      - name: coredns
+        image: registry.k8s.io/coredns/coredns:v1.12.0
+        args: [-conf, /etc/coredns/Corefile]
+        ports: [{{name: dns, containerPort: 1053, protocol: UDP}}, {{name: dns-tcp, containerPort: 1053}}]
+        readinessProbe: {{tcpSocket: {{port: dns-tcp}}, periodSeconds: 1}}
+        volumeMounts: [{{name: config, mountPath: /etc/coredns}}]
+      volumes: [{{name: config, configMap: {{name: dns-a}}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: dns-a, namespace: {ns}}}
+spec:
+  selector: {{app: dns-a}}
+  ports: [{{name: dns, port: 53, targetPort: dns, protocol: UDP}}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: dns-b, namespace: {ns}}}
+data:
+  Corefile: |
+    .:1053 {{
+        hosts {{
+            10.0.0.2 who.example
+        }}
+    }}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: dns-b, namespace: {ns}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: dns-b}}}}
+  template:
+    metadata: {{labels: {{app: dns-b}}}}
+    spec:
+      containers:
+      - name: coredns
+        image: registry.k8s.io/coredns/coredns:v1.12.0
+        args: [-conf, /etc/coredns/Corefile]
+        ports: [{{name: dns, containerPort: 1053, protocol: UDP}}, {{name: dns-tcp, containerPort: 1053}}]
+        readinessProbe: {{tcpSocket: {{port: dns-tcp}}, periodSeconds: 1}}
+        volumeMounts: [{{name: config, mountPath: /etc/coredns}}]
+      volumes: [{{name: config, configMap: {{name: dns-b}}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: dns-b, namespace: {ns}}}
+spec:
+  selector: {{app: dns-b}}
+  ports: [{{name: dns, port: 53, targetPort: dns, protocol: UDP}}]
+---
+apiVersion: gateway.networking.k8s.io/v1alpha2
+kind: UDPRoute
+metadata: {{name: dns, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: edge, sectionName: dns}}]
+  rules:
+  - backendRefs: [{{name: dns-a, port: 53, weight: 3}}, {{name: dns-b, port: 53, weight: 1}}]
 ---
 apiVersion: gateway.networking.k8s.io/v1alpha2
 kind: TCPRoute
@@ -476,6 +584,63 @@ spec:
         "the established connection keeps its backend"
     );
     drop(established);
+
+    // UDP through the dedicated proxy: each client socket is a flow, and flows split 3:1
+    // between two CoreDNS backends that answer who.example with their own address.
+    let udp_routes: Api<UdpRoute> = env.api();
+    eventually("UDPRoute Accepted and ResolvedRefs", WAIT, || {
+        let udp_routes = udp_routes.clone();
+        async move {
+            let status = udp_routes.get("dns").await.ok()?.status?;
+            let conditions = &status.parents.first()?.conditions;
+            ["Accepted", "ResolvedRefs"]
+                .iter()
+                .all(|t| {
+                    conditions
+                        .iter()
+                        .any(|c| c.type_ == *t && c.status == "True")
+                })
+                .then_some(())
+        }
+    })
+    .await;
+    let dns_addr = SocketAddr::new(edge_ip, 5353);
+    let (a_ip, b_ip) = (
+        std::net::Ipv4Addr::new(10, 0, 0, 1),
+        std::net::Ipv4Addr::new(10, 0, 0, 2),
+    );
+    eventually(
+        "both DNS backends through the dedicated proxy",
+        WAIT,
+        || async move {
+            let mut seen = std::collections::BTreeSet::new();
+            for _ in 0..40 {
+                let socket = tokio::net::UdpSocket::bind("0.0.0.0:0").await.ok()?;
+                seen.insert(who(&socket, dns_addr).await?);
+            }
+            (seen.len() == 2).then_some(())
+        },
+    )
+    .await;
+    // Every client socket stays open until counted: a closed one's port could come back as
+    // a later client, which would be the same flow.
+    let mut clients = Vec::new();
+    let (mut udp_a, mut udp_b) = (0u32, 0u32);
+    for i in 0..1000 {
+        let socket = tokio::net::UdpSocket::bind("0.0.0.0:0").await.unwrap();
+        let ip = who(&socket, dns_addr)
+            .await
+            .unwrap_or_else(|| panic!("DNS answer {i} through the dedicated proxy"));
+        match ip {
+            ip if ip == a_ip => udp_a += 1,
+            ip if ip == b_ip => udp_b += 1,
+            other => panic!("answer from {other}"),
+        }
+        clients.push(socket);
+    }
+    drop(clients);
+    eprintln!("UDPRoute 3:1 over 1,000 client flows: dns-a {udp_a}, dns-b {udp_b}");
+    assert!((682..=818).contains(&udp_a), "dns-a {udp_a}, dns-b {udp_b}");
 
     // Editing the route changes the answer; deleting it gives 404.
     let routes: Api<HttpRoute> = env.api();

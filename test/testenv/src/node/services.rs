@@ -1,6 +1,7 @@
-//! kube-proxy and LoadBalancer provider of the test node, in user space: a TCP listener on every
-//! Service cluster IP and LoadBalancer address port, forwarding each connection to a ready
-//! endpoint from the Service's EndpointSlices (round robin). Also keeps the Service → cluster IP
+//! kube-proxy and LoadBalancer provider of the test node, in user space: a TCP listener (or UDP
+//! socket) on every Service cluster IP and LoadBalancer address port, forwarding each
+//! connection (each UDP client's datagrams) to a ready endpoint from the Service's
+//! EndpointSlices (round robin). Also keeps the Service → cluster IP
 //! table every Pod's /etc/hosts is written from (there is no cluster DNS).
 
 use super::Shared;
@@ -16,7 +17,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::{Notify, watch};
 
 /// Service name → cluster IP for every Service that has one.
@@ -92,6 +93,13 @@ struct Listener {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// A Service port's transport: the same number may be served over both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Transport {
+    Tcp,
+    Udp,
+}
+
 pub(crate) async fn run(shared: Arc<Shared>, hosts: watch::Sender<Arc<HostsTable>>) {
     let client = shared.client.clone();
     let changed = Arc::new(Notify::new());
@@ -158,7 +166,7 @@ fn spawn_reflector(
 struct Proxy {
     shared: Arc<Shared>,
     endpoints: Arc<EndpointTable>,
-    listeners: HashMap<SocketAddrV4, Listener>,
+    listeners: HashMap<(SocketAddrV4, Transport), Listener>,
     addresses: HashSet<Ipv4Addr>,
     /// (namespace, name) → allocated LoadBalancer address.
     load_balancers: HashMap<(String, String), Ipv4Addr>,
@@ -175,7 +183,7 @@ impl Proxy {
         self.update_endpoints(&slices.state());
 
         let mut table = HostsTable::default();
-        let mut wanted: HashMap<SocketAddrV4, Backend> = HashMap::new();
+        let mut wanted: HashMap<(SocketAddrV4, Transport), Backend> = HashMap::new();
         let mut live_lbs = HashSet::new();
         for svc in &services {
             let (ns, name) = (svc.namespace().unwrap_or_default(), svc.name_any());
@@ -196,9 +204,11 @@ impl Proxy {
                 table.services.insert((ns.clone(), name.clone()), ip);
             }
             for port in spec.ports.iter().flatten() {
-                if port.protocol.as_deref().is_some_and(|p| p != "TCP") {
-                    continue;
-                }
+                let transport = match port.protocol.as_deref() {
+                    None | Some("TCP") => Transport::Tcp,
+                    Some("UDP") => Transport::Udp,
+                    Some(_) => continue,
+                };
                 let Ok(number) = u16::try_from(port.port) else {
                     continue;
                 };
@@ -212,7 +222,7 @@ impl Proxy {
                     )
                 };
                 for ip in cluster_ip.iter().chain(lb_ip.iter()) {
-                    wanted.insert(SocketAddrV4::new(*ip, number), backend.clone());
+                    wanted.insert((SocketAddrV4::new(*ip, number), transport), backend.clone());
                 }
             }
         }
@@ -353,7 +363,7 @@ impl Proxy {
         ip
     }
 
-    async fn apply_listeners(&mut self, wanted: HashMap<SocketAddrV4, Backend>) {
+    async fn apply_listeners(&mut self, wanted: HashMap<(SocketAddrV4, Transport), Backend>) {
         self.listeners.retain(|addr, listener| {
             let keep = wanted.contains_key(addr);
             if !keep {
@@ -361,7 +371,7 @@ impl Proxy {
             }
             keep
         });
-        let wanted_ips: HashSet<Ipv4Addr> = wanted.keys().map(|a| *a.ip()).collect();
+        let wanted_ips: HashSet<Ipv4Addr> = wanted.keys().map(|(a, _)| *a.ip()).collect();
         for ip in &wanted_ips {
             if !self.addresses.contains(ip) {
                 match self.shared.network.add_service_address(*ip).await {
@@ -372,8 +382,8 @@ impl Proxy {
                 }
             }
         }
-        for (addr, backend) in wanted {
-            if let Some(listener) = self.listeners.get(&addr) {
+        for ((addr, transport), backend) in wanted {
+            if let Some(listener) = self.listeners.get(&(addr, transport)) {
                 listener.backend.send_if_modified(|b| {
                     let changed = *b != backend;
                     *b = backend.clone();
@@ -381,14 +391,25 @@ impl Proxy {
                 });
                 continue;
             }
-            match TcpListener::bind(addr).await {
-                Ok(socket) => {
-                    let (tx, rx) = watch::channel(backend);
-                    let task = tokio::spawn(forward(socket, rx, self.endpoints.clone()));
-                    self.listeners.insert(addr, Listener { backend: tx, task });
-                }
-                Err(e) => tracing::warn!(%addr, error = %e, "service listener failed"),
-            }
+            let (tx, rx) = watch::channel(backend);
+            let task = match transport {
+                Transport::Tcp => match TcpListener::bind(addr).await {
+                    Ok(socket) => tokio::spawn(forward(socket, rx, self.endpoints.clone())),
+                    Err(e) => {
+                        tracing::warn!(%addr, error = %e, "service listener failed");
+                        continue;
+                    }
+                },
+                Transport::Udp => match UdpSocket::bind(addr).await {
+                    Ok(socket) => tokio::spawn(forward_udp(socket, rx, self.endpoints.clone())),
+                    Err(e) => {
+                        tracing::warn!(%addr, error = %e, "service UDP socket failed");
+                        continue;
+                    }
+                },
+            };
+            self.listeners
+                .insert((addr, transport), Listener { backend: tx, task });
         }
         let stale: Vec<Ipv4Addr> = self.addresses.difference(&wanted_ips).copied().collect();
         for ip in stale {
@@ -421,5 +442,58 @@ async fn forward(
                 }
             }
         });
+    }
+}
+
+/// How long a UDP flow lives without a reply from its endpoint.
+const UDP_FLOW_IDLE: Duration = Duration::from_secs(30);
+
+/// UDP as kube-proxy forwards it: each client address is a flow to one endpoint, whose
+/// replies come back from the Service address; a flow without a reply for [`UDP_FLOW_IDLE`] is
+/// dropped (simpler than kube-proxy's conntrack, enough for request/response tests).
+async fn forward_udp(
+    socket: UdpSocket,
+    backend: watch::Receiver<Backend>,
+    endpoints: Arc<EndpointTable>,
+) {
+    let socket = Arc::new(socket);
+    let flows: Arc<tokio::sync::Mutex<HashMap<SocketAddr, Arc<UdpSocket>>>> = Arc::default();
+    let mut buf = vec![0u8; 65_535];
+    loop {
+        let Ok((n, client)) = socket.recv_from(&mut buf).await else {
+            continue;
+        };
+        let existing = flows.lock().await.get(&client).cloned();
+        let upstream = match existing {
+            Some(u) => u,
+            None => {
+                let Some(target) = endpoints.candidates(&backend.borrow()).first().copied() else {
+                    continue;
+                };
+                let Ok(upstream) = UdpSocket::bind(("0.0.0.0", 0)).await else {
+                    continue;
+                };
+                if upstream.connect(target).await.is_err() {
+                    continue;
+                }
+                let upstream = Arc::new(upstream);
+                flows.lock().await.insert(client, upstream.clone());
+                tokio::spawn({
+                    let (upstream, socket, flows) =
+                        (upstream.clone(), socket.clone(), flows.clone());
+                    async move {
+                        let mut buf = vec![0u8; 65_535];
+                        while let Ok(Ok(n)) =
+                            tokio::time::timeout(UDP_FLOW_IDLE, upstream.recv(&mut buf)).await
+                        {
+                            let _ = socket.send_to(&buf[..n], client).await;
+                        }
+                        flows.lock().await.remove(&client);
+                    }
+                });
+                upstream
+            }
+        };
+        let _ = upstream.send(&buf[..n]).await;
     }
 }
