@@ -37,8 +37,8 @@ fn compile_modules_have_no_import_cycle_and_no_file_over_800_lines() {
 #[test]
 fn route_kinds_meet_only_in_the_shared_route_form() {
     let graph = compile_tree().check();
-    let route_modules = ["httproute", "grpcroute", "tlsroute"];
-    for converter in ["grpcroute", "tlsroute"] {
+    let route_modules = ["httproute", "grpcroute", "l4route"];
+    for converter in ["grpcroute", "l4route"] {
         assert!(graph[converter].contains("route"), "{converter}: {graph:?}");
     }
     for module in route_modules.iter().chain(&["gateway"]) {
