@@ -308,6 +308,17 @@ impl Peek for Buffered {
     }
 }
 
+/// A connection for the TLS acceptor, which takes Pingora's own stream type (rustls then
+/// batches writes into records, so it needs no buffer under it).
+pub(crate) fn l4_stream(tcp: TcpStream, peer: std::net::SocketAddr) -> L4Stream {
+    let mut stream = L4Stream::from(tcp);
+    // The client address, for allowlists and access logs.
+    let digest = SocketDigest::from_raw_fd(stream.as_raw_fd());
+    let _ = digest.peer_addr.set(Some(peer.into()));
+    stream.set_socket_digest(digest);
+    stream
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -20,15 +20,13 @@ use coxswain_api::snapshot as snap;
 use pingora::apps::{HttpServerApp, HttpServerOptions, ServerApp};
 use pingora::listeners::tls::Acceptor;
 use pingora::protocols::http::ServerSession;
-use pingora::protocols::l4::stream::Stream as L4Stream;
-use pingora::protocols::{ALPN, GetSocketDigest, SocketDigest, Ssl};
+use pingora::protocols::{ALPN, Ssl};
 use pingora::proxy::HttpProxy;
 use pingora::server::configuration::ServerConf;
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::unix::io::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -324,17 +322,6 @@ impl Listeners {
     }
 }
 
-/// A connection for the TLS acceptor, which takes Pingora's own stream type (rustls then
-/// batches writes into records, so it needs no buffer under it).
-pub(crate) fn l4_stream(tcp: tokio::net::TcpStream, peer: SocketAddr) -> L4Stream {
-    let mut stream = L4Stream::from(tcp);
-    // The client address, for allowlists and access logs.
-    let digest = SocketDigest::from_raw_fd(stream.as_raw_fd());
-    let _ = digest.peer_addr.set(Some(peer.into()));
-    stream.set_socket_digest(digest);
-    stream
-}
-
 /// What a connection needs to be let in: a permit under the connection limit, and a place
 /// in the active count.
 struct Admission {
@@ -453,7 +440,7 @@ impl Connection {
         match self.tls.clone() {
             None => self.serve_http1(Buffered::new(tcp, self.peer)).await,
             Some(acceptor) => {
-                let handshake = acceptor.tls_handshake(l4_stream(tcp, self.peer));
+                let handshake = acceptor.tls_handshake(crate::conn::l4_stream(tcp, self.peer));
                 let stream = match tokio::time::timeout(self.limits.tls_handshake, handshake).await
                 {
                     Ok(Ok(s)) => s,

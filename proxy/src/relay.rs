@@ -220,7 +220,7 @@ async fn serve_tls(
         forward(client, table, port, peer, name, &first).await;
         return;
     }
-    let mut stream = crate::listeners::l4_stream(client, peer);
+    let mut stream = crate::conn::l4_stream(client, peer);
     // The handshake starts from the ClientHello already read.
     stream.rewind(&first);
     let handshake = terminator.acceptor.tls_handshake(stream);
