@@ -170,7 +170,12 @@ pub struct CompiledRoute {
     pub counters: Arc<crate::metrics::RouteCounters>,
     /// Allowlist, CORS, body limit, rewrite template and the like, compiled.
     pub policy: Arc<crate::policy::RoutePolicy>,
+    /// The backends' weights divided by their greatest common divisor, summed: the length of
+    /// one round of picks.
     total_weight: u64,
+    weight_divisor: u32,
+    /// Step through a round's positions (see `pick`).
+    stride: u64,
     next: AtomicUsize,
     /// The rule's RequestMirror filters, in order.
     pub mirrors: Vec<Mirror>,
@@ -223,11 +228,18 @@ impl CompiledRoute {
         if self.total_weight == 0 {
             return Pick::InvalidBackend;
         }
+        // The n-th pick takes the backend whose share of the round holds position
+        // n * stride (mod the round): the stride spreads consecutive picks over the whole
+        // round, so weights 70:30 go 1,2,1,1,2,... and never 70 in a row to one backend.
+        // Any run of picks then splits as the weights say to within a few, also when
+        // several proxies each see part of the requests.
         let n = self.next.fetch_add(1, Ordering::Relaxed) as u64 % self.total_weight;
+        let position = u128::from(n) * u128::from(self.stride) % u128::from(self.total_weight);
+        let position = u64::try_from(position).unwrap_or(0);
         let mut acc = 0u64;
         for b in &self.backends {
-            acc += u64::from(b.weight);
-            if n < acc {
+            acc += u64::from(b.weight / self.weight_divisor);
+            if position < acc {
                 let Some(cluster) = &b.cluster else {
                     return Pick::InvalidBackend;
                 };
@@ -641,6 +653,16 @@ fn compile_route(
             .collect::<Vec<_>>()
     };
     let rule_response_edits = response_modifiers(&r.filters);
+    let weight_divisor = r
+        .backends
+        .iter()
+        .fold(0, |g, b| gcd(g, u64::from(b.weight)));
+    let weight_divisor = u32::try_from(weight_divisor).unwrap_or(1).max(1);
+    let total_weight: u64 = r
+        .backends
+        .iter()
+        .map(|b| u64::from(b.weight / weight_divisor))
+        .sum();
     let backends: Vec<ResolvedBackend> = r
         .backends
         .iter()
@@ -699,7 +721,9 @@ fn compile_route(
             metrics.route(&route, rule)
         },
         policy: Arc::new(policy),
-        total_weight: r.backends.iter().map(|b| u64::from(b.weight)).sum(),
+        total_weight,
+        weight_divisor,
+        stride: interleaving_stride(total_weight),
         next: AtomicUsize::new(0),
         mirrors: r
             .filters
@@ -711,6 +735,31 @@ fn compile_route(
             .collect(),
         passthrough,
     })
+}
+
+fn gcd(a: u64, b: u64) -> u64 {
+    if b == 0 { a } else { gcd(b, a % b) }
+}
+
+/// A step through `total` positions that visits each once per round and spreads consecutive
+/// steps evenly: about `total` divided by the golden ratio (the most even spread), moved up to
+/// the next number coprime with `total` so no position is skipped.
+fn interleaving_stride(total: u64) -> u64 {
+    if total <= 2 {
+        return 1;
+    }
+    #[allow(
+        clippy::cast_precision_loss,
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss
+    )]
+    let mut stride = ((total as f64) * 0.618_033_988_749_895).round() as u64;
+    stride = stride.clamp(1, total - 1);
+    // Ends at total - 1 at the latest, which is coprime with total.
+    while gcd(stride, total) != 1 {
+        stride += 1;
+    }
+    stride
 }
 
 #[cfg(test)]

@@ -387,3 +387,70 @@ fn a_router_keeps_both_wildcards_whatever_their_order() {
     assert_eq!(get("bar.foo.com").as_deref(), Some("ing/0"));
     assert_eq!(get("baz.bar.foo.com").as_deref(), Some("gw/0"));
 }
+
+/// The cluster each of `n` picks of the first route on port 80 went to.
+fn picks(r: &Router, n: usize) -> Vec<String> {
+    let route = r.port(80).unwrap().relay_route("").unwrap().0;
+    (0..n)
+        .map(|_| match route.pick(&mut |_| None) {
+            Pick::Endpoint { cluster, .. } => cluster.name.to_string(),
+            _ => panic!("no endpoint"),
+        })
+        .collect()
+}
+
+#[test]
+fn weighted_picks_interleave_so_every_run_splits_as_the_weights_say() {
+    let weighted = |a: u32, b: u32| {
+        let yaml = format!(
+            r#"
+listeners:
+- port: 80
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {{kind: HTTPRoute, namespace: web, name: split, rule: 0}}
+      backends: [{{cluster: "web/a:80", weight: {a}}}, {{cluster: "web/b:80", weight: {b}}}]
+clusters:
+- name: web/a:80
+  endpoints: [{{address: 10.0.0.1, port: 8080, ready: true, serving: true}}]
+- name: web/b:80
+  endpoints: [{{address: 10.0.0.2, port: 8080, ready: true, serving: true}}]
+"#
+        );
+        Router::build(&Snapshot::from_yaml(&yaml).unwrap().seal()).unwrap()
+    };
+    let share = |run: &[String]| run.iter().filter(|c| *c == "web/a:80").count();
+
+    // 70:30 is a round of 10: every 10 consecutive picks hold exactly 7 to a, and no run of
+    // more than a few goes to one backend.
+    let seq = picks(&weighted(70, 30), 1000);
+    for start in 0..990 {
+        assert_eq!(
+            share(&seq[start..start + 10]),
+            7,
+            "picks {start}..+10: {seq:?}"
+        );
+    }
+    let longest = seq
+        .chunk_by(|x, y| x == y)
+        .map(<[String]>::len)
+        .max()
+        .unwrap();
+    assert!(longest <= 3, "a run of {longest} picks to one backend");
+    // So does a run of any length at any start: a proxy of several (each with its own
+    // count) that sees 50 requests of 100 sends 35 of them to a, not 50 or 20 as whole
+    // blocks of 70 and 30 would.
+    for start in 0..950 {
+        assert_eq!(share(&seq[start..start + 50]), 35, "picks {start}..+50");
+    }
+    // Weights with no common divisor and a long round still split evenly over any 100.
+    let seq = picks(&weighted(997, 3), 10_000);
+    for start in (0..9_000).step_by(1000) {
+        let a = share(&seq[start..start + 1000]);
+        assert!((995..=999).contains(&a), "picks {start}..+1000: {a} to a");
+    }
+    // A zero weight is never picked.
+    assert!(picks(&weighted(1, 0), 50).iter().all(|c| c == "web/a:80"));
+}
