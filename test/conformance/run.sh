@@ -19,7 +19,15 @@ export COXSWAIN_KCM_PORT="${COXSWAIN_CONFORMANCE_KCM_PORT:-27457}"
 target="${CARGO_TARGET_DIR:-$repo/target}"
 profiles="${COXSWAIN_CONFORMANCE_PROFILES:-GATEWAY-HTTP,GATEWAY-GRPC,GATEWAY-TLS}"
 version="v$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)"
-report="${COXSWAIN_CONFORMANCE_REPORT:-$here/reports/$GATEWAY_API_VERSION/coxswain/${GATEWAY_API_CHANNEL}-${version}-default-report.yaml}"
+# dedicated (default): every Gateway gets a proxy of its own (gatewayclass.yaml); shared: every
+# Gateway is served by the shared pool (gatewayclass-shared.yaml), reported beside the first.
+pool="${COXSWAIN_CONFORMANCE_POOL:-dedicated}"
+case "$pool" in
+  dedicated) class_file="$here/gatewayclass.yaml"; mode=default ;;
+  shared) class_file="$here/gatewayclass-shared.yaml"; mode=shared-pool ;;
+  *) echo "COXSWAIN_CONFORMANCE_POOL must be dedicated or shared, not $pool" >&2; exit 2 ;;
+esac
+report="${COXSWAIN_CONFORMANCE_REPORT:-$here/reports/$GATEWAY_API_VERSION/coxswain/${GATEWAY_API_CHANNEL}-${version}-${mode}-report.yaml}"
 mkdir -p "$(dirname "$report")"
 
 cargo build --quiet -p coxswain-operator --bin coxswain -p coxswain-testenv --bin coxswain-node
@@ -36,7 +44,7 @@ fi
 kubectl() { "$K8S_BIN/kubectl" --kubeconfig "$kubeconfig" "$@"; }
 kubectl apply --server-side --force-conflicts -k config/default >&2
 kubectl -n coxswain-system rollout status deployment/coxswain-controller --timeout 180s >&2
-kubectl apply --server-side --force-conflicts -f "$here/gatewayclass.yaml" >&2
+kubectl apply --server-side --force-conflicts -f "$class_file" >&2
 kubectl wait --for condition=Accepted --timeout 120s gatewayclass/coxswain >&2
 
 bin="$COXSWAIN_CACHE/conformance/conformance-$GATEWAY_API_VERSION.test"
