@@ -343,6 +343,7 @@ impl Router {
         if !snapshot.is_sealed() {
             return Err(BuildError::Unsealed(snapshot.version.clone()));
         }
+        metrics.forget_unused();
         let client_certs = crate::upstream::client_certs(snapshot);
         let clusters: HashMap<Box<str>, Arc<ClusterState>> = snapshot
             .clusters
