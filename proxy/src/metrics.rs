@@ -85,6 +85,19 @@ impl Metrics {
         routes.entry((route.to_owned(), rule)).or_default().clone()
     }
 
+    /// Forgets what only the registries still hold: the counters of route rules and the
+    /// health of clusters that no table has any more (deleted, renamed). Without it every
+    /// route and cluster a proxy ever served stayed in memory and in /metrics. Called before
+    /// a table is built, while the table it replaces still holds its own, so what goes is
+    /// what has been gone for a whole snapshot; a route that comes back counts from zero,
+    /// which Prometheus reads as a counter reset.
+    pub fn forget_unused(&self) {
+        let mut routes = self.routes.lock().unwrap_or_else(|p| p.into_inner());
+        routes.retain(|_, c| Arc::strong_count(c) > 1);
+        drop(routes);
+        self.outliers.forget_unused();
+    }
+
     /// A request no route matched.
     pub fn unrouted(&self, status: u16) {
         self.unrouted.record(status);

@@ -195,6 +195,12 @@ impl Registry {
         map.entry(name.to_owned()).or_default().clone()
     }
 
+    /// Drops the clusters no table holds (see `Metrics::forget_unused`).
+    pub fn forget_unused(&self) {
+        let mut map = self.clusters.lock().unwrap_or_else(|p| p.into_inner());
+        map.retain(|_, c| Arc::strong_count(c) > 1);
+    }
+
     /// (cluster, ejections so far, ejected now), by cluster name.
     pub fn report(&self) -> Vec<(String, u64, usize)> {
         let map = self.clusters.lock().unwrap_or_else(|p| p.into_inner());

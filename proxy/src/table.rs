@@ -130,3 +130,109 @@ impl SharedTable {
         self.swaps.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+    use super::*;
+    use coxswain_api::snapshot as snap;
+
+    /// One HTTPRoute per name on port 8080, each to a cluster of its own, path `/{name}`.
+    fn snapshot(names: &[&str]) -> Snapshot {
+        let route = |name: &&str| snap::Route {
+            source: Some(snap::RouteSource {
+                kind: "HTTPRoute".into(),
+                namespace: "web".into(),
+                name: (*name).into(),
+                ..Default::default()
+            }),
+            r#match: Some(snap::RouteMatch {
+                path: Some(snap::PathMatch {
+                    kind: snap::path_match::Kind::Prefix as i32,
+                    value: format!("/{name}"),
+                }),
+                ..Default::default()
+            }),
+            backends: vec![snap::WeightedBackend {
+                cluster: format!("web/{name}:80"),
+                weight: 1,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let cluster = |name: &&str| snap::Cluster {
+            name: format!("web/{name}:80"),
+            endpoints: vec![snap::Endpoint {
+                address: "10.0.0.1".into(),
+                port: 80,
+                ready: true,
+                serving: true,
+                terminating: false,
+            }],
+            ..Default::default()
+        };
+        Snapshot {
+            listeners: vec![snap::Listener {
+                port: 8080,
+                protocol: snap::Protocol::Http as i32,
+                virtual_hosts: vec![snap::VirtualHost {
+                    hostname: String::new(),
+                    routes: names.iter().map(route).collect(),
+                    single_label: false,
+                    terminate_tls: false,
+                }],
+                ..Default::default()
+            }],
+            clusters: names.iter().map(cluster).collect(),
+            ..Default::default()
+        }
+        .seal()
+    }
+
+    /// Counts one 200 on the route serving `path`.
+    fn request(table: &Table, path: &str) {
+        let headers: &[(String, String)] = &[];
+        let req = crate::router::Request {
+            host: "any.example",
+            path_and_query: path,
+            method: "GET",
+            headers,
+        };
+        table.router.route(8080, &req).unwrap().counters.record(200);
+    }
+
+    fn rendered(metrics: &Metrics) -> String {
+        let mut text = String::new();
+        metrics.render(&mut text);
+        text
+    }
+
+    #[test]
+    fn a_deleted_routes_counters_and_cluster_are_forgotten_once_no_table_has_them() {
+        let metrics = Metrics::default();
+        let first = Table::build(&snapshot(&["kept", "gone"]), &metrics).unwrap();
+        request(&first, "/kept");
+        request(&first, "/gone");
+        let gone = "route=\"HTTPRoute/web/gone\"";
+        let gone_cluster = "cluster=\"web/gone:80\"";
+
+        // The snapshot without "gone" is built while the first table still serves: its
+        // counters and cluster stay, and "kept" keeps counting where it was.
+        let second = Table::build(&snapshot(&["kept"]), &metrics).unwrap();
+        let text = rendered(&metrics);
+        assert!(text.contains(gone) && text.contains(gone_cluster), "{text}");
+        drop(first);
+        request(&second, "/kept");
+
+        // No table holds "gone" any more: the next build forgets it.
+        let _third = Table::build(&snapshot(&["kept"]), &metrics).unwrap();
+        let text = rendered(&metrics);
+        assert!(!text.contains(gone), "{text}");
+        assert!(!text.contains(gone_cluster), "{text}");
+        assert!(
+            text.contains("route=\"HTTPRoute/web/kept\",rule=\"0\",code=\"2xx\"} 2"),
+            "{text}"
+        );
+        assert!(text.contains("cluster=\"web/kept:80\""), "{text}");
+    }
+}
