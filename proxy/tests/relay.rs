@@ -99,6 +99,17 @@ async fn tls_backend(name: &'static str, id: &Identity) -> SocketAddr {
     addr
 }
 
+/// Fails unless the proxy's /metrics holds every one of `lines`.
+async fn assert_metrics(proxy: &Proxy, lines: &[&str]) {
+    let metrics = get(&format!("http://{}/metrics", proxy.admin), &[])
+        .await
+        .unwrap()
+        .body;
+    for line in lines {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
+}
+
 /// A client that trusts exactly `roots`.
 fn connector(roots: &[&Identity]) -> TlsConnector {
     let ders: Vec<CertificateDer<'static>> = roots.iter().map(|r| r.der.clone()).collect();
@@ -203,19 +214,17 @@ async fn connections_reach_the_backend_their_sni_names() {
     let read = tokio::time::timeout(Duration::from_secs(5), plain.read_to_end(&mut rest)).await;
     assert!(matches!(read, Ok(Ok(0)) | Ok(Err(_))), "{read:?} {rest:?}");
 
-    let metrics = get(&format!("http://{}/metrics", proxy.admin), &[])
-        .await
-        .unwrap()
-        .body;
     // Each connection is one request of its route: relayed 2xx (three to b, the last one
     // failing its handshake at the client), no endpoint 5xx.
-    for line in [
-        r#"route="TLSRoute/t/wild",rule="0",code="2xx"} 3"#,
-        r#"route="TLSRoute/t/a",rule="0",code="2xx"} 1"#,
-        r#"route="TLSRoute/t/down",rule="0",code="5xx"} 1"#,
-    ] {
-        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
-    }
+    assert_metrics(
+        &proxy,
+        &[
+            r#"route="TLSRoute/t/wild",rule="0",code="2xx"} 3"#,
+            r#"route="TLSRoute/t/a",rule="0",code="2xx"} 1"#,
+            r#"route="TLSRoute/t/down",rule="0",code="5xx"} 1"#,
+        ],
+    )
+    .await;
     proxy.stop().await;
 }
 
@@ -351,17 +360,15 @@ async fn terminating_hosts_end_tls_here_and_share_a_port_with_passthrough() {
     );
     assert_eq!(plain_hits.load(Ordering::Relaxed), before + 1);
 
-    let metrics = get(&format!("http://{}/metrics", proxy.admin), &[])
-        .await
-        .unwrap()
-        .body;
-    for line in [
-        r#"route="TLSRoute/t/term",rule="0",code="2xx"} 2"#,
-        r#"route="TLSRoute/t/pass",rule="0",code="2xx"} 1"#,
-        r#"route="TLSRoute/t/strict",rule="0",code="2xx"} 1"#,
-    ] {
-        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
-    }
+    assert_metrics(
+        &proxy,
+        &[
+            r#"route="TLSRoute/t/term",rule="0",code="2xx"} 2"#,
+            r#"route="TLSRoute/t/pass",rule="0",code="2xx"} 1"#,
+            r#"route="TLSRoute/t/strict",rule="0",code="2xx"} 1"#,
+        ],
+    )
+    .await;
     proxy.stop().await;
 }
 
@@ -476,12 +483,11 @@ async fn tcp_connections_split_by_weight_and_outlive_a_route_change() {
     let mut fresh = connect(port).await;
     assert_eq!(ask(&mut fresh, "new").await, "c new");
 
-    let metrics = get(&format!("http://{}/metrics", proxy.admin), &[])
-        .await
-        .unwrap()
-        .body;
-    let line = r#"route="TCPRoute/t/db",rule="0",code="2xx"} 402"#;
-    assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    assert_metrics(
+        &proxy,
+        &[r#"route="TCPRoute/t/db",rule="0",code="2xx"} 402"#],
+    )
+    .await;
     proxy.stop().await;
 }
 
@@ -609,13 +615,12 @@ async fn udp_flows_split_by_weight_keep_their_backend_and_outlive_a_route_change
     let answer = udp_ask(&fresh, port, "new", wait).await.unwrap();
     assert_ne!(answer.split_once(' ').unwrap().0, backend, "{answer}");
 
-    let metrics = get(&format!("http://{}/metrics", proxy.admin), &[])
-        .await
-        .unwrap()
-        .body;
     // 400 flows, the kept one and the fresh one.
-    let line = r#"route="UDPRoute/t/dns",rule="0",code="2xx"} 402"#;
-    assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    assert_metrics(
+        &proxy,
+        &[r#"route="UDPRoute/t/dns",rule="0",code="2xx"} 402"#],
+    )
+    .await;
     drop(clients);
     proxy.stop().await;
 }
