@@ -108,6 +108,97 @@ async fn tcp_pod(conn: &mut TcpEcho) -> Option<String> {
     Some(json["pod"].as_str()?.to_owned())
 }
 
+/// The TCP and UDP backends of the L4 tests, each a Deployment of one Pod and a Service:
+/// echo-basic's TCP server as tcp-a and tcp-b (port 5432), and CoreDNS as dns-a and dns-b
+/// (UDP port 53), answering who.example with 10.0.0.1 and 10.0.0.2.
+fn l4_backends(ns: &str) -> String {
+    let mut out = String::new();
+    for name in ["tcp-a", "tcp-b"] {
+        out.push_str(&backend(
+            ns,
+            name,
+            r#"      - name: echo
+        image: gcr.io/k8s-staging-gateway-api/echo-basic:v20240412-v1.0.0-394-g40c666fd
+        ports: [{name: tcp, containerPort: 3000}]
+        env:
+        - {name: TCP_ECHO_SERVER, value: "1"}
+        - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+        readinessProbe: {tcpSocket: {port: tcp}, periodSeconds: 1}
+"#,
+            "{name: tcp, port: 5432, targetPort: tcp}",
+        ));
+    }
+    for (name, ip) in [("dns-a", "10.0.0.1"), ("dns-b", "10.0.0.2")] {
+        out.push_str(&format!(
+            r#"---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: {name}, namespace: {ns}}}
+data:
+  Corefile: |
+    .:1053 {{
+        hosts {{
+            {ip} who.example
+        }}
+    }}
+"#
+        ));
+        out.push_str(&backend(
+            ns,
+            name,
+            &format!(
+                r#"      - name: coredns
+        image: registry.k8s.io/coredns/coredns:v1.12.0
+        args: [-conf, /etc/coredns/Corefile]
+        ports: [{{name: dns, containerPort: 1053, protocol: UDP}}, {{name: dns-tcp, containerPort: 1053}}]
+        readinessProbe: {{tcpSocket: {{port: dns-tcp}}, periodSeconds: 1}}
+        volumeMounts: [{{name: config, mountPath: /etc/coredns}}]
+      volumes: [{{name: config, configMap: {{name: {name}}}}}]
+"#
+            ),
+            "{name: dns, port: 53, targetPort: dns, protocol: UDP}",
+        ));
+    }
+    out
+}
+
+/// A Deployment of one Pod running `containers` (YAML under `containers:`), and a Service
+/// with `port` selecting it, both called `name`.
+fn backend(ns: &str, name: &str, containers: &str, port: &str) -> String {
+    format!(
+        r#"---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: {name}}}}}
+  template:
+    metadata: {{labels: {{app: {name}}}}}
+    spec:
+      containers:
+{containers}---
+apiVersion: v1
+kind: Service
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  selector: {{app: {name}}}
+  ports: [{port}]
+"#
+    )
+}
+
+/// Whether a route's first parent says Accepted and ResolvedRefs, both True.
+fn accepted_and_resolved(
+    conditions: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition],
+) -> bool {
+    ["Accepted", "ResolvedRefs"].iter().all(|t| {
+        conditions
+            .iter()
+            .any(|c| c.type_ == *t && c.status == "True")
+    })
+}
+
 async fn ready_replicas(api: &Api<Deployment>, name: &str, want: i32) {
     eventually(
         &format!("Deployment {name} with {want} ready replicas"),
@@ -250,129 +341,7 @@ metadata: {{name: dedicated, namespace: {ns}}}
 spec:
   parentRefs: [{{name: edge}}]
   rules: [{{backendRefs: [{{name: echo, port: 8080}}]}}]
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: tcp-a, namespace: {ns}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: tcp-a}}}}
-  template:
-    metadata: {{labels: {{app: tcp-a}}}}
-    spec:
-      containers:
-      - name: echo
-        image: gcr.io/k8s-staging-gateway-api/echo-basic:v20240412-v1.0.0-394-g40c666fd
-        ports: [{{name: tcp, containerPort: 3000}}]
-        env:
-        - {{name: TCP_ECHO_SERVER, value: "1"}}
-        - {{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}
-        readinessProbe: {{tcpSocket: {{port: tcp}}, periodSeconds: 1}}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: tcp-b, namespace: {ns}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: tcp-b}}}}
-  template:
-    metadata: {{labels: {{app: tcp-b}}}}
-    spec:
-      containers:
-      - name: echo
-        image: gcr.io/k8s-staging-gateway-api/echo-basic:v20240412-v1.0.0-394-g40c666fd
-        ports: [{{name: tcp, containerPort: 3000}}]
-        env:
-        - {{name: TCP_ECHO_SERVER, value: "1"}}
-        - {{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}
-        readinessProbe: {{tcpSocket: {{port: tcp}}, periodSeconds: 1}}
----
-apiVersion: v1
-kind: Service
-metadata: {{name: tcp-a, namespace: {ns}}}
-spec:
-  selector: {{app: tcp-a}}
-  ports: [{{name: tcp, port: 5432, targetPort: tcp}}]
----
-apiVersion: v1
-kind: Service
-metadata: {{name: tcp-b, namespace: {ns}}}
-spec:
-  selector: {{app: tcp-b}}
-  ports: [{{name: tcp, port: 5432, targetPort: tcp}}]
----
-apiVersion: v1
-kind: ConfigMap
-metadata: {{name: dns-a, namespace: {ns}}}
-data:
-  Corefile: |
-    .:1053 {{
-        hosts {{
-            10.0.0.1 who.example
-        }}
-    }}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: dns-a, namespace: {ns}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: dns-a}}}}
-  template:
-    metadata: {{labels: {{app: dns-a}}}}
-    spec:
-      containers:
-      - name: coredns
-        image: registry.k8s.io/coredns/coredns:v1.12.0
-        args: [-conf, /etc/coredns/Corefile]
-        ports: [{{name: dns, containerPort: 1053, protocol: UDP}}, {{name: dns-tcp, containerPort: 1053}}]
-        readinessProbe: {{tcpSocket: {{port: dns-tcp}}, periodSeconds: 1}}
-        volumeMounts: [{{name: config, mountPath: /etc/coredns}}]
-      volumes: [{{name: config, configMap: {{name: dns-a}}}}]
----
-apiVersion: v1
-kind: Service
-metadata: {{name: dns-a, namespace: {ns}}}
-spec:
-  selector: {{app: dns-a}}
-  ports: [{{name: dns, port: 53, targetPort: dns, protocol: UDP}}]
----
-apiVersion: v1
-kind: ConfigMap
-metadata: {{name: dns-b, namespace: {ns}}}
-data:
-  Corefile: |
-    .:1053 {{
-        hosts {{
-            10.0.0.2 who.example
-        }}
-    }}
----
-apiVersion: apps/v1
-kind: Deployment
-metadata: {{name: dns-b, namespace: {ns}}}
-spec:
-  replicas: 1
-  selector: {{matchLabels: {{app: dns-b}}}}
-  template:
-    metadata: {{labels: {{app: dns-b}}}}
-    spec:
-      containers:
-      - name: coredns
-        image: registry.k8s.io/coredns/coredns:v1.12.0
-        args: [-conf, /etc/coredns/Corefile]
-        ports: [{{name: dns, containerPort: 1053, protocol: UDP}}, {{name: dns-tcp, containerPort: 1053}}]
-        readinessProbe: {{tcpSocket: {{port: dns-tcp}}, periodSeconds: 1}}
-        volumeMounts: [{{name: config, mountPath: /etc/coredns}}]
-      volumes: [{{name: config, configMap: {{name: dns-b}}}}]
----
-apiVersion: v1
-kind: Service
-metadata: {{name: dns-b, namespace: {ns}}}
-spec:
-  selector: {{app: dns-b}}
-  ports: [{{name: dns, port: 53, targetPort: dns, protocol: UDP}}]
----
+{l4_backends}---
 apiVersion: gateway.networking.k8s.io/v1alpha2
 kind: UDPRoute
 metadata: {{name: dns, namespace: {ns}}}
@@ -412,7 +381,8 @@ spec:
   hostnames: [shared.example]
   rules: [{{backendRefs: [{{name: echo, port: 8080}}]}}]
 "#,
-            controller = names::CONTROLLER_NAME
+            controller = names::CONTROLLER_NAME,
+            l4_backends = l4_backends(&ns),
         ),
     )
     .await;
@@ -511,15 +481,7 @@ spec:
         let tcp_routes = tcp_routes.clone();
         async move {
             let status = tcp_routes.get("db").await.ok()?.status?;
-            let conditions = &status.parents.first()?.conditions;
-            ["Accepted", "ResolvedRefs"]
-                .iter()
-                .all(|t| {
-                    conditions
-                        .iter()
-                        .any(|c| c.type_ == *t && c.status == "True")
-                })
-                .then_some(())
+            accepted_and_resolved(&status.parents.first()?.conditions).then_some(())
         }
     })
     .await;
@@ -592,15 +554,7 @@ spec:
         let udp_routes = udp_routes.clone();
         async move {
             let status = udp_routes.get("dns").await.ok()?.status?;
-            let conditions = &status.parents.first()?.conditions;
-            ["Accepted", "ResolvedRefs"]
-                .iter()
-                .all(|t| {
-                    conditions
-                        .iter()
-                        .any(|c| c.type_ == *t && c.status == "True")
-                })
-                .then_some(())
+            accepted_and_resolved(&status.parents.first()?.conditions).then_some(())
         }
     })
     .await;
