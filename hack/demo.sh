@@ -44,7 +44,20 @@ lb() { # namespace service
   [[ -n "$ip" ]] || { echo "demo: no LoadBalancer address for $1/$2" >&2; exit 1; }
   echo "$ip"
 }
-shared_ip="$(lb coxswain-system coxswain-proxy)"
+# The Gateway on the shared pool has a Service (an address) of its own, which its status
+# reports; Ingresses are served on the pool's Service.
+gateway_ip() { # namespace gateway
+  local ip=""
+  for _ in $(seq 120); do
+    ip="$(kubectl -n "$1" get gateway "$2" -o jsonpath='{.status.addresses[0].value}' 2>/dev/null || true)"
+    [[ -n "$ip" ]] && break
+    sleep 1
+  done
+  [[ -n "$ip" ]] || { echo "demo: Gateway $1/$2 reports no address" >&2; exit 1; }
+  echo "$ip"
+}
+pool_ip="$(lb coxswain-system coxswain-proxy)"
+shared_ip="$(gateway_ip demo shared)"
 dedicated_ip="$(lb demo dedicated-coxswain)"
 kubectl -n demo rollout status deployment/dedicated-coxswain --timeout 180s
 
@@ -56,10 +69,10 @@ curl_retry() { # url host
   echo "demo: no answer from $1 (Host: $2)" >&2
   return 1
 }
-step "HTTPRoute through the shared pool: curl -H 'Host: gateway.demo.example' http://$shared_ip/hello"
+step "HTTPRoute through the shared pool, at the Gateway's own address: curl -H 'Host: gateway.demo.example' http://$shared_ip/hello"
 curl_retry "http://$shared_ip/hello" gateway.demo.example
-step "Ingress through the shared pool: curl -H 'Host: ingress.demo.example' http://$shared_ip/ingress"
-curl_retry "http://$shared_ip/ingress" ingress.demo.example
+step "Ingress through the shared pool: curl -H 'Host: ingress.demo.example' http://$pool_ip/ingress"
+curl_retry "http://$pool_ip/ingress" ingress.demo.example
 step "the dedicated proxy of Gateway demo/dedicated: curl http://$dedicated_ip:8080/dedicated"
 curl_retry "http://$dedicated_ip:8080/dedicated" dedicated.demo.example
 

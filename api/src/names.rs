@@ -67,6 +67,8 @@ pub mod labels {
     pub const COMPONENT_CONTROLLER: &str = "controller";
     pub const COMPONENT_SHARED_PROXY: &str = "shared-proxy";
     pub const COMPONENT_DEDICATED_PROXY: &str = "dedicated-proxy";
+    /// A shared-pool Gateway's own Service (in the controller's namespace).
+    pub const COMPONENT_GATEWAY_SERVICE: &str = "gateway-service";
 }
 
 /// Longest name a Kubernetes object that also names a Service (a DNS label) may have.
@@ -100,6 +102,21 @@ pub fn disambiguated_proxy_name(gateway: &str, gateway_class: &str, attempt: u32
         &format!("{gateway}-{gateway_class}"),
         fnv1a64(key.as_bytes()),
     )
+}
+
+/// Name of the Service a Gateway on the shared pool is reached through, in the controller's
+/// namespace: `{gateway}-{namespace}`, cut to fit a DNS label, then a hash of both kept apart
+/// (Gateway `a-b` in `c` and Gateway `a` in `b-c` differ). Dots, valid in Gateway names but not
+/// in Service names, become dashes.
+pub fn shared_gateway_service_name(namespace: &str, gateway: &str) -> String {
+    // '/' cannot occur in either name, so the hashed string is unambiguous.
+    let hash = fnv1a64(format!("{namespace}/{gateway}").as_bytes());
+    let mut plain = format!("{gateway}-{namespace}").replace('.', "-");
+    // A Service name must start with a letter (RFC 1035); a Gateway name need not.
+    if !plain.starts_with(|c: char| c.is_ascii_lowercase()) {
+        plain.insert_str(0, "gw-");
+    }
+    with_hash_suffix(&plain, hash)
 }
 
 /// `name` cut so that `{head}-{8 hex digits of hash}` fits a DNS label.
@@ -279,6 +296,27 @@ mod tests {
         let long = disambiguated_proxy_name(&"g".repeat(63), &"c".repeat(63), 0);
         assert!(is_dns_label(&long), "{long}");
         assert_eq!(long.len(), 63);
+    }
+
+    #[test]
+    fn shared_gateway_service_names_are_dns_labels_apart_for_every_gateway() {
+        let a = shared_gateway_service_name("web", "shop");
+        assert!(a.starts_with("shop-web-") && is_dns_label(&a), "{a}");
+        assert_ne!(
+            shared_gateway_service_name("c", "a-b"),
+            shared_gateway_service_name("b-c", "a"),
+            "the plain names collide, the hashes do not"
+        );
+        let dotted = shared_gateway_service_name("web", "edge.v2");
+        assert!(
+            dotted.starts_with("edge-v2-web-") && is_dns_label(&dotted),
+            "{dotted}"
+        );
+        let digit = shared_gateway_service_name("web", "1st");
+        assert!(digit.starts_with("gw-1st-web-"), "{digit}");
+        let long = shared_gateway_service_name(&"n".repeat(63), &"g".repeat(253));
+        assert!(is_dns_label(&long) && long.len() == 63, "{long}");
+        assert_eq!(a, shared_gateway_service_name("web", "shop"), "stable");
     }
 
     #[test]

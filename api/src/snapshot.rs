@@ -41,6 +41,9 @@ pub mod feature {
     pub const FRONTEND_CLIENT_VALIDATION: &str = "frontend-client-validation";
     /// `VirtualHost.terminate_tls`: TLS ends at the proxy for that host of a TLS port.
     pub const TLS_TERMINATE: &str = "tls-terminate";
+    /// `Listener.public_port`: the proxy listens on an internal port for a port clients know
+    /// by another number (a shared-pool Gateway's own Service).
+    pub const PUBLIC_PORT: &str = "public-port";
 }
 
 impl Snapshot {

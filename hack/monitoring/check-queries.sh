@@ -34,7 +34,9 @@ add_targets proxy --all-namespaces dedicated-proxy 8081
 (( ${#targets[@]} >= 6 )) || { echo "expected controller and proxy Pods, found: ${targets[*]}" >&2; exit 1; }
 
 lb() { kubectl -n "$1" get service "$2" -o jsonpath='{.status.loadBalancer.ingress[0].ip}'; }
-shared_ip="$(lb coxswain-system coxswain-proxy)"
+pool_ip="$(lb coxswain-system coxswain-proxy)"
+# The shared Gateway's own address (its Service in coxswain-system), as its status reports it.
+shared_ip="$(kubectl -n demo get gateway shared -o jsonpath='{.status.addresses[0].value}')"
 dedicated_ip="$(lb demo dedicated-coxswain)"
 
 # Traffic and changes while the scrapes run; bounded in time, and stopped on exit.
@@ -42,7 +44,7 @@ traffic() {
   local end=$((SECONDS + 40)) i=0
   while (( SECONDS < end )); do
     curl -s -o /dev/null --max-time 2 -H 'Host: gateway.demo.example' "http://$shared_ip/hello" || true
-    curl -s -o /dev/null --max-time 2 -H 'Host: ingress.demo.example' "http://$shared_ip/ingress" || true
+    curl -s -o /dev/null --max-time 2 -H 'Host: ingress.demo.example' "http://$pool_ip/ingress" || true
     curl -s -o /dev/null --max-time 2 -H 'Host: nobody.demo.example' "http://$shared_ip/missing" || true
     curl -s -o /dev/null --max-time 2 "http://$dedicated_ip:8080/dedicated" || true
     if (( i++ % 20 == 0 )); then

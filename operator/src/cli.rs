@@ -123,6 +123,27 @@ pub struct CompileSettings {
     /// Port Ingresses with TLS are served on, as `serve controller` sets it.
     #[arg(long, env = "COXSWAIN_INGRESS_HTTPS_PORT", default_value_t = 443)]
     pub ingress_https_port: u16,
+
+    /// Internal ports for shared Gateways, as `serve controller` sets them. Off by default
+    /// here: offline there are no Services holding earlier allocations, and with it off
+    /// `snapshot match --port` takes a shared Gateway's listener port as it is.
+    #[arg(long, default_value = "off")]
+    pub shared_gateway_ports: SharedGatewayPorts,
+}
+
+/// `--shared-gateway-ports`: `FIRST-LAST`, or `off`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SharedGatewayPorts(pub Option<crate::compile::gateway_services::PortRange>);
+
+impl std::str::FromStr for SharedGatewayPorts {
+    type Err = crate::compile::gateway_services::PortRangeError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("off") {
+            return Ok(Self(None));
+        }
+        s.parse().map(|r| Self(Some(r)))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -269,6 +290,18 @@ pub struct ControllerArgs {
     /// Port the shared pool serves Ingresses with TLS on.
     #[arg(long, env = "COXSWAIN_INGRESS_HTTPS_PORT", default_value_t = 443)]
     pub ingress_https_port: u16,
+
+    /// Ports the shared proxies listen on for Gateways (FIRST-LAST). Each Gateway on the shared
+    /// pool gets a Service of its own (its own address) in this namespace, mapping its listener
+    /// ports to ports of this range, so Gateways on one port stay apart
+    /// (docs/shared-pool-addresses.md). `off`: shared Gateways are served on their listener
+    /// ports themselves, behind the pool's one Service (host networking).
+    #[arg(
+        long,
+        env = "COXSWAIN_SHARED_GATEWAY_PORTS",
+        default_value = "20000-29999"
+    )]
+    pub shared_gateway_ports: SharedGatewayPorts,
 
     /// Also read the nginx.ingress.kubernetes.io/ equivalents of Coxswain's Ingress
     /// annotations (typed, never passed through), so an Ingress moves over by changing its

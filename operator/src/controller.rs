@@ -35,6 +35,9 @@ pub struct ControllerConfig {
     pub proxy_image: Option<String>,
     /// Ports the shared pool serves Ingresses on (HTTP, HTTPS).
     pub ingress_ports: (u16, u16),
+    /// Internal ports for shared Gateways' own Services; None: shared Gateways are served on
+    /// their listener ports (see `compile::Config::shared_gateway_ports`).
+    pub shared_gateway_ports: Option<compile::gateway_services::PortRange>,
     /// Read ingress-nginx's annotations too (`--ingress-nginx-compat`).
     pub ingress_nginx_compat: bool,
     /// Bootstrap calls per source address.
@@ -276,6 +279,12 @@ pub async fn run(
         admin.clone(),
         config.lease.as_ref().map(|l| l.identity.clone()),
     );
+    let mut gateway_services = crate::provision::gateway_services::ServiceWriter::new(
+        client.clone(),
+        config.namespace.clone(),
+        config.controller_name.clone(),
+        leader.clone(),
+    );
     let mut parameters_status = crate::parameters_status::ParametersStatusWriter::new(
         client.clone(),
         config.controller_name.clone(),
@@ -289,6 +298,7 @@ pub async fn run(
         ingress_http_port: config.ingress_ports.0.into(),
         ingress_https_port: config.ingress_ports.1.into(),
         ingress_nginx_compat: config.ingress_nginx_compat,
+        shared_gateway_ports: config.shared_gateway_ports,
         shared_proxy_account: compile::status::ObjectKey::new(
             &config.namespace,
             &config.shared_proxy_service_account,
@@ -360,6 +370,10 @@ pub async fn run(
             tracing::debug!(?scope, version = %snapshot.version, "publishing snapshot");
             hub.publish(scope.clone(), snapshot.clone());
         }
+        // Shared Gateways' Services before their status, which reports their addresses.
+        gateway_services
+            .sync(&store, &compiled.gateway_services)
+            .await;
         let writing = pass.child("status");
         status.write(&store, &compiled, &hub, &names).await;
         parameters_status.write(&store).await;

@@ -255,6 +255,7 @@ fn serve_controller(args: ControllerArgs) -> anyhow::Result<ExitCode> {
             shared_proxy_service_account: args.shared_proxy_service_account.clone(),
             proxy_image: args.proxy_image.clone(),
             ingress_ports: (args.ingress_http_port, args.ingress_https_port),
+            shared_gateway_ports: args.shared_gateway_ports.0,
             ingress_nginx_compat: args.ingress_nginx_compat,
             bootstrap_rate_limit: coxswain_operator::identity::ratelimit::RateLimit {
                 burst: args.bootstrap_burst,

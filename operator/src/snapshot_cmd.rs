@@ -82,6 +82,7 @@ fn load_and_compile(
         ingress_nginx_compat: args.ingress_nginx_compat,
         ingress_http_port: u32::from(args.ingress_http_port),
         ingress_https_port: u32::from(args.ingress_https_port),
+        shared_gateway_ports: args.shared_gateway_ports.0,
         ..Default::default()
     };
     (compile::compile(&store, &config), errors.len())

@@ -162,6 +162,19 @@ fn not_programmed(conditions: &mut [Condition], why: &'static str, message: Stri
 /// (or nothing is asked), else the Programmed=False reason and what to do about it. The
 /// provisioner asks a LoadBalancer Service for one address (`spec.loadBalancerIP`); the load
 /// balancer provider assigns it or not, and its `status.loadBalancer.ingress` says which.
+/// The port the proxies listen on for a listener port: the Gateway's internal port when it
+/// has a Service of its own on the shared pool (None: the port has none), else the port.
+fn bound_port(
+    own: Option<&crate::compile::gateway_services::GatewayService>,
+    port: u32,
+    protocol: &str,
+) -> Option<u32> {
+    match own {
+        Some(service) => service.internal_of(port, protocol),
+        None => Some(port),
+    }
+}
+
 fn address_problem(
     requested: &[std::net::IpAddr],
     service: Option<&k8s_openapi::api::core::v1::Service>,
@@ -483,16 +496,15 @@ impl StatusWriter {
             let event_scope = format!("ListenerSet/{key}");
             let mut all_serving = true;
             let mut listeners = Vec::new();
+            let own = compiled.gateway_services.services.get(&decision.gateway);
             for l in &decision.listeners {
-                let port = ls
-                    .spec
-                    .listeners
-                    .iter()
-                    .find(|x| x.name == l.name)
-                    .map(|x| x.port)
-                    .unwrap_or(0);
-                let serving =
-                    u32::try_from(port).is_ok_and(|p| hub.serving(&decision.scope, &version, p));
+                let spec = ls.spec.listeners.iter().find(|x| x.name == l.name);
+                let port = spec.map(|x| x.port).unwrap_or(0);
+                let protocol = spec.map(|x| x.protocol.as_str()).unwrap_or_default();
+                let serving = u32::try_from(port)
+                    .ok()
+                    .and_then(|p| bound_port(own, p, protocol))
+                    .is_some_and(|p| hub.serving(&decision.scope, &version, p));
                 let mut conditions = l.conditions.clone();
                 programmed(&mut conditions, serving);
                 // Listeners refused for their own reasons do not hold the set back.
@@ -740,15 +752,16 @@ impl StatusWriter {
             let event_scope = format!("Gateway/{key}");
             let mut all_serving = true;
             let mut listeners = Vec::new();
+            // A shared Gateway's own Service, and the internal ports its listeners are on.
+            let own = compiled.gateway_services.services.get(&key);
             for l in &decision.listeners {
-                let port = gw
-                    .spec
-                    .listeners
-                    .iter()
-                    .find(|x| x.name == l.name)
-                    .map(|x| x.port)
-                    .unwrap_or(0);
-                let serving = u32::try_from(port).is_ok_and(|p| hub.serving(&scope, &version, p));
+                let spec = gw.spec.listeners.iter().find(|x| x.name == l.name);
+                let port = spec.map(|x| x.port).unwrap_or(0);
+                let protocol = spec.map(|x| x.protocol.as_str()).unwrap_or_default();
+                let serving = u32::try_from(port)
+                    .ok()
+                    .and_then(|p| bound_port(own, p, protocol))
+                    .is_some_and(|p| hub.serving(&scope, &version, p));
                 let mut conditions = l.conditions.clone();
                 programmed(&mut conditions, serving);
                 all_serving &= serving
@@ -784,7 +797,8 @@ impl StatusWriter {
                 all_serving && !decision.listeners.is_empty(),
             );
             let proxy = decision.dedicated.then(|| names.get(ns, name)).flatten();
-            // The address clients use: the dedicated proxy's Service, or the shared pool's.
+            // The address clients use: the dedicated proxy's Service, the shared Gateway's own,
+            // or the shared pool's.
             let (svc_ns, svc_name) = if decision.dedicated {
                 (
                     ns,
@@ -792,6 +806,8 @@ impl StatusWriter {
                         coxswain_api::names::dedicated_proxy_name(name, &gw.spec.gateway_class_name)
                     }),
                 )
+            } else if let Some(own) = own {
+                (self.controller_namespace.as_str(), own.name.clone())
             } else {
                 (
                     self.controller_namespace.as_str(),
@@ -802,8 +818,10 @@ impl StatusWriter {
                 s.metadata.namespace.as_deref() == Some(svc_ns)
                     && s.metadata.name.as_deref() == Some(svc_name.as_str())
             });
-            let address_issue =
-                address_problem(&decision.requested_addresses, service, svc_ns, &svc_name);
+            let address_issue = match compiled.gateway_services.unassigned.get(&key) {
+                Some(why) => Some((reason::ADDRESS_NOT_ASSIGNED, why.clone())),
+                None => address_problem(&decision.requested_addresses, service, svc_ns, &svc_name),
+            };
             if let Some((why, message)) = &address_issue {
                 not_programmed(&mut conditions, why, message.clone());
             }

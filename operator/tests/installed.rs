@@ -276,7 +276,8 @@ async fn installed_from_config_default_it_serves_traffic_from_pods() {
     .await;
     assert_eq!(leaders, 1);
 
-    // The application: echo-basic behind a Service, a dedicated Gateway and a shared one.
+    // The application: echo-basic behind a Service, a dedicated Gateway and two shared ones
+    // on the same port with the same hostname.
     apply_yaml(
         &env.client,
         &format!(
@@ -336,6 +337,13 @@ spec:
   listeners: [{{name: http, port: 80, protocol: HTTP}}]
 ---
 apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: other, namespace: {ns}}}
+spec:
+  gatewayClassName: coxswain
+  listeners: [{{name: http, port: 80, protocol: HTTP, hostname: shared.example}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
 metadata: {{name: dedicated, namespace: {ns}}}
 spec:
@@ -379,7 +387,19 @@ metadata: {{name: shared, namespace: {ns}}}
 spec:
   parentRefs: [{{name: main}}]
   hostnames: [shared.example]
-  rules: [{{backendRefs: [{{name: echo, port: 8080}}]}}]
+  rules:
+  - filters: [{{type: RequestHeaderModifier, requestHeaderModifier: {{set: [{{name: x-gateway, value: main}}]}}}}]
+    backendRefs: [{{name: echo, port: 8080}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: other, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: other}}]
+  hostnames: [shared.example]
+  rules:
+  - filters: [{{type: RequestHeaderModifier, requestHeaderModifier: {{set: [{{name: x-gateway, value: other}}]}}}}]
+    backendRefs: [{{name: echo, port: 8080}}]
 "#,
             controller = names::CONTROLLER_NAME,
             l4_backends = l4_backends(&ns),
@@ -415,16 +435,48 @@ spec:
         "{json}"
     );
 
-    // The shared pool answers for the shared Gateway on its own LoadBalancer address.
+    // The shared pool answers for each shared Gateway on an address of the Gateway's own: its
+    // Service in the controller's namespace maps port 80 to the Gateway's internal port on
+    // the shared proxies. Both Gateways listen on 80 for shared.example, and each answers
+    // with its own route.
     let system_services: Api<Service> = Api::namespaced(env.client.clone(), system);
     let shared_ip = load_balancer_ip(&system_services, "coxswain-proxy").await;
-    let (_, body) = eventually("echo-basic through the shared pool", WAIT, || async move {
-        let r = request(SocketAddr::new(shared_ip, 80), "/shared", "shared.example").await?;
-        r.0.contains(" 200 ").then_some(r)
-    })
+    let main_ip = load_balancer_ip(
+        &system_services,
+        &names::shared_gateway_service_name(&ns, "main"),
+    )
     .await;
-    let json: serde_json::Value = serde_json::from_str(&body).unwrap();
-    assert_eq!(json["path"], "/shared", "{json}");
+    let other_ip = load_balancer_ip(
+        &system_services,
+        &names::shared_gateway_service_name(&ns, "other"),
+    )
+    .await;
+    assert!(
+        main_ip != other_ip && main_ip != shared_ip && other_ip != shared_ip,
+        "each shared Gateway has an address of its own: {main_ip} {other_ip} {shared_ip}"
+    );
+    for (gw, ip) in [("main", main_ip), ("other", other_ip)] {
+        let (_, body) = eventually(
+            &format!("echo-basic through shared Gateway {gw} at {ip}"),
+            WAIT,
+            || async move {
+                let r = request(SocketAddr::new(ip, 80), "/shared", "shared.example").await?;
+                r.0.contains(" 200 ").then_some(r)
+            },
+        )
+        .await;
+        let json: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(json["path"], "/shared", "{json}");
+        assert_eq!(
+            json["headers"]["X-Gateway"][0], gw,
+            "the request went through {gw}'s route: {json}"
+        );
+    }
+    // The pool's own address serves Ingresses only: neither Gateway's route is there.
+    let (status, _) = request(SocketAddr::new(shared_ip, 80), "/shared", "shared.example")
+        .await
+        .expect("an answer from the pool's address");
+    assert!(status.contains(" 404 "), "{status}");
 
     // The Ingress, through the same shared pool; its status carries the pool's address.
     let (_, body) = eventually("echo-basic through the Ingress", WAIT, || async move {
@@ -452,7 +504,7 @@ spec:
     // What `kubectl get gateway -o yaml` tells a person: both Gateways Programmed, each with
     // the address that reaches it.
     let gateways: Api<Gateway> = env.api();
-    for (gw, address) in [("edge", edge_ip), ("main", shared_ip)] {
+    for (gw, address) in [("edge", edge_ip), ("main", main_ip), ("other", other_ip)] {
         eventually(
             &format!("Gateway {gw} Programmed at {address}"),
             WAIT,
@@ -605,7 +657,7 @@ spec:
         .await
         .unwrap();
     eventually("the edited route's redirect", WAIT, || async move {
-        let r = request(SocketAddr::new(shared_ip, 80), "/x", "shared.example").await?;
+        let r = request(SocketAddr::new(main_ip, 80), "/x", "shared.example").await?;
         r.0.contains(" 302 ").then_some(())
     })
     .await;
@@ -614,7 +666,7 @@ spec:
         .await
         .unwrap();
     eventually("404 once the route is gone", WAIT, || async move {
-        let r = request(SocketAddr::new(shared_ip, 80), "/x", "shared.example").await?;
+        let r = request(SocketAddr::new(main_ip, 80), "/x", "shared.example").await?;
         r.0.contains(" 404 ").then_some(())
     })
     .await;
@@ -697,7 +749,7 @@ spec:
     )
     .await;
     eventually("a route applied after the failover", WAIT, || async move {
-        let r = request(SocketAddr::new(shared_ip, 80), "/after", "after.example").await?;
+        let r = request(SocketAddr::new(main_ip, 80), "/after", "after.example").await?;
         r.0.contains(" 200 ").then_some(())
     })
     .await;

@@ -64,7 +64,10 @@ pub enum Next {
 pub struct Env<'a> {
     pub table: &'a SharedTable,
     pub limits: &'a Limits,
+    /// The port listened on, which routes the request.
     pub port: u16,
+    /// The port the client addressed (redirects, X-Forwarded-Port); see `router::Binding`.
+    pub public_port: u16,
     pub peer: SocketAddr,
     /// The connection is TLS (an HTTPS listener).
     pub https: bool,
@@ -422,12 +425,12 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
         head,
         &checked,
         Some(env.peer.ip()),
-        env.port,
+        env.public_port,
         env.https,
         env.limits,
     );
     let arrival = Arrival {
-        port: env.port,
+        port: env.public_port,
         https: env.https,
         client: forwarded.client,
         consulted: None,

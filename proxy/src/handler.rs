@@ -27,7 +27,10 @@ use std::time::Duration;
 
 /// The Pingora proxy logic for one listener port.
 pub struct Gateway {
+    /// The port this proxy listens on, which routes the request.
     pub port: u16,
+    /// The port the client addressed (redirects, X-Forwarded-Port); see `router::Binding`.
+    pub public_port: u16,
     pub https: bool,
     pub table: SharedTable,
     pub limits: Arc<Limits>,
@@ -198,15 +201,21 @@ impl ProxyHttp for Gateway {
                         return respond(session, reject.status(), None).await;
                     }
                 };
-                let forwarded =
-                    request::forwarded(&head, &checked, peer, self.port, self.https, &self.limits);
+                let forwarded = request::forwarded(
+                    &head,
+                    &checked,
+                    peer,
+                    self.public_port,
+                    self.https,
+                    &self.limits,
+                );
                 if first_round {
                     ctx.client = forwarded.client;
                     ctx.keep_forwarded = forwarded.trusted_peer;
                     forwarded.each(&mut |name, parts| ctx.forwarded.push((name, parts.concat())));
                 }
                 let arrival = request::Arrival {
-                    port: self.port,
+                    port: self.public_port,
                     https: self.https,
                     client: forwarded.client,
                     consulted: consulted.as_deref(),

@@ -14,6 +14,7 @@ use crate::fastpath::{self, Next};
 use crate::handler::Gateway;
 use crate::limits::Limits;
 use crate::metrics::Metrics;
+use crate::router::Binding;
 use crate::table::SharedTable;
 use crate::workers::Workers;
 use coxswain_api::snapshot as snap;
@@ -61,7 +62,7 @@ fn table_active(table: &SharedTable) -> Arc<AtomicUsize> {
 }
 
 struct Running {
-    protocol: snap::Protocol,
+    binding: Binding,
     /// The accept loop, or a UDP port's receive loop (which holds its flows).
     accept: JoinHandle<()>,
     /// None on UDP ports.
@@ -149,12 +150,13 @@ impl Listeners {
     /// Binds ports the current table has and this set does not, and closes ports it dropped.
     /// Returns the errors of ports that could not be bound; the others are served regardless.
     pub async fn sync(&mut self) -> Vec<ListenError> {
-        let wanted: HashMap<u16, snap::Protocol> = self.table.load().router.ports().collect();
-        // Ports no longer asked for, and ports whose protocol changed (bound again below).
+        let wanted: HashMap<u16, Binding> = self.table.load().router.ports().collect();
+        // Ports no longer asked for, and ports bound for something else now (bound again
+        // below).
         let dropped: Vec<u16> = self
             .running
             .iter()
-            .filter(|(p, r)| wanted.get(p) != Some(&r.protocol))
+            .filter(|(p, r)| wanted.get(p) != Some(&r.binding))
             .map(|(p, _)| *p)
             .collect();
         for port in dropped {
@@ -164,10 +166,11 @@ impl Listeners {
             }
         }
         let mut errors = Vec::new();
-        for (port, protocol) in wanted {
+        for (port, binding) in wanted {
             if self.running.contains_key(&port) {
                 continue;
             }
+            let protocol = binding.protocol;
             let addr = SocketAddr::new(self.bind_ip, port);
             if protocol == snap::Protocol::Udp {
                 match tokio::net::UdpSocket::bind(addr).await {
@@ -182,7 +185,7 @@ impl Listeners {
                         self.running.insert(
                             port,
                             Running {
-                                protocol,
+                                binding,
                                 accept: receive,
                                 proxy: None,
                                 closing,
@@ -206,7 +209,7 @@ impl Listeners {
                         snap::Protocol::Tcp => Some(crate::relay::Relay::Tcp),
                         _ => None,
                     };
-                    let proxy = self.proxy_for(port, https);
+                    let proxy = self.proxy_for(port, binding.public_port, https);
                     let (closing, closed) = watch::channel(false);
                     let accept = tokio::spawn(accept_loop(
                         listener,
@@ -217,6 +220,7 @@ impl Listeners {
                             table: self.table.clone(),
                             limits: self.limits.clone(),
                             port,
+                            public_port: binding.public_port,
                             shutdown: self.shutdown.clone(),
                             closing: closed,
                             peer: SocketAddr::new(self.bind_ip, 0),
@@ -233,7 +237,7 @@ impl Listeners {
                     self.running.insert(
                         port,
                         Running {
-                            protocol,
+                            binding,
                             accept,
                             proxy: Some(proxy),
                             closing,
@@ -277,11 +281,12 @@ impl Listeners {
         }
     }
 
-    fn proxy_for(&self, port: u16, https: bool) -> Arc<HttpProxy<Gateway>> {
+    fn proxy_for(&self, port: u16, public_port: u16, https: bool) -> Arc<HttpProxy<Gateway>> {
         let mut proxy = pingora::proxy::http_proxy(
             &self.conf,
             Gateway {
                 port,
+                public_port,
                 https,
                 table: self.table.clone(),
                 limits: self.limits.clone(),
@@ -402,6 +407,8 @@ struct Connection {
     table: SharedTable,
     limits: Arc<Limits>,
     port: u16,
+    /// The port clients addressed (see `router::Binding`).
+    public_port: u16,
     shutdown: watch::Receiver<bool>,
     closing: watch::Receiver<bool>,
     peer: SocketAddr,
@@ -487,6 +494,7 @@ impl Connection {
                     table: &self.table,
                     limits: &self.limits,
                     port: self.port,
+                    public_port: self.public_port,
                     peer: self.peer,
                     https,
                     sni,

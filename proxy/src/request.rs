@@ -430,6 +430,7 @@ pub fn misdirected(table: &Table, port: u16, sni: Option<&str>, checked: &Checke
 /// The connection the request came on.
 #[derive(Debug, Clone, Copy)]
 pub struct Arrival<'a> {
+    /// The port the client addressed (a redirect keeps it).
     pub port: u16,
     pub https: bool,
     /// The client as [`forwarded`] decided it: the peer, or what trusted proxies say.

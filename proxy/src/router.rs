@@ -93,6 +93,14 @@ impl Outcome {
     }
 }
 
+/// What a listening socket is bound for: a change of either binds the port again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Binding {
+    pub protocol: snap::Protocol,
+    /// See [`PortRouter::public_port`].
+    pub public_port: u16,
+}
+
 /// Routing for one port.
 #[derive(Debug, Default)]
 pub struct PortRouter {
@@ -111,6 +119,9 @@ pub struct PortRouter {
     /// TLS ports: per host (as `hosts`), whether TLS ends here before the relay.
     terminates_tls: Vec<bool>,
     pub protocol: snap::Protocol,
+    /// The port clients addressed (redirects, X-Forwarded-Port): this one, or the listener
+    /// port a shared-pool Gateway's Service maps to it.
+    pub public_port: u16,
     /// HTTPS: the Gateway listeners' hostnames, to tell a misdirected request.
     listeners: ListenerNames,
 }
@@ -372,8 +383,13 @@ impl Router {
         let mut ports = HashMap::new();
         for l in &snapshot.listeners {
             let port = u16::try_from(l.port).map_err(|_| BuildError::Port(l.port))?;
+            let public_port = match l.public_port {
+                0 => port,
+                p => u16::try_from(p).map_err(|_| BuildError::Port(p))?,
+            };
             let mut pr = PortRouter {
                 protocol: snap::Protocol::try_from(l.protocol).unwrap_or(snap::Protocol::Http),
+                public_port,
                 listeners: ListenerNames::new(&l.listener_hostnames),
                 ..Default::default()
             };
@@ -456,9 +472,17 @@ impl Router {
         self.ports.get(&port)
     }
 
-    /// Ports the snapshot asks the proxy to listen on.
-    pub fn ports(&self) -> impl Iterator<Item = (u16, snap::Protocol)> + '_ {
-        self.ports.iter().map(|(p, r)| (*p, r.protocol))
+    /// Ports the snapshot asks the proxy to listen on, and how.
+    pub fn ports(&self) -> impl Iterator<Item = (u16, Binding)> + '_ {
+        self.ports.iter().map(|(p, r)| {
+            (
+                *p,
+                Binding {
+                    protocol: r.protocol,
+                    public_port: r.public_port,
+                },
+            )
+        })
     }
 
     /// The route serving a request on `port`, if any.

@@ -23,6 +23,7 @@ pub const FEATURES: &[&str] = &[
     feature::GLOBAL_RATE_LIMIT,
     feature::FRONTEND_CLIENT_VALIDATION,
     feature::TLS_TERMINATE,
+    feature::PUBLIC_PORT,
 ];
 
 #[derive(Debug, thiserror::Error)]

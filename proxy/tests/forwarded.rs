@@ -311,3 +311,61 @@ async fn proxy_protocol_headers_name_the_client() {
         s.proxy.stop().await;
     }
 }
+
+/// A port the proxy listens on for a port clients know by another number (a shared-pool
+/// Gateway's Service maps its listener port 8080 to this internal port).
+const BEHIND_A_SERVICE: &str = r#"
+listeners:
+- port: {INTERNAL}
+  publicPort: 8080
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: moved, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /moved}}
+      filters:
+      - kind: {requestRedirect: {hostname: new.example, statusCode: 302}}
+    - source: {kind: HTTPRoute, namespace: t, name: any, rule: 0}
+      backends: [{cluster: "t/echo:80", weight: 1}]
+clusters:
+- name: t/echo:80
+  endpoints: [{address: 127.0.0.1, port: {BACKEND}, ready: true}]
+requires: [public-port]
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_behind_a_service_tells_clients_and_backends_the_port_they_addressed() {
+    let backend = echo_backend("echo").await;
+    let internal = free_port();
+    let snap = snapshot(
+        BEHIND_A_SERVICE,
+        &[
+            ("INTERNAL", internal.to_string()),
+            ("BACKEND", backend.port().to_string()),
+        ],
+    );
+    for fast_path in [true, false] {
+        let engine = if fast_path { "fast path" } else { "pingora" };
+        let proxy = Proxy::start_with(&snap, limits(fast_path, &[], false)).await;
+        let url = |path: &str| format!("http://127.0.0.1:{internal}{path}");
+        let seen = get(&url("/"), &[("host", "gw.example")]).await.unwrap();
+        assert_eq!(seen.status, 200, "{engine}");
+        assert_eq!(
+            seen.json()["headers"]["x-forwarded-port"],
+            "8080",
+            "{engine}: the backend is told the port the client addressed"
+        );
+        // A redirect that keeps the port keeps the one the client knows.
+        let moved = get(&url("/moved/x"), &[("host", "gw.example")])
+            .await
+            .unwrap();
+        assert_eq!(moved.status, 302, "{engine}");
+        assert_eq!(
+            moved.header("location"),
+            Some("http://new.example:8080/moved/x"),
+            "{engine}"
+        );
+        proxy.stop().await;
+    }
+}

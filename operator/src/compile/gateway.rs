@@ -204,7 +204,10 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
                 ));
             }
         }
-        let requested_addresses = match requested_addresses(gateway, dedicated) {
+        // A dedicated proxy's ports and address are the Gateway's own, and so are a shared
+        // Gateway's when it has a Service of its own (`gateway_services`).
+        let own_service = dedicated || config.shared_gateway_ports.is_some();
+        let requested_addresses = match requested_addresses(gateway, own_service) {
             Ok(addresses) => addresses,
             Err(problem) => {
                 if gateway_problem.is_none() {
@@ -214,7 +217,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
             }
         };
 
-        let frontend = FrontendTls::resolve(store, gateway, &key, dedicated);
+        let frontend = FrontendTls::resolve(store, gateway, &key, own_service);
         let mut taken = Vec::new();
         let (listener_statuses, mut accepted) = compile_listeners(
             store,
@@ -564,11 +567,12 @@ fn labels_match(selector: &LabelSelector, labels: &BTreeMap<String, String>) -> 
 
 /// The IP addresses a Gateway's `spec.addresses` asks for. Only IPAddress entries can be
 /// asked of a Service (type omitted means IPAddress); an entry without a value asks for any
-/// address, which the Service gets anyway. The shared pool's Service belongs to every shared
-/// Gateway, so only a dedicated proxy can take a Gateway's own address.
+/// address, which the Service gets anyway. `own_service`: whether the Gateway has a Service of
+/// its own (a dedicated proxy's, or its own on the shared pool); the shared pool's one Service
+/// belongs to every Gateway on it, so it cannot take one Gateway's address.
 pub fn requested_addresses(
     gateway: &Gateway,
-    dedicated: bool,
+    own_service: bool,
 ) -> Result<Vec<std::net::IpAddr>, String> {
     let mut out = Vec::new();
     for a in gateway.spec.addresses.iter().flatten() {
@@ -585,11 +589,12 @@ pub fn requested_addresses(
         let ip: std::net::IpAddr = value
             .parse()
             .map_err(|_| format!("address {value:?} is not an IP address"))?;
-        if !dedicated {
+        if !own_service {
             return Err(format!(
-                "address {value} needs a dedicated proxy: Gateways on the shared pool share its \
-                 Service's address; give the Gateway or its class a CoxswainGatewayParameters \
-                 parametersRef, or remove spec.addresses"
+                "address {value} needs a Service of the Gateway's own: Gateways on the shared \
+                 pool share its Service's address; give the Gateway or its class a \
+                 CoxswainGatewayParameters parametersRef, run the controller with \
+                 --shared-gateway-ports, or remove spec.addresses"
             ));
         }
         if !out.contains(&ip) {

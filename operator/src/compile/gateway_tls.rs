@@ -2,8 +2,11 @@
 //! certificates against (`frontend`, a default and per-port overrides), and the certificate it
 //! presents to backends that ask for one (`backend.clientCertificateRef`).
 //!
-//! Both need a dedicated proxy: shared proxies serve several Gateways on one port, and a TLS
-//! handshake cannot tell which Gateway's CAs apply before the request names its host.
+//! Client validation needs ports of the Gateway's own: a dedicated proxy's, or its internal
+//! ports on the shared pool (`gateway_services`). Without them shared proxies serve several
+//! Gateways on one port, and a TLS handshake cannot tell which Gateway's CAs apply before the
+//! request names its host. The backend client certificate needs a dedicated proxy: the shared
+//! pool's backend connections are everyone's.
 
 use super::backendtls::ca_bundle;
 use super::refs::{self, GATEWAY_GROUP, Index};
@@ -48,9 +51,9 @@ pub struct FrontendTls {
 }
 
 impl FrontendTls {
-    /// Resolves `spec.tls.frontend` of `gateway`. `dedicated`: whether a proxy of its own serves
-    /// it (only then can its ports ask for client certificates).
-    pub fn resolve(store: &Store, gateway: &Gateway, key: &ObjectKey, dedicated: bool) -> Self {
+    /// Resolves `spec.tls.frontend` of `gateway`. `own_ports`: whether no other Gateway shares
+    /// its ports (only then can they ask for client certificates).
+    pub fn resolve(store: &Store, gateway: &Gateway, key: &ObjectKey, own_ports: bool) -> Self {
         let Some(frontend) = gateway.spec.tls.as_ref().and_then(|t| t.frontend.as_ref()) else {
             return Self::default();
         };
@@ -59,8 +62,10 @@ impl FrontendTls {
                 accepted: Problem::new(
                     reason::UNSUPPORTED_VALUE,
                     format!(
-                        "{what} asks for client certificates, which needs a dedicated proxy: \
-                         give the Gateway or its class a CoxswainGatewayParameters parametersRef"
+                        "{what} asks for client certificates, which needs ports no other \
+                         Gateway shares: give the Gateway or its class a \
+                         CoxswainGatewayParameters parametersRef, or run the controller with \
+                         --shared-gateway-ports"
                     ),
                 ),
                 resolved: None,
@@ -68,7 +73,7 @@ impl FrontendTls {
             insecure: false,
         };
         let default = frontend.default.validation.as_ref().map(|v| {
-            if !dedicated {
+            if !own_ports {
                 return shared("spec.tls.frontend.default".into());
             }
             let refs: Vec<CaRef<'_>> = v
@@ -91,7 +96,7 @@ impl FrontendTls {
             .flatten()
             .filter_map(|p| {
                 let v = p.tls.validation.as_ref()?;
-                if !dedicated {
+                if !own_ports {
                     return Some((
                         p.port,
                         shared(format!("spec.tls.frontend.perPort {}", p.port)),

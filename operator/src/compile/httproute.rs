@@ -309,7 +309,7 @@ fn compile_route(
                         for (match_index, m) in rule.matches.iter().enumerate() {
                             out.entries.push(Entry {
                                 scope: gw.scope.clone(),
-                                port: listener.port,
+                                port: listener.bind_port,
                                 protocol: listener.protocol,
                                 listener_hostname: listener.hostname.clone(),
                                 vhost: host.clone(),

@@ -484,6 +484,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
         out.slots.push(Slot {
             scope: ScopeKey::SharedPool,
             port: config.ingress_http_port,
+            public_port: 0,
             protocol: Protocol::Http,
             hostname: None,
             source: "Ingress".into(),
@@ -501,6 +502,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
         out.slots.push(Slot {
             scope: ScopeKey::SharedPool,
             port: config.ingress_https_port,
+            public_port: 0,
             protocol: Protocol::Https,
             hostname: None,
             source: "Ingress".into(),

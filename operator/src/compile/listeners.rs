@@ -16,7 +16,11 @@ use std::collections::{BTreeMap, BTreeSet};
 #[derive(Debug, Clone)]
 pub struct AcceptedListener {
     pub name: String,
+    /// The listener's port, as clients and parentRefs name it.
     pub port: u32,
+    /// The port the proxies listen on for it: `port`, or a shared Gateway's internal port
+    /// (see `gateway_services`).
+    pub bind_port: u32,
     pub protocol: Protocol,
     pub hostname: Option<String>,
     pub allowed_namespaces: AllowedNamespaces,
@@ -351,6 +355,7 @@ pub(super) fn compile_listeners(
             accepted.push(AcceptedListener {
                 name: l.name.clone(),
                 port,
+                bind_port: port,
                 protocol,
                 hostname: Some(routing_hostname(l))
                     .filter(|h| !h.is_empty())

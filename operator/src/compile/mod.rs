@@ -20,6 +20,7 @@ pub mod clusters;
 pub mod entries;
 pub mod filters;
 pub mod gateway;
+pub mod gateway_services;
 pub mod gateway_tls;
 pub mod global_limit;
 pub mod grpcroute;
@@ -63,7 +64,12 @@ pub struct Config {
     /// (`--ingress-nginx-compat`).
     pub ingress_nginx_compat: bool,
     /// The shared proxy pool's ServiceAccount: the identity that may serve the shared pool.
+    /// Its namespace is the controller's, where shared Gateways' Services live.
     pub shared_proxy_account: ObjectKey,
+    /// Internal ports for shared Gateways' own Services ([`gateway_services`]). None: shared
+    /// Gateways are served on their listener ports themselves, all behind one address (the
+    /// proxies bind them directly: host networking, tests without a Service network).
+    pub shared_gateway_ports: Option<gateway_services::PortRange>,
 }
 
 impl Default for Config {
@@ -78,6 +84,7 @@ impl Default for Config {
                 names::DEFAULT_NAMESPACE,
                 names::SHARED_PROXY_SERVICE_ACCOUNT,
             ),
+            shared_gateway_ports: None,
         }
     }
 }
@@ -94,6 +101,9 @@ pub struct Compiled {
     /// Which ServiceAccount's proxies may serve each scope: the bootstrap allowlist and the
     /// discovery hub's, as they are.
     pub proxy_accounts: ProxyAccounts,
+    /// Shared Gateways' own Services and their internal ports (empty without
+    /// `Config::shared_gateway_ports`).
+    pub gateway_services: gateway_services::Allocation,
 }
 
 /// Every route of every kind in the shared form. The conversions run here, at the root, so the
@@ -112,7 +122,41 @@ fn route_forms(store: &Store) -> Vec<route::RouteForm<'_>> {
 
 pub fn compile(store: &Store, config: &Config) -> Compiled {
     let index = refs::Index::new(store);
-    let gateways = gateway::compile(store, &index, config);
+    let mut gateways = gateway::compile(store, &index, config);
+    let gateway_services = match config.shared_gateway_ports {
+        Some(range) => {
+            let allocation = gateway_services::allocate(
+                store,
+                &config.shared_proxy_account.namespace,
+                range,
+                &[config.ingress_http_port, config.ingress_https_port],
+                &gateways.served,
+                |key| {
+                    gateways
+                        .gateway_status
+                        .get(key)
+                        .map(|s| s.requested_addresses.clone())
+                        .unwrap_or_default()
+                },
+            );
+            // Each shared Gateway's listeners move to its internal ports; one without a port
+            // serves nothing rather than share a port with every other Gateway.
+            for gw in gateways.served.values_mut() {
+                if gw.scope != ScopeKey::SharedPool {
+                    continue;
+                }
+                let service = allocation.services.get(&gw.key);
+                for l in &mut gw.listeners {
+                    match service.and_then(|s| s.internal(l.port, l.protocol)) {
+                        Some(internal) => l.bind_port = internal,
+                        None => l.programmable = false,
+                    }
+                }
+            }
+            allocation
+        }
+        None => gateway_services::Allocation::default(),
+    };
     let routes = httproute::compile(&route_forms(store), store, &index, &gateways.served, config);
     let ingresses = ingress::compile(store, &index, config);
 
@@ -188,7 +232,8 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         for l in gw.listeners.iter().filter(|l| l.programmable) {
             slots.push(Slot {
                 scope: gw.scope.clone(),
-                port: l.port,
+                port: l.bind_port,
+                public_port: if l.bind_port == l.port { 0 } else { l.port },
                 protocol: l.protocol,
                 hostname: l.hostname.clone(),
                 source: match &l.owner {
@@ -246,6 +291,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         status,
         proxy_names,
         proxy_accounts,
+        gateway_services,
     }
 }
 
@@ -302,7 +348,10 @@ fn backend_policy_ancestors(
 #[derive(Debug, Clone)]
 pub struct Slot {
     pub scope: ScopeKey,
+    /// The port the proxies listen on.
     pub port: u32,
+    /// The port clients addressed, when a Service maps it to another `port`; 0: the same.
+    pub public_port: u32,
     pub protocol: snap::Protocol,
     pub hostname: Option<String>,
     pub source: String,
@@ -512,6 +561,8 @@ fn assemble(
                 certificates: sni,
                 listener_hostnames,
                 client_validation,
+                // An internal port belongs to one Gateway's one listener port.
+                public_port: port_slots[0].public_port,
             });
         }
         let requires = requirements(&listeners);
@@ -622,6 +673,9 @@ fn requirements(listeners: &[snap::Listener]) -> Vec<String> {
         .any(|v| v.terminate_tls)
     {
         out.push(snap::feature::TLS_TERMINATE.to_owned());
+    }
+    if listeners.iter().any(|l| l.public_port != 0) {
+        out.push(snap::feature::PUBLIC_PORT.to_owned());
     }
     out.sort();
     out

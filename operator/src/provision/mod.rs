@@ -14,6 +14,7 @@
 //! controller loop publishes them here.
 
 pub mod addresses;
+pub mod gateway_services;
 pub mod render;
 
 use coxswain_api::crd::gateway::CoxswainGatewayParameters;

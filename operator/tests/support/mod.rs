@@ -337,6 +337,9 @@ pub fn local_controller_config(
         lease: None,
         proxy_image: None,
         ingress_ports: (80, 443),
+        // The proxies of these tests run on loopback without a Service network: shared
+        // Gateways are served on their listener ports.
+        shared_gateway_ports: None,
         ingress_nginx_compat: false,
         bootstrap_rate_limit: Default::default(),
         tracer: None,

@@ -180,11 +180,18 @@ fn ports_are_separate_tables() {
         lookup(&r, 9999, "secure.example.com", "/", "GET", &[]),
         None
     );
-    let mut ports: Vec<_> = r.ports().collect();
+    let mut ports: Vec<_> = r
+        .ports()
+        .map(|(p, b)| (p, b.protocol, b.public_port))
+        .collect();
     ports.sort();
     assert_eq!(
         ports,
-        [(80, snap::Protocol::Http), (8443, snap::Protocol::Https)]
+        [
+            (80, snap::Protocol::Http, 80),
+            (8443, snap::Protocol::Https, 8443)
+        ],
+        "without public_port, clients address the port listened on"
     );
 }
 

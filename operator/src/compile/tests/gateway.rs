@@ -194,7 +194,7 @@ spec:
         ("hostname", "type \"Hostname\""),
         ("fake", "type \"test/fake-invalid-type\""),
         ("not-ip", "not an IP address"),
-        ("shared", "needs a dedicated proxy"),
+        ("shared", "needs a Service of the Gateway's own"),
     ] {
         let status = &c.status.gateways[&key("web", name)];
         let accepted = find(&status.conditions, "Accepted");

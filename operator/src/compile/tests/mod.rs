@@ -6,6 +6,7 @@ mod access_policy;
 mod backend_tls;
 mod fixtures;
 mod gateway;
+mod gateway_services;
 mod gateway_tls;
 mod golden;
 mod grpc;
