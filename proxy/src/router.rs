@@ -207,29 +207,39 @@ pub struct CompiledRoute {
 pub struct Mirror {
     /// None: the mirror's backend ref did not resolve; nothing is sent.
     pub cluster: Option<Arc<ClusterState>>,
-    numerator: u32,
-    denominator: u32,
+    /// The share copied, reduced by its common divisor (20/100 is 1/5).
+    numerator: u64,
+    denominator: u64,
+    /// Spreads the copied requests over each round, as `CompiledRoute::pick` does.
+    stride: u64,
     seq: AtomicUsize,
 }
 
 impl Mirror {
     fn new(m: &snap::RequestMirror, clusters: &HashMap<Box<str>, Arc<ClusterState>>) -> Self {
+        let (numerator, denominator) = (u64::from(m.numerator), u64::from(m.denominator));
+        let divisor = gcd(numerator, denominator).max(1);
+        let denominator = denominator / divisor;
         Self {
             cluster: clusters.get(m.cluster.as_str()).cloned(),
-            numerator: m.numerator,
-            denominator: m.denominator,
+            numerator: numerator / divisor,
+            denominator,
+            stride: interleaving_stride(denominator),
             seq: AtomicUsize::new(0),
         }
     }
 
     /// Whether this request is one of the `numerator` in every `denominator` this mirror
-    /// copies (a rotating counter: exact shares, no randomness, no lock).
+    /// copies (a rotating counter: exact shares, no randomness, no lock). The copies are
+    /// spread over the round, not the first `numerator` of it: any run of requests, and each
+    /// proxy's part of them when several share the traffic, is copied at the share asked.
     pub fn sampled(&self) -> bool {
         if self.denominator == 0 || self.numerator == 0 {
             return false;
         }
-        let n = self.seq.fetch_add(1, Ordering::Relaxed) as u64;
-        n % u64::from(self.denominator) < u64::from(self.numerator)
+        let n = self.seq.fetch_add(1, Ordering::Relaxed) as u64 % self.denominator;
+        let position = u128::from(n) * u128::from(self.stride) % u128::from(self.denominator);
+        position < u128::from(self.numerator)
     }
 }
 

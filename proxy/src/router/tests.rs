@@ -461,3 +461,54 @@ clusters:
     // A zero weight is never picked.
     assert!(picks(&weighted(1, 0), 50).iter().all(|c| c == "web/a:80"));
 }
+
+#[test]
+fn mirrored_requests_are_spread_over_the_round_so_every_run_gets_its_share() {
+    let mirrored = |numerator: u32, denominator: u32| {
+        let yaml = format!(
+            r#"
+listeners:
+- port: 80
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {{kind: HTTPRoute, namespace: web, name: copy, rule: 0}}
+      filters:
+      - kind: {{requestMirror: {{cluster: "web/m:80", numerator: {numerator}, denominator: {denominator}}}}}
+      backends: [{{cluster: "web/a:80", weight: 1}}]
+clusters:
+- name: web/a:80
+  endpoints: [{{address: 10.0.0.1, port: 8080, ready: true, serving: true}}]
+- name: web/m:80
+  endpoints: [{{address: 10.0.0.2, port: 8080, ready: true, serving: true}}]
+"#
+        );
+        let r = Router::build(&Snapshot::from_yaml(&yaml).unwrap().seal()).unwrap();
+        let route = r.port(80).unwrap().relay_route("").unwrap().0;
+        let mirror = &route.mirrors[0];
+        (0..1000).map(|_| mirror.sampled()).collect::<Vec<bool>>()
+    };
+    let copies = |run: &[bool]| run.iter().filter(|s| **s).count();
+
+    // 20 in 100 is one in five: every 5 consecutive requests hold exactly one copy. A proxy
+    // of two that sees 250 of 500 requests copies 50 of them, not 60 (the first 20 of each
+    // 100 would give 20 + 20 + 20).
+    let seq = mirrored(20, 100);
+    for start in 0..995 {
+        assert_eq!(copies(&seq[start..start + 5]), 1, "requests {start}..+5");
+    }
+    assert_eq!(copies(&seq[..250]), 50);
+    // A share with no common divisor: any 100 consecutive requests hold 33 copies, and any
+    // 50 hold 16 or 17, never a block of 33 followed by none.
+    let seq = mirrored(33, 100);
+    for start in 0..900 {
+        assert_eq!(copies(&seq[start..start + 100]), 33, "requests {start}..+100");
+    }
+    for start in 0..950 {
+        let c = copies(&seq[start..start + 50]);
+        assert!((15..=18).contains(&c), "requests {start}..+50: {c} copies");
+    }
+    assert!(mirrored(0, 100).iter().all(|s| !s));
+    assert!(mirrored(1, 1).iter().all(|s| *s));
+}
