@@ -278,7 +278,8 @@ pub async fn run(
         leader.clone(),
         admin.clone(),
         config.lease.as_ref().map(|l| l.identity.clone()),
-    );
+    )
+    .with_shared_gateway_ports(config.shared_gateway_ports.is_some());
     let mut gateway_services = crate::provision::gateway_services::ServiceWriter::new(
         client.clone(),
         config.namespace.clone(),

@@ -88,6 +88,40 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "TLSRouteModeTerminate",
 ];
 
+/// Features a Gateway has only with a proxy of its own: the client certificate it presents to
+/// backends (the shared pool's backend connections are every Gateway's), and generated
+/// resources in its own namespace carrying its infrastructure labels (a shared Gateway's
+/// Service lives in the controller's namespace, beside the Pods it selects).
+pub const DEDICATED_ONLY_FEATURES: &[&str] = &[
+    "GatewayBackendClientCertificate",
+    "GatewayInfrastructurePropagation",
+];
+
+/// Features a shared Gateway has only with ports and an address of its own
+/// (`--shared-gateway-ports`, the default): without, the pool's Service carries 80 and 443
+/// for everyone.
+pub const OWN_PORTS_FEATURES: &[&str] = &[
+    "GatewayFrontendClientCertificateValidation",
+    "GatewayFrontendClientCertificateValidationInsecureFallback",
+    "GatewayPort8080",
+    "GatewayStaticAddresses",
+];
+
+/// `supportedFeatures` of a GatewayClass: everything for a class whose Gateways get dedicated
+/// proxies (a parametersRef); less for one whose Gateways share the pool, so the conformance
+/// suite, which runs what a class claims, proves the claim for each kind of class.
+pub fn class_features(dedicated: bool, shared_gateway_ports: bool) -> Vec<&'static str> {
+    SUPPORTED_FEATURES
+        .iter()
+        .copied()
+        .filter(|f| {
+            dedicated
+                || !(DEDICATED_ONLY_FEATURES.contains(f)
+                    || (!shared_gateway_ports && OWN_PORTS_FEATURES.contains(f)))
+        })
+        .collect()
+}
+
 /// What `conditions` look like on the object now, for transition times and no-op detection.
 pub(crate) fn existing_conditions(status: Option<Value>) -> Vec<Value> {
     status
@@ -296,6 +330,9 @@ pub struct StatusWriter {
     /// The findings last reported per Ingress, and per IngressClass.
     ingress_findings: HashMap<ObjectKey, Vec<(&'static str, String)>>,
     class_findings: HashMap<String, String>,
+    /// Shared Gateways have Services and ports of their own (`--shared-gateway-ports`): what
+    /// a shared-pool class claims depends on it.
+    shared_gateway_ports: bool,
 }
 
 /// A condition change worth an Event: a problem appearing (Warning), or a good state being
@@ -377,7 +414,14 @@ impl StatusWriter {
             reported: HashMap::new(),
             ingress_findings: HashMap::new(),
             class_findings: HashMap::new(),
+            shared_gateway_ports: true,
         }
+    }
+
+    /// Whether shared Gateways get Services and ports of their own (default: they do).
+    pub fn with_shared_gateway_ports(mut self, on: bool) -> Self {
+        self.shared_gateway_ports = on;
+        self
     }
 
     fn leading(&self) -> bool {
@@ -700,8 +744,12 @@ impl StatusWriter {
                 true,
             );
             let rendered = render_conditions(conditions, &existing, &now);
-            let features: Vec<Value> = SUPPORTED_FEATURES
-                .iter()
+            let dedicated = class.spec.parameters_ref.as_ref().is_some_and(|p| {
+                p.group == coxswain_api::names::GATEWAY_GROUP
+                    && p.kind == "CoxswainGatewayParameters"
+            });
+            let features: Vec<Value> = class_features(dedicated, self.shared_gateway_ports)
+                .into_iter()
                 .map(|name| json!({"name": name}))
                 .collect();
             let current_features = class
@@ -1215,6 +1263,26 @@ mod tests {
 
     fn cond(type_: &'static str, ok: bool, reason: &'static str) -> Condition {
         Condition::new(type_, ok, reason, "", 1)
+    }
+
+    #[test]
+    fn a_shared_pool_class_claims_what_a_shared_gateway_can_do() {
+        let dedicated = class_features(true, true);
+        assert_eq!(dedicated, SUPPORTED_FEATURES);
+        let shared = class_features(false, true);
+        for f in DEDICATED_ONLY_FEATURES {
+            assert!(!shared.contains(f), "{f}");
+        }
+        assert!(shared.contains(&"GatewayStaticAddresses"));
+        assert!(shared.contains(&"HTTPRoute"));
+        let without_ports = class_features(false, false);
+        for f in OWN_PORTS_FEATURES.iter().chain(DEDICATED_ONLY_FEATURES) {
+            assert!(!without_ports.contains(f), "{f}");
+        }
+        // Every feature named here is one the controller claims somewhere.
+        for f in OWN_PORTS_FEATURES.iter().chain(DEDICATED_ONLY_FEATURES) {
+            assert!(SUPPORTED_FEATURES.contains(f), "{f}");
+        }
     }
 
     #[test]

@@ -9,13 +9,26 @@ use kube::api::{ObjectMeta, PostParams};
 use std::io::{Read, Write};
 use std::time::Duration;
 
-/// A free loopback port (bound and released).
+/// A free loopback port (bound and released), never the same twice in one test binary: the
+/// kernel may hand a just-released port to the next `bind(0)`, and two tests side by side
+/// would then configure one port twice.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if HANDED_OUT
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(port)
+        {
+            return port;
+        }
+    }
 }
 
 /// Creates the ServiceAccount if needed and returns a token for it with `audience`, bound to

@@ -503,7 +503,11 @@ clusters:
     // 50 hold 16 or 17, never a block of 33 followed by none.
     let seq = mirrored(33, 100);
     for start in 0..900 {
-        assert_eq!(copies(&seq[start..start + 100]), 33, "requests {start}..+100");
+        assert_eq!(
+            copies(&seq[start..start + 100]),
+            33,
+            "requests {start}..+100"
+        );
     }
     for start in 0..950 {
         let c = copies(&seq[start..start + 50]);

@@ -22,13 +22,27 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_rustls::TlsConnector;
 
-/// A free loopback port (bound and released; fine for tests on one machine).
+/// A free loopback port (bound and released), never the same twice in one test binary: the
+/// kernel may hand a just-released port to the next `bind(0)`, and two tests running side by
+/// side would then configure proxies on one port, one of them failing to bind it and its
+/// requests reaching the other's routes.
 pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
+        std::sync::Mutex::new(std::collections::BTreeSet::new());
+    loop {
+        let port = StdListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        if HANDED_OUT
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(port)
+        {
+            return port;
+        }
+    }
 }
 
 /// An HTTP backend (HTTP/1.1 and h2c) that answers with what it received, as JSON, and names
