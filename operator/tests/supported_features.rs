@@ -5,7 +5,7 @@
 //! test/conformance/reports/<release>/coxswain/.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
-use coxswain_operator::status::SUPPORTED_FEATURES;
+use coxswain_operator::status::{SUPPORTED_FEATURES, class_features};
 use serde_yaml::Value;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -48,35 +48,48 @@ fn pinned_release() -> String {
 }
 
 /// The newest release directory under test/conformance/reports and its default-run report
-/// files.
+/// files: the run with a dedicated proxy per Gateway, what a class with a parametersRef
+/// publishes.
 fn newest_reports() -> (String, Vec<PathBuf>) {
+    newest_reports_of("-default-report.yaml")
+}
+
+/// The newest release directory holding reports whose names end in `suffix`, and those.
+fn newest_reports_of(suffix: &str) -> (String, Vec<PathBuf>) {
     let dir = repo().join("test/conformance/reports");
-    let newest = std::fs::read_dir(&dir)
+    let mut releases: Vec<((u64, u64, u64), String)> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter_map(|name| release(&name).map(|v| (v, name)))
-        .max()
-        .map(|(_, name)| name)
-        .unwrap_or_else(|| panic!("no vX.Y.Z directory under {}", dir.display()));
-    let mut files = Vec::new();
-    for implementation in std::fs::read_dir(dir.join(&newest)).unwrap() {
-        let implementation = implementation.unwrap().path();
-        if !implementation.is_dir() {
-            continue;
-        }
-        for f in std::fs::read_dir(&implementation).unwrap() {
-            let f = f.unwrap().path();
-            // The default run (a dedicated proxy per Gateway) is what the class publishes; the
-            // shared-pool run beside it says what the pool can do, not what is claimed.
-            if f.file_name()
-                .is_some_and(|n| n.to_string_lossy().ends_with("-default-report.yaml"))
-            {
-                files.push(f);
+        .collect();
+    releases.sort();
+    assert!(
+        !releases.is_empty(),
+        "no vX.Y.Z directory under {}",
+        dir.display()
+    );
+    for (_, newest) in releases.into_iter().rev() {
+        let mut files = Vec::new();
+        for implementation in std::fs::read_dir(dir.join(&newest)).unwrap() {
+            let implementation = implementation.unwrap().path();
+            if !implementation.is_dir() {
+                continue;
+            }
+            for f in std::fs::read_dir(&implementation).unwrap() {
+                let f = f.unwrap().path();
+                if f.file_name()
+                    .is_some_and(|n| n.to_string_lossy().ends_with(suffix))
+                {
+                    files.push(f);
+                }
             }
         }
+        if !files.is_empty() {
+            files.sort();
+            return (newest, files);
+        }
     }
-    files.sort();
-    (newest, files)
+    panic!("no *{suffix} under {}", dir.display())
 }
 
 fn strings(v: &Value) -> Vec<String> {
@@ -171,4 +184,35 @@ fn release_directories_order_by_number_not_by_text() {
     assert!(release("v1.10.0") > release("v1.9.3"));
     assert_eq!(release("v1.5"), None);
     assert_eq!(release("latest"), None);
+}
+
+#[test]
+fn a_shared_pool_class_publishes_exactly_what_the_shared_pool_run_shows_passing() {
+    // `COXSWAIN_CONFORMANCE_POOL=shared make conformance`: a class without parametersRef,
+    // every Gateway on the shared pool through a Service of its own.
+    let (release, files) = newest_reports_of("-shared-pool-report.yaml");
+    let mut passed = BTreeSet::new();
+    let mut unsupported = BTreeSet::new();
+    for f in &files {
+        let (p, u) = claims(f);
+        passed.extend(p);
+        unsupported.extend(u);
+    }
+    let published: BTreeSet<String> = class_features(false, true)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let unproven: Vec<&String> = published.difference(&passed).collect();
+    let unpublished: Vec<&String> = passed.difference(&published).collect();
+    assert!(
+        unproven.is_empty() && unpublished.is_empty(),
+        "a shared-pool class's features (status::class_features) and the {release} shared-pool \
+         report(s) {files:?} disagree.\n  published, not shown passing: {unproven:?}\n  shown \
+         passing, not published: {unpublished:?}"
+    );
+    let contradicted: Vec<&String> = published.intersection(&unsupported).collect();
+    assert!(
+        contradicted.is_empty(),
+        "published yet reported unsupported: {contradicted:?}"
+    );
 }
