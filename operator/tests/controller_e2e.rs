@@ -174,9 +174,17 @@ spec:
         .unwrap();
     assert_eq!(listener_programmed.status, "True");
 
+    // Route status is written after the Gateway's, in the same pass: wait for it too.
     let routes: Api<gateway_api::apis::experimental::httproutes::HttpRoute> = env.api();
-    let route = routes.get("app").await.unwrap();
-    let parents = route.status.unwrap().parents;
+    let mut parents = Vec::new();
+    for _ in 0..200 {
+        let route = routes.get("app").await.unwrap();
+        if let Some(status) = route.status {
+            parents = status.parents;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     assert_eq!(parents.len(), 1);
     assert_eq!(
         parents[0].controller_name,

@@ -342,19 +342,12 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
                     .insert(ls_key, refused(reason::NOT_ALLOWED, message));
                 continue;
             }
-            let listeners: Result<Vec<GatewayListeners>, _> = ls
+            let listeners: Vec<GatewayListeners> = ls
                 .spec
                 .listeners
                 .iter()
-                .map(|l| serde_json::to_value(l).and_then(serde_json::from_value))
+                .map(super::listener_set::as_gateway_listener)
                 .collect();
-            let Ok(listeners) = listeners else {
-                out.listener_set_status.insert(
-                    ls_key,
-                    refused(reason::INVALID, "its listeners cannot be read".into()),
-                );
-                continue;
-            };
             let (statuses, ls_accepted) = compile_listeners(
                 store,
                 index,
@@ -519,8 +512,7 @@ fn listener_set_allowed(
         Some(GatewayAllowedListenersNamespacesFrom::All) => true,
         Some(GatewayAllowedListenersNamespacesFrom::Selector) => namespaces
             .and_then(|n| n.selector.as_ref())
-            .and_then(|s| serde_json::to_value(s).ok())
-            .and_then(|s| serde_json::from_value::<LabelSelector>(s).ok())
+            .map(super::listener_set::label_selector)
             .is_some_and(|s| namespace_selected(store, &ls.namespace, &s)),
     };
     if allowed {

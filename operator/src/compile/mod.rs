@@ -30,6 +30,7 @@ pub mod httproute;
 pub mod ingress;
 pub mod jwks;
 pub mod l4route;
+pub mod listener_set;
 pub mod listeners;
 pub mod proxies;
 pub mod refs;
