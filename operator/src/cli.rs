@@ -671,6 +671,15 @@ pub struct ProxyLimitArgs {
     #[arg(long, env = "COXSWAIN_KEEPALIVE_TIMEOUT_SECONDS", default_value_t = 60)]
     pub keepalive_timeout_seconds: u64,
 
+    /// A relayed TCP or TLS connection (TCPRoute, TLSRoute) is closed once no byte has moved
+    /// either way for this many seconds.
+    #[arg(
+        long,
+        env = "COXSWAIN_RELAY_IDLE_TIMEOUT_SECONDS",
+        default_value_t = 3600
+    )]
+    pub relay_idle_timeout_seconds: u64,
+
     /// A TLS handshake must finish within this many seconds of accept.
     #[arg(
         long,
@@ -750,6 +759,7 @@ impl ProxyLimitArgs {
             request_head: Duration::from_secs(self.request_head_timeout_seconds.max(1)),
             keepalive_idle: Duration::from_secs(self.keepalive_timeout_seconds.max(1)),
             tls_handshake: Duration::from_secs(self.tls_handshake_timeout_seconds.max(1)),
+            relay_idle: Duration::from_secs(self.relay_idle_timeout_seconds.max(1)),
             max_connections: self.max_connections.max(1),
             max_request_headers: self.max_request_headers.max(1),
             max_request_head_bytes: self.max_request_header_bytes.max(1024),

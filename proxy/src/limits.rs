@@ -15,6 +15,10 @@ pub struct Limits {
     pub keepalive_idle: Duration,
     /// A TLS handshake must finish within this, counted from accept.
     pub tls_handshake: Duration,
+    /// A relayed TCP or TLS connection (TCPRoute, TLSRoute) is closed once no byte has moved
+    /// either way for this long: there are no requests to time out, and a peer that goes
+    /// silent would otherwise hold its connection and backend socket forever.
+    pub relay_idle: Duration,
     /// Client connections open at once; past it, new ones wait in the listen backlog and
     /// `coxswain_proxy_connection_limit_waits_total` counts each time it was hit.
     pub max_connections: usize,
@@ -44,6 +48,7 @@ impl Default for Limits {
             request_head: Duration::from_secs(30),
             keepalive_idle: Duration::from_secs(60),
             tls_handshake: Duration::from_secs(10),
+            relay_idle: Duration::from_secs(3600),
             max_connections: 16_384,
             max_request_headers: 100,
             max_request_head_bytes: 32 * 1024,

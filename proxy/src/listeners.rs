@@ -441,7 +441,15 @@ impl Connection {
             }
         }
         if let Some(relay) = &self.relay {
-            crate::relay::serve(tcp, &self.table, self.port, self.peer, relay).await;
+            crate::relay::serve(
+                tcp,
+                &self.table,
+                self.port,
+                self.peer,
+                relay,
+                self.limits.relay_idle,
+            )
+            .await;
             return;
         }
         match self.tls.clone() {

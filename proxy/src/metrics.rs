@@ -52,6 +52,8 @@ pub struct Metrics {
     pub proxy_protocol_refused: AtomicU64,
     /// UDP datagrams dropped because their port's flow table was full.
     pub udp_flows_refused: AtomicU64,
+    /// Relayed TCP/TLS connections closed because no byte moved either way for the idle time.
+    pub relay_idle_closed: AtomicU64,
     /// Requests sent to another endpoint because connecting to the one picked failed.
     pub connect_retries: AtomicU64,
     /// Requests sent again because the backend's answer is one the route retries.
@@ -249,6 +251,11 @@ impl Metrics {
                 "coxswain_proxy_udp_flows_refused_total",
                 "UDP datagrams of new client flows dropped because the port's flow table was full.",
                 &self.udp_flows_refused,
+            ),
+            (
+                "coxswain_proxy_relay_idle_closed_total",
+                "Relayed TCP and TLS connections closed because no byte moved either way for the relay idle time.",
+                &self.relay_idle_closed,
             ),
             (
                 "coxswain_proxy_upstream_connect_retries_total",

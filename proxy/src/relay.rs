@@ -25,9 +25,12 @@ use crate::table::SharedTable;
 use pingora::listeners::tls::Acceptor;
 use pingora::protocols::Ssl;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
 /// A ClientHello is a few hundred bytes, a couple of KiB with post-quantum key shares; the TLS
@@ -177,21 +180,31 @@ pub async fn serve(
     port: u16,
     peer: SocketAddr,
     relay: &Relay,
+    idle: Duration,
 ) {
+    let at = Arrival {
+        table,
+        port,
+        peer,
+        idle,
+    };
     match relay {
-        Relay::Tcp => forward(client, table, port, peer, "", &[]).await,
-        Relay::Tls(terminator) => serve_tls(client, table, port, peer, terminator).await,
+        Relay::Tcp => forward(client, &at, "", &[]).await,
+        Relay::Tls(terminator) => serve_tls(client, &at, terminator).await,
     }
 }
 
-/// Serves one connection accepted on TLS `port`.
-async fn serve_tls(
-    mut client: TcpStream,
-    table: &SharedTable,
+/// Where a relayed connection arrived, and how long it may stay silent.
+struct Arrival<'a> {
+    table: &'a SharedTable,
     port: u16,
     peer: SocketAddr,
-    terminator: &Terminator,
-) {
+    idle: Duration,
+}
+
+/// Serves one connection accepted on TLS `port`.
+async fn serve_tls(mut client: TcpStream, at: &Arrival<'_>, terminator: &Terminator) {
+    let (table, port, peer) = (at.table, at.port, at.peer);
     let mut first = Vec::with_capacity(2048);
     let sni = match tokio::time::timeout(HELLO_TIMEOUT, read_hello(&mut client, &mut first)).await {
         Ok(Some(sni)) => sni,
@@ -217,7 +230,7 @@ async fn serve_tls(
         }
     };
     if !terminate {
-        forward(client, table, port, peer, name, &first).await;
+        forward(client, at, name, &first).await;
         return;
     }
     let mut stream = crate::conn::l4_stream(client, peer);
@@ -254,21 +267,16 @@ async fn serve_tls(
         tracing::debug!(%peer, port, "resumed session without the required client certificate");
         return;
     }
-    forward(tls, table, port, peer, name, &[]).await;
+    forward(tls, at, name, &[]).await;
 }
 
 /// Relays `client` to a backend of the first route of the host `name` lands on, sending
 /// `first` (bytes already read from the client) ahead of the rest.
-async fn forward<C>(
-    mut client: C,
-    table: &SharedTable,
-    port: u16,
-    peer: SocketAddr,
-    name: &str,
-    first: &[u8],
-) where
+async fn forward<C>(mut client: C, at: &Arrival<'_>, name: &str, first: &[u8])
+where
     C: AsyncRead + AsyncWrite + Unpin,
 {
+    let (table, port, peer) = (at.table, at.port, at.peer);
     // Held while the connection is relayed: a least-request cluster counts it as busy.
     let (addr, counters, _in_flight) = {
         let metrics = table.metrics().clone();
@@ -323,9 +331,100 @@ async fn forward<C>(
     }
     counters.record(200);
     // There are no request boundaries to stop at: on SIGTERM a relayed connection lives until
-    // either side closes it or the drain period ends with the process.
-    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
-        tracing::debug!(%peer, %addr, error = %e, "relayed connection ended");
+    // either side closes it, it idles out, or the drain period ends with the process.
+    match copy_until_idle(&mut client, &mut upstream, at.idle).await {
+        Ok(Ended::Closed) => {}
+        Ok(Ended::Idle) => {
+            Metrics::count(&table.metrics().relay_idle_closed);
+            tracing::debug!(%peer, %addr, idle = ?at.idle, "relayed connection idle; closed");
+        }
+        Err(e) => tracing::debug!(%peer, %addr, error = %e, "relayed connection ended"),
+    }
+}
+
+/// Why a relay stopped copying.
+#[derive(Debug, PartialEq, Eq)]
+enum Ended {
+    /// A side closed its half and the other followed.
+    Closed,
+    /// No byte moved either way for the idle time.
+    Idle,
+}
+
+/// Copies both ways until both sides have closed, or until nothing has been read from either
+/// for `idle`.
+async fn copy_until_idle<A, B>(a: &mut A, b: &mut B, idle: Duration) -> std::io::Result<Ended>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let start = Instant::now();
+    // Milliseconds since `start` of the last read that brought bytes, from either side.
+    let last = AtomicU64::new(0);
+    let mut a = Watched {
+        inner: a,
+        last: &last,
+        start,
+    };
+    let mut b = Watched {
+        inner: b,
+        last: &last,
+        start,
+    };
+    let copy = tokio::io::copy_bidirectional(&mut a, &mut b);
+    tokio::pin!(copy);
+    loop {
+        let quiet_since = start + Duration::from_millis(last.load(Ordering::Relaxed));
+        tokio::select! {
+            result = &mut copy => return result.map(|_| Ended::Closed),
+            () = tokio::time::sleep_until((quiet_since + idle).into()) => {
+                let quiet_since = start + Duration::from_millis(last.load(Ordering::Relaxed));
+                if quiet_since.elapsed() >= idle {
+                    return Ok(Ended::Idle);
+                }
+            }
+        }
+    }
+}
+
+/// A stream that notes when it last read bytes.
+struct Watched<'a, S> {
+    inner: S,
+    last: &'a AtomicU64,
+    start: Instant,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Watched<'_, S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
+            self.last.store(now, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<'_, S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 

@@ -491,6 +491,57 @@ async fn tcp_connections_split_by_weight_and_outlive_a_route_change() {
     proxy.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relayed_connection_lives_while_bytes_move_and_closes_once_idle() {
+    let a = line_backend("a").await;
+    let port = free_port();
+    let snap = snapshot(
+        TCP,
+        &[
+            ("PORT", port.to_string()),
+            ("A", a.port().to_string()),
+            ("B", a.port().to_string()),
+            ("C", a.port().to_string()),
+            (
+                "BACKENDS",
+                r#"[{cluster: "t/a:5432", weight: 1}]"#.to_owned(),
+            ),
+        ],
+    );
+    let idle = Duration::from_millis(400);
+    let limits = coxswain_proxy::limits::Limits {
+        relay_idle: idle,
+        ..Default::default()
+    };
+    let proxy = Proxy::start_with(&snap, limits).await;
+    let mut conn = connect(port).await;
+    // A conversation that pauses less than the idle time keeps its connection, for longer
+    // than the idle time in all.
+    let talking = std::time::Instant::now();
+    let mut i = 0;
+    let mut sent = talking;
+    while talking.elapsed() < idle * 3 {
+        sent = std::time::Instant::now();
+        assert_eq!(ask(&mut conn, &format!("n{i}")).await, format!("a n{i}"));
+        tokio::time::sleep(idle / 4).await;
+        i += 1;
+    }
+    // Then silence: the proxy closes the connection, and not before the idle time has passed
+    // since the last line was sent (the proxy read it after that).
+    let end = tokio::time::timeout(Duration::from_secs(10), conn.next_line())
+        .await
+        .expect("the idle connection is closed in time")
+        .unwrap();
+    assert_eq!(end, None, "closed, nothing more sent");
+    assert!(
+        sent.elapsed() >= idle,
+        "closed {:?} after the last line",
+        sent.elapsed()
+    );
+    assert_metrics(&proxy, &["coxswain_proxy_relay_idle_closed_total 1"]).await;
+    proxy.stop().await;
+}
+
 const UDP: &str = r#"
 listeners:
 - port: {PORT}
