@@ -88,14 +88,10 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "TLSRouteModeTerminate",
 ];
 
-/// Features a Gateway has only with a proxy of its own: the client certificate it presents to
-/// backends (the shared pool's backend connections are every Gateway's), and generated
-/// resources in its own namespace carrying its infrastructure labels (a shared Gateway's
-/// Service lives in the controller's namespace, beside the Pods it selects).
-pub const DEDICATED_ONLY_FEATURES: &[&str] = &[
-    "GatewayBackendClientCertificate",
-    "GatewayInfrastructurePropagation",
-];
+/// Features a Gateway has only with a proxy of its own: generated resources in its own
+/// namespace carrying its infrastructure labels (a shared Gateway's Service lives in the
+/// controller's namespace, beside the Pods it selects).
+pub const DEDICATED_ONLY_FEATURES: &[&str] = &["GatewayInfrastructurePropagation"];
 
 /// Features a shared Gateway has only with ports and an address of its own
 /// (`--shared-gateway-ports`, the default): without, the pool's Service carries 80 and 443

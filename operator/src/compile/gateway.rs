@@ -54,6 +54,9 @@ pub struct GatewayOutput {
     /// Dedicated Gateways' spec.tls.backend.clientCertificateRef: the certificate's name (in
     /// `certificates`) their proxies present to TLS backends.
     pub backend_clients: BTreeMap<ScopeKey, String>,
+    /// Shared Gateways' spec.tls.backend.clientCertificateRef: presented on clusters of
+    /// their own (`backend_clients`).
+    pub shared_backend_clients: BTreeMap<ObjectKey, String>,
 }
 
 fn is_our_params_ref(group: &str, kind: &str) -> bool {
@@ -68,6 +71,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
         certificates: BTreeMap::new(),
         listener_set_status: BTreeMap::new(),
         backend_clients: BTreeMap::new(),
+        shared_backend_clients: BTreeMap::new(),
     };
     // GatewayClass: ours when spec.controllerName is our controller name.
     let mut accepted_classes: BTreeMap<&str, bool> = BTreeMap::new();
@@ -284,7 +288,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
         gw_conditions.push(accepted_cond);
         gw_conditions.push(programmed_cond);
         // spec.tls: ResolvedRefs only when the Gateway refers to something of its own.
-        match backend_client_certificate(store, index, gateway, &key, dedicated) {
+        match backend_client_certificate(store, index, gateway, &key) {
             None => {}
             Some(Ok((name, pair))) => {
                 gw_conditions.push(Condition::new(
@@ -295,7 +299,11 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
                     generation,
                 ));
                 out.certificates.insert(name.clone(), pair);
-                out.backend_clients.insert(scope.clone(), name);
+                if dedicated {
+                    out.backend_clients.insert(scope.clone(), name);
+                } else {
+                    out.shared_backend_clients.insert(key.clone(), name);
+                }
             }
             Some(Err(p)) => gw_conditions.push(p.condition(reason::RESOLVED_REFS, generation)),
         }

@@ -5,8 +5,8 @@
 //! Client validation needs ports of the Gateway's own: a dedicated proxy's, or its internal
 //! ports on the shared pool (`gateway_services`). Without them shared proxies serve several
 //! Gateways on one port, and a TLS handshake cannot tell which Gateway's CAs apply before the
-//! request names its host. The backend client certificate needs a dedicated proxy: the shared
-//! pool's backend connections are everyone's.
+//! request names its host. A shared Gateway's backend client certificate goes on clusters of
+//! its own (`backend_clients`): the shared pool's pooled backend connections are everyone's.
 
 use super::backendtls::ca_bundle;
 use super::refs::{self, GATEWAY_GROUP, Index};
@@ -261,7 +261,6 @@ pub fn backend_client_certificate(
     index: &Index<'_>,
     gateway: &Gateway,
     key: &ObjectKey,
-    dedicated: bool,
 ) -> Option<Result<(String, KeyPair), Problem>> {
     let r = gateway
         .spec
@@ -317,14 +316,6 @@ pub fn backend_client_certificate(
                 format!("Secret {ns}/{}: {m}", r.name),
             )
         })?;
-        if !dedicated {
-            return Err(Problem::new(
-                reason::UNSUPPORTED_VALUE,
-                "presenting a client certificate to backends needs a dedicated proxy: give the \
-                 Gateway or its class a CoxswainGatewayParameters parametersRef"
-                    .into(),
-            ));
-        }
         Ok((format!("{ns}/{}", r.name), pair))
     })())
 }

@@ -14,6 +14,7 @@
 pub mod accesspolicy;
 pub mod annotations;
 pub mod backend;
+pub mod backend_clients;
 pub mod backendpolicy;
 pub mod backendtls;
 pub mod clusters;
@@ -273,6 +274,11 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         };
     }
 
+    backend_clients::give_own_clusters(
+        &mut entries,
+        &mut clusters,
+        &gateways.shared_backend_clients,
+    );
     let snapshots = assemble(
         slots,
         entries,
@@ -570,9 +576,25 @@ fn assemble(
         // The Gateway's client certificate goes to every TLS backend of its scope: its proxy
         // serves no other Gateway's routes.
         let backend_client = backend_clients.get(&scope);
-        if let Some(name) = backend_client {
-            used_certs.insert(name.clone());
-        }
+        let clusters: Vec<snap::Cluster> = used_clusters
+            .iter()
+            .filter_map(|c| cluster_by_name.get(c).cloned())
+            .map(|mut c| {
+                if let (Some(tls), Some(name)) = (c.tls.as_mut(), backend_client) {
+                    tls.client_certificate = name.clone();
+                }
+                c
+            })
+            .collect();
+        // The certificates clusters present: the dedicated Gateway's on all of its TLS
+        // clusters, a shared Gateway's on its own (`backend_clients`).
+        used_certs.extend(
+            clusters
+                .iter()
+                .filter_map(|c| c.tls.as_ref())
+                .filter(|t| !t.client_certificate.is_empty())
+                .map(|t| t.client_certificate.clone()),
+        );
         let snapshot = Snapshot {
             version: String::new(),
             scope: Some(snap::Scope {
@@ -585,16 +607,7 @@ fn assemble(
                 }),
             }),
             listeners,
-            clusters: used_clusters
-                .iter()
-                .filter_map(|c| cluster_by_name.get(c).cloned())
-                .map(|mut c| {
-                    if let (Some(tls), Some(name)) = (c.tls.as_mut(), backend_client) {
-                        tls.client_certificate = name.clone();
-                    }
-                    c
-                })
-                .collect(),
+            clusters,
             certificates: used_certs
                 .iter()
                 .filter_map(|name| {

@@ -414,22 +414,57 @@ data: {}
 }
 
 #[test]
-fn the_shared_pool_says_it_cannot_present_a_gateway_s_client_certificate() {
+fn a_shared_gateway_presents_its_client_certificate_on_clusters_of_its_own() {
     let tls = "{backend: {clientCertificateRef: {group: '', kind: Secret, name: cert}}}";
+    // Another shared Gateway's route to the same TLS Service presents nothing.
+    let other = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: plain, namespace: web}
+spec:
+  gatewayClassName: coxswain
+  listeners: [{name: http, port: 81, protocol: HTTP}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: plain, namespace: web}
+spec:
+  parentRefs: [{name: plain}]
+  rules: [{backendRefs: [{name: echo, port: 443}]}]
+"#;
     let c = compile_docs(&[
         &gateway("coxswain", tls),
         ROUTE,
+        other,
         POLICY,
         &config_map("web", "backend-ca", &ca_pem()),
     ]);
     let gw = &c.status.gateways[&edge()].conditions;
-    assert_condition(gw, reason::RESOLVED_REFS, false, reason::UNSUPPORTED_VALUE);
+    assert_condition(gw, reason::RESOLVED_REFS, true, reason::RESOLVED_REFS);
     let shared = &c.snapshots[&ScopeKey::SharedPool];
-    assert!(
-        shared
-            .clusters
-            .iter()
-            .filter_map(|c| c.tls.as_ref())
-            .all(|t| t.client_certificate.is_empty())
+    let cluster_of = |port: u32| {
+        let l = shared.listeners.iter().find(|l| l.port == port).unwrap();
+        l.virtual_hosts[0].routes[0].backends[0].cluster.clone()
+    };
+    let find = |name: &str| shared.clusters.iter().find(|c| c.name == name).unwrap();
+    let own = cluster_of(80);
+    assert_eq!(own, "web/echo:443#client:web/edge");
+    let own = find(&own);
+    assert_eq!(own.tls.as_ref().unwrap().client_certificate, "web/cert");
+    let base = find("web/echo:443");
+    assert_eq!(
+        own.endpoints, base.endpoints,
+        "the same backend under another name"
     );
+    assert_eq!(
+        own.tls.as_ref().unwrap().hostname,
+        base.tls.as_ref().unwrap().hostname
+    );
+    assert_eq!(
+        cluster_of(81),
+        "web/echo:443",
+        "Gateway plain keeps the shared cluster"
+    );
+    assert_eq!(base.tls.as_ref().unwrap().client_certificate, "");
+    assert!(shared.certificates.iter().any(|c| c.name == "web/cert"));
 }
