@@ -38,16 +38,18 @@ fi
 # Images the test node runs as local binaries, each from a Go module of its own (and stamp), so
 # their dependency sets never move Kubernetes' versions: echo-basic (the conformance backends)
 # and CoreDNS (the conformance suite's UDP backend).
-build_tool() { # name module-dir package
-  local name=$1 dir=$2 pkg=$3 tool_stamp
-  tool_stamp="$K8S_BIN/.$name-$(sha256sum "$dir/go.sum" | cut -c1-16)"
-  if [[ ! -f "$tool_stamp" || ! -x "$K8S_BIN/$name" ]]; then
-    echo "building $name into $K8S_BIN" >&2
-    (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$K8S_BIN/$name" "$pkg")
-    rm -f "$K8S_BIN/.$name-"*
+build_tool() { # output module-dir package
+  local out=$1 dir=$2 pkg=$3 name tool_stamp
+  name="$(basename "$out")"
+  tool_stamp="$(dirname "$out")/.$name-$(sha256sum "$dir/go.sum" | cut -c1-16)"
+  if [[ ! -f "$tool_stamp" || ! -x "$out" ]]; then
+    echo "building $name into $(dirname "$out")" >&2
+    mkdir -p "$(dirname "$out")"
+    (cd "$dir" && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$out" "$pkg")
+    rm -f "$(dirname "$out")/.$name-"*
     touch "$tool_stamp"
   fi
 }
-build_tool echo-basic ../echo-basic sigs.k8s.io/gateway-api/conformance/echo-basic
-build_tool coredns ../coredns github.com/coredns/coredns
+build_tool "$ECHO_BASIC_BIN" ../echo-basic sigs.k8s.io/gateway-api/conformance/echo-basic
+build_tool "$K8S_BIN/coredns" ../coredns github.com/coredns/coredns
 echo "$K8S_BIN"

@@ -10,6 +10,10 @@ export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 export K8S_VERSION="v1.36.3"
 export GATEWAY_API_VERSION="v1.5.1"
 export K8S_BIN="$COXSWAIN_CACHE/k8s/$K8S_VERSION/bin"
+# echo-basic comes from the conformance module of that Gateway API release, so it has a directory
+# per release: checkouts on different releases share the cache without rebuilding each other's
+# binary under running Pods.
+export ECHO_BASIC_BIN="$K8S_BIN/gateway-api-$GATEWAY_API_VERSION/echo-basic"
 
 # One cluster instance: its state directory and loopback ports. `make cluster-up` uses the
 # defaults; tests pass their own so several instances can run side by side.

@@ -67,7 +67,7 @@ install_crds() {
 start_node() {
   [[ -n "${COXSWAIN_NODE_BIN:-}" ]] || return 0
   alive node && return 0
-  local images=(--image "echo-basic=$bin/echo-basic" --image "coredns=$bin/coredns")
+  local images=(--image "echo-basic=$ECHO_BASIC_BIN" --image "coredns=$bin/coredns")
   local pair
   for pair in ${COXSWAIN_NODE_IMAGES:-}; do images+=(--image "$pair"); done
   start node "$COXSWAIN_NODE_BIN" --kubeconfig "$kubeconfig" --cluster-dir "$dir" "${images[@]}"

@@ -186,9 +186,8 @@ impl Cluster {
                 .iter()
                 .map(|(name, path)| ((*name).to_owned(), path.to_path_buf()))
                 .collect();
-            for built in ["echo-basic", "coredns"] {
-                map.insert(built.into(), k8s_bin_dir().join(built));
-            }
+            map.insert("echo-basic".into(), echo_basic_bin());
+            map.insert("coredns".into(), k8s_bin_dir().join("coredns"));
             let config = node::NodeConfig::for_cluster(&dir, map).map_err(|e| e.to_string())?;
             let network = node::Network::new(config.net_index);
             let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
@@ -384,20 +383,29 @@ fn cache_dir() -> PathBuf {
 /// spelled in one place.
 pub fn k8s_bin_dir() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = Command::new("bash")
-            .arg("-c")
-            .arg("source \"$0\" && echo \"$K8S_BIN\"")
-            .arg(repo_root().join("hack/cluster/env.sh"))
-            .output();
-        match out {
-            Ok(o) if o.status.success() => {
-                PathBuf::from(String::from_utf8_lossy(&o.stdout).trim().to_owned())
-            }
-            _ => panic!("could not read K8S_BIN from hack/cluster/env.sh"),
+    DIR.get_or_init(|| env_sh_path("K8S_BIN")).clone()
+}
+
+/// The echo-basic build.sh made for the Gateway API release env.sh names (a directory per
+/// release, so it is asked from the script too).
+fn echo_basic_bin() -> PathBuf {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| env_sh_path("ECHO_BASIC_BIN")).clone()
+}
+
+/// One path variable of hack/cluster/env.sh, as the scripts see it.
+fn env_sh_path(var: &str) -> PathBuf {
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!("source \"$0\" && echo \"${var}\""))
+        .arg(repo_root().join("hack/cluster/env.sh"))
+        .output();
+    match out {
+        Ok(o) if o.status.success() => {
+            PathBuf::from(String::from_utf8_lossy(&o.stdout).trim().to_owned())
         }
-    })
-    .clone()
+        _ => panic!("could not read {var} from hack/cluster/env.sh"),
+    }
 }
 
 /// Free loopback ports, held open together so no two are the same.
