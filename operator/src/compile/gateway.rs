@@ -612,12 +612,12 @@ fn params_exist(store: &Store, namespace: &str, name: &str) -> bool {
 }
 
 /// Gateway API releases whose CRDs this controller is built and tested against.
-const SUPPORTED_GATEWAY_API: &str = "v1.4.x and v1.5.x";
+const SUPPORTED_GATEWAY_API: &str = "v1.4.x, v1.5.x and v1.6.x";
 
 /// `vMAJOR.MINOR.PATCH[-pre]` within the supported range.
 pub(crate) fn supported_gateway_api(version: &str) -> bool {
     let mut parts = version.trim_start_matches('v').split(['.', '-']);
     let major = parts.next().and_then(|p| p.parse::<u32>().ok());
     let minor = parts.next().and_then(|p| p.parse::<u32>().ok());
-    matches!((major, minor), (Some(1), Some(4 | 5)))
+    matches!((major, minor), (Some(1), Some(4..=6)))
 }
