@@ -17,5 +17,6 @@ mod ingress_annotations;
 mod inputs;
 mod listener_sets;
 mod load_balancing;
+mod retry;
 mod tcp_udp;
 mod tls;
