@@ -6,9 +6,11 @@ export GOMODCACHE="${GOMODCACHE:-$COXSWAIN_CACHE/go/mod}"
 export GOCACHE="${GOCACHE:-$COXSWAIN_CACHE/go/build}"
 export GOFLAGS="${GOFLAGS:--buildvcs=false}"
 # Versions: one Kubernetes release for every k8s.io module (see go.mod), and the Gateway API
-# release whose types the Rust gateway-api crate (0.22) was generated from.
+# release the cluster installs and test/conformance runs. The Rust gateway-api crate (0.22) was
+# generated from v1.5.1 and reads v1.6 objects as they are: v1.6 added no field to the kinds
+# Coxswain serves (rules[].retry was in v1.5's experimental channel already).
 export K8S_VERSION="v1.36.3"
-export GATEWAY_API_VERSION="v1.5.1"
+export GATEWAY_API_VERSION="v1.6.3"
 export K8S_BIN="$COXSWAIN_CACHE/k8s/$K8S_VERSION/bin"
 # echo-basic comes from the conformance module of that Gateway API release, so it has a directory
 # per release: checkouts on different releases share the cache without rebuilding each other's

@@ -56,7 +56,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "GatewayFrontendClientCertificateValidationInsecureFallback",
     "GatewayHTTPListenerIsolation",
     "GatewayHTTPSListenerDetectMisdirectedRequests",
-    "GatewayInfrastructurePropagation",
+    "GatewayInfrastructure",
     "GatewayPort8080",
     "GatewayStaticAddresses",
     "GRPCRouteNamedRouteRule",
@@ -82,6 +82,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRouteRequestPercentageMirror",
     "HTTPRouteRequestTimeout",
     "HTTPRouteResponseHeaderModification",
+    "HTTPRouteRetry",
     "HTTPRouteSchemeRedirect",
     "ListenerSet",
     "TLSRouteModeMixed",
@@ -91,7 +92,7 @@ pub const SUPPORTED_FEATURES: &[&str] = &[
 /// Features a Gateway has only with a proxy of its own: generated resources in its own
 /// namespace carrying its infrastructure labels (a shared Gateway's Service lives in the
 /// controller's namespace, beside the Pods it selects).
-pub const DEDICATED_ONLY_FEATURES: &[&str] = &["GatewayInfrastructurePropagation"];
+pub const DEDICATED_ONLY_FEATURES: &[&str] = &["GatewayInfrastructure"];
 
 /// Features a shared Gateway has only with ports and an address of its own
 /// (`--shared-gateway-ports`, the default): without, the pool's Service carries 80 and 443
