@@ -198,6 +198,9 @@ async fn config_default_installs_and_its_rbac_is_all_the_controller_needs() {
         &controller_kubeconfig,
     );
     let (discovery, bootstrap) = (free_port(), free_port());
+    // The shared Gateway's internal port (its own Service maps its listener port to it): one
+    // free port on this machine, the range the controller may hand out.
+    let internal = free_port();
     let controller_log = dir.path().join("controller.log");
     let log_file = std::fs::File::create(&controller_log).unwrap();
     let mut controller = Process(
@@ -205,6 +208,7 @@ async fn config_default_installs_and_its_rbac_is_all_the_controller_needs() {
             .args(["serve", "controller"])
             .args(["--discovery-addr", &format!("127.0.0.1:{discovery}")])
             .args(["--bootstrap-addr", &format!("127.0.0.1:{bootstrap}")])
+            .args(["--shared-gateway-ports", &format!("{internal}-{internal}")])
             .args(["--health-addr", &format!("127.0.0.1:{}", free_port())])
             .args(["--metrics-addr", &format!("127.0.0.1:{}", free_port())])
             .env("KUBECONFIG", &controller_kubeconfig)
@@ -367,12 +371,13 @@ spec:
     run(apply, "kubectl apply the users' objects").await;
 
     // 5. Routing reaches the credential-less proxy (reflector, compiler, TokenReview, SVID,
-    // discovery stream) ...
+    // discovery stream), on the Gateway's internal port: no Service network forwards the
+    // listener port here, so the test connects where the Service would ...
     let answer = eventually(
         "the route served by the shared proxy",
         Duration::from_secs(60),
         || async {
-            get(listen, "/old/page")
+            get(internal, "/old/page")
                 .await
                 .ok()
                 .filter(|r| r.starts_with("HTTP/1.1 301"))
@@ -387,9 +392,38 @@ spec:
                 .map(str::to_owned)
         })
         .unwrap_or_default();
-    assert!(
-        location.starts_with("http://new.example") && location.ends_with("/old/page"),
-        "{answer}"
+    assert_eq!(
+        location,
+        format!("http://new.example:{listen}/old/page"),
+        "the redirect keeps the port the client addressed, not the internal one: {answer}"
+    );
+
+    // ... through the Service the controller made for the Gateway, in its own namespace
+    // (the rights config/rbac gives it cover that too) ...
+    let system_services: Api<k8s_openapi::api::core::v1::Service> =
+        Api::namespaced(client.clone(), system);
+    let gateway_service = names::shared_gateway_service_name(ns, "edge");
+    let ports = eventually(
+        "the shared Gateway's own Service",
+        Duration::from_secs(60),
+        || {
+            let (services, name) = (system_services.clone(), gateway_service.clone());
+            async move {
+                let svc = services.get_opt(&name).await.ok()??;
+                let p = svc.spec?.ports?.first()?.clone();
+                Some((p.port, p.target_port))
+            }
+        },
+    )
+    .await;
+    assert_eq!(
+        ports,
+        (
+            i32::from(listen),
+            Some(
+                k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(i32::from(internal))
+            )
+        )
     );
 
     // ... and status is written: GatewayClass, Gateway (Programmed after bind and ack),
