@@ -8,7 +8,7 @@
 
 use crate::listeners::Listeners;
 use crate::snapshot_cache::SnapshotCache;
-use crate::table::{SharedTable, Table};
+use crate::table::SharedTable;
 use coxswain_api::discovery::discovery_client::DiscoveryClient;
 use coxswain_api::discovery::identity_client::IdentityClient;
 use coxswain_api::discovery::{
@@ -181,7 +181,7 @@ async fn session(
         };
         let version = snapshot.version.clone();
         // All or nothing: a snapshot that does not build leaves the current table serving.
-        match Table::build(&snapshot, table.metrics()) {
+        match table.build(&snapshot) {
             Ok(t) => {
                 table.store(t);
                 let errors = listeners.sync().await;
@@ -268,7 +268,7 @@ async fn serve_cached(
         }
     };
     let version = cached.snapshot.version.clone();
-    match Table::build(&cached.snapshot, table.metrics()) {
+    match table.build(&cached.snapshot) {
         Ok(t) => {
             table.store(t);
             for e in listeners.sync().await {

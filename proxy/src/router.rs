@@ -7,7 +7,7 @@
 //! unless the Host header has upper-case letters.
 
 use crate::upstream::ClusterState;
-use coxswain_api::snapshot::{self as snap, Snapshot, header_match, path_match, query_param_match};
+use coxswain_api::snapshot::{self as snap, Snapshot};
 use regex::Regex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -375,6 +375,20 @@ impl Router {
         snapshot: &Snapshot,
         metrics: &crate::metrics::Metrics,
     ) -> Result<Self, BuildError> {
+        Self::build_after(snapshot, metrics, &Self::default())
+    }
+
+    /// Builds the table that replaces `previous`: a route that `previous` has at the same
+    /// place (port, host, position give or take one) with the same content is shared with it,
+    /// not copied. A snapshot usually changes a few routes of many, and the copies were most
+    /// of a table's memory (a `snap::Route` takes a 1 KiB allocation); made while the old
+    /// table still held its own and freed with it one swap later, they left the allocator's
+    /// pages part-used, and the proxy's resident size grew with every swap.
+    pub fn build_after(
+        snapshot: &Snapshot,
+        metrics: &crate::metrics::Metrics,
+        previous: &Self,
+    ) -> Result<Self, BuildError> {
         if !snapshot.is_sealed() {
             return Err(BuildError::Unsealed(snapshot.version.clone()));
         }
@@ -408,15 +422,20 @@ impl Router {
             pr.routes
                 .reserve_exact(l.virtual_hosts.iter().map(|v| v.routes.len()).sum());
             pr.hosts.reserve_exact(l.virtual_hosts.len());
+            let before = previous.ports.get(&port);
             for vhost in &l.virtual_hosts {
                 let idx = pr.hosts.len();
                 let start = pr.routes.len();
+                let name = vhost.hostname.to_ascii_lowercase();
+                let mut earlier = before
+                    .and_then(|b| Some(b.host_routes(b.named_host(&name, vhost.single_label)?)))
+                    .unwrap_or_default();
                 for r in &vhost.routes {
-                    pr.routes.push(compile_route(r, &clusters, metrics)?);
+                    let same = reusable(&mut earlier, r);
+                    pr.routes.push(compile_route(r, same, &clusters, metrics)?);
                 }
                 pr.hosts.push(start..pr.routes.len());
                 pr.terminates_tls.push(vhost.terminate_tls);
-                let name = vhost.hostname.to_ascii_lowercase();
                 if name.is_empty() {
                     pr.any = Some(idx);
                 } else if let Some(suffix) = name.strip_prefix("*.") {
@@ -546,6 +565,18 @@ impl PortRouter {
         Some((self.host_routes(i).first()?, terminates))
     }
 
+    /// The host a snapshot's (lowercased) hostname was filed under, as the build files it.
+    fn named_host(&self, name: &str, single_label: bool) -> Option<usize> {
+        if name.is_empty() {
+            return self.any;
+        }
+        match name.strip_prefix("*.") {
+            Some(suffix) if single_label => self.single_label.get(suffix).copied(),
+            Some(suffix) => self.wildcard.get(suffix).copied(),
+            None => self.exact.get(name).copied(),
+        }
+    }
+
     fn host_routes(&self, host: usize) -> &[CompiledRoute] {
         self.hosts
             .get(host)
@@ -640,178 +671,8 @@ fn query_param<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
     })
 }
 
-fn compile_route(
-    r: &snap::Route,
-    clusters: &HashMap<Box<str>, Arc<ClusterState>>,
-    metrics: &crate::metrics::Metrics,
-) -> Result<CompiledRoute, BuildError> {
-    let describe = || {
-        r.source
-            .as_ref()
-            .map(|s| format!("{}/{}/{}#{}", s.kind, s.namespace, s.name, s.rule))
-            .unwrap_or_default()
-    };
-    let regex = |what: &'static str, pattern: &str| {
-        // Gateway API regex matches are full matches.
-        Regex::new(&format!("^(?:{pattern})$")).map_err(|source| BuildError::Regex {
-            route: describe(),
-            what,
-            pattern: pattern.to_owned(),
-            source,
-        })
-    };
-    let no_match = snap::RouteMatch::default();
-    let m = r.r#match.as_ref().unwrap_or(&no_match);
-    let path = match &m.path {
-        None => PathMatcher::Prefix("".into()),
-        Some(p) => match path_match::Kind::try_from(p.kind) {
-            Ok(path_match::Kind::Exact) => PathMatcher::Exact(p.value.as_str().into()),
-            Ok(path_match::Kind::Regex) => PathMatcher::Regex(regex("path", &p.value)?),
-            _ => PathMatcher::Prefix(p.value.trim_end_matches('/').into()),
-        },
-    };
-    let mut headers = Vec::new();
-    for h in &m.headers {
-        let value = match header_match::Kind::try_from(h.kind) {
-            Ok(header_match::Kind::Regex) => StrMatcher::Regex(regex("header", &h.value)?),
-            _ => StrMatcher::Exact(h.value.as_str().into()),
-        };
-        headers.push(ValueMatcher {
-            name: h.name.to_ascii_lowercase().into(),
-            value,
-        });
-    }
-    let mut query_params = Vec::new();
-    for q in &m.query_params {
-        let value = match query_param_match::Kind::try_from(q.kind) {
-            Ok(query_param_match::Kind::Regex) => {
-                StrMatcher::Regex(regex("query parameter", &q.value)?)
-            }
-            _ => StrMatcher::Exact(q.value.as_str().into()),
-        };
-        query_params.push(ValueMatcher {
-            name: q.name.as_str().into(),
-            value,
-        });
-    }
-    let response_modifiers = |filters: &[snap::Filter]| {
-        filters
-            .iter()
-            .filter_map(|f| match &f.kind {
-                Some(snap::filter::Kind::ResponseHeaderModifier(m)) => Some(m.clone()),
-                _ => None,
-            })
-            .collect::<Vec<_>>()
-    };
-    let rule_response_edits = response_modifiers(&r.filters);
-    let weight_divisor = r
-        .backends
-        .iter()
-        .fold(0, |g, b| gcd(g, u64::from(b.weight)));
-    let weight_divisor = u32::try_from(weight_divisor).unwrap_or(1).max(1);
-    let total_weight: u64 = r
-        .backends
-        .iter()
-        .map(|b| u64::from(b.weight / weight_divisor))
-        .sum();
-    let backends: Vec<ResolvedBackend> = r
-        .backends
-        .iter()
-        .map(|b| {
-            let mut edits = rule_response_edits.clone();
-            edits.extend(response_modifiers(&b.filters));
-            ResolvedBackend {
-                cluster: clusters.get(b.cluster.as_str()).cloned(),
-                weight: b.weight,
-                filters: b.filters.clone(),
-                response_edits: (!edits.is_empty()).then(|| edits.into()),
-            }
-        })
-        .collect();
-    let policy = crate::policy::RoutePolicy::new(r, &metrics.rate_limits, clusters);
-    let plain_http1 = |c: &ClusterState| match policy.upstream_protocol {
-        snap::UpstreamProtocol::Unspecified => c.app_protocol != snap::AppProtocol::H2c,
-        snap::UpstreamProtocol::Http1 => true,
-        _ => false,
-    };
-    // Rate limits and Basic authentication stay on the fast path: `request::decide` decides
-    // them for both engines, and the fast path writes their 401 and 429 itself. So do header
-    // modifiers that only edit plain fields: the fast path applies them as it copies heads. External
-    // authorization and global rate limits wait on another service (and authorization edits
-    // the request, as a JWT whose claims become fields does): Pingora serves those.
-    let passthrough = r.filters.iter().all(crate::filters::edits_fields_only)
-        && policy.external_auth.is_none()
-        && policy.global_limit.is_none()
-        && policy.jwt.as_ref().is_none_or(|j| !j.sets_fields())
-        && r.direct_status == 0
-        && r.client_allowlist.is_none()
-        && r.timeouts.is_none_or(|t| t == snap::Timeouts::default())
-        && r.retry.is_none()
-        && r.session_persistence.is_none()
-        && policy.cors.is_none()
-        && policy.rewrite.is_none()
-        && !backends.is_empty()
-        && backends.iter().all(|b| {
-            b.filters.iter().all(crate::filters::edits_fields_only)
-                && b.cluster
-                    .as_deref()
-                    .is_some_and(|c| c.has_endpoints() && c.backend_tls.is_none() && plain_http1(c))
-        })
-        && r.backends.iter().any(|b| b.weight > 0);
-    Ok(CompiledRoute {
-        path,
-        headers,
-        query_params,
-        method: (!m.method.is_empty()).then(|| m.method.as_str().into()),
-        route: Arc::new(r.clone()),
-        backends,
-        counters: {
-            let (route, rule) = r.source.as_ref().map_or((String::new(), 0), |s| {
-                (format!("{}/{}/{}", s.kind, s.namespace, s.name), s.rule)
-            });
-            metrics.route(&route, rule)
-        },
-        policy: Arc::new(policy),
-        total_weight,
-        weight_divisor,
-        stride: interleaving_stride(total_weight),
-        next: AtomicUsize::new(0),
-        mirrors: r
-            .filters
-            .iter()
-            .filter_map(|f| match &f.kind {
-                Some(snap::filter::Kind::RequestMirror(m)) => Some(Mirror::new(m, clusters)),
-                _ => None,
-            })
-            .collect(),
-        passthrough,
-    })
-}
-
-fn gcd(a: u64, b: u64) -> u64 {
-    if b == 0 { a } else { gcd(b, a % b) }
-}
-
-/// A step through `total` positions that visits each once per round and spreads consecutive
-/// steps evenly: about `total` divided by the golden ratio (the most even spread), moved up to
-/// the next number coprime with `total` so no position is skipped.
-fn interleaving_stride(total: u64) -> u64 {
-    if total <= 2 {
-        return 1;
-    }
-    #[allow(
-        clippy::cast_precision_loss,
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss
-    )]
-    let mut stride = ((total as f64) * 0.618_033_988_749_895).round() as u64;
-    stride = stride.clamp(1, total - 1);
-    // Ends at total - 1 at the latest, which is coprime with total.
-    while gcd(stride, total) != 1 {
-        stride += 1;
-    }
-    stride
-}
+mod compile;
+use compile::{compile_route, gcd, interleaving_stride, reusable};
 
 #[cfg(test)]
 mod tests;

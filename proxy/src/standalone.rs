@@ -4,7 +4,7 @@
 
 use crate::admin;
 use crate::listeners::Listeners;
-use crate::table::{SharedTable, Table};
+use crate::table::SharedTable;
 use crate::workers::Workers;
 use coxswain_api::snapshot::Snapshot;
 use std::net::{IpAddr, SocketAddr};
@@ -83,7 +83,7 @@ pub async fn serve(
         tokio::select! {
             _ = tick.tick() => {
                 if let Some(result) = watcher.poll() {
-                    match result.and_then(|s| Table::build(&s, table.metrics()).map_err(|e| e.to_string()).map(|t| (s.version, t))) {
+                    match result.and_then(|s| table.build(&s).map_err(|e| e.to_string()).map(|t| (s.version, t))) {
                         Ok((version, t)) => {
                             table.store(t);
                             for e in listeners.sync().await {

@@ -43,19 +43,37 @@ impl Table {
     /// Builds everything a request needs, off the request path.
     /// A snapshot that cannot be built is counted in `coxswain_proxy_snapshots_rejected_total`.
     pub fn build(snapshot: &Snapshot, metrics: &Metrics) -> Result<Self, TableError> {
-        let built = Self::build_from(snapshot, metrics);
+        let built = Self::build_from(snapshot, metrics, &Router::default());
         if built.is_err() {
             Metrics::count(&metrics.snapshots_rejected);
         }
         built
     }
 
-    fn build_from(snapshot: &Snapshot, metrics: &Metrics) -> Result<Self, TableError> {
+    /// Builds the table that is to replace `previous`, sharing what it can with it
+    /// ([`Router::build_after`]). Rejections are counted as in [`Table::build`].
+    pub fn build_after(
+        snapshot: &Snapshot,
+        metrics: &Metrics,
+        previous: &Table,
+    ) -> Result<Self, TableError> {
+        let built = Self::build_from(snapshot, metrics, &previous.router);
+        if built.is_err() {
+            Metrics::count(&metrics.snapshots_rejected);
+        }
+        built
+    }
+
+    fn build_from(
+        snapshot: &Snapshot,
+        metrics: &Metrics,
+        previous: &Router,
+    ) -> Result<Self, TableError> {
         if let Some(missing) = snapshot.unknown_requirement(FEATURES) {
             return Err(TableError::Unsupported(missing.to_owned()));
         }
         Ok(Self {
-            router: Router::build_with_metrics(snapshot, metrics)?,
+            router: Router::build_after(snapshot, metrics, previous)?,
             tls: TlsStore::build(snapshot)?,
         })
     }
@@ -97,6 +115,12 @@ impl Default for SharedTable {
 impl SharedTable {
     pub fn load(&self) -> arc_swap::Guard<Arc<Table>> {
         self.inner.load()
+    }
+
+    /// Builds the table to swap in for the current one, sharing the routes they have in
+    /// common ([`Table::build_after`]).
+    pub fn build(&self, snapshot: &Snapshot) -> Result<Table, TableError> {
+        Table::build_after(snapshot, &self.metrics, &self.inner.load_full())
     }
 
     /// Swaps in a new table. Call [`SharedTable::mark_applied`] once its listeners are bound.

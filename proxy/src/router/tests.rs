@@ -516,3 +516,75 @@ clusters:
     assert!(mirrored(0, 100).iter().all(|s| !s));
     assert!(mirrored(1, 1).iter().all(|s| *s));
 }
+
+/// The routes a host name lands on at port 80.
+fn routes_at<'r>(r: &'r Router, host: &str) -> &'r [CompiledRoute] {
+    let port = r.port(80).unwrap();
+    port.host_routes(port.host_index(host).unwrap())
+}
+
+#[test]
+fn a_rebuild_shares_the_routes_that_did_not_change() {
+    let before = router();
+    let mut snapshot = Snapshot::from_yaml(SNAPSHOT).unwrap();
+    let hosts = &mut snapshot.listeners[0].virtual_hosts;
+    // shop: rule 1 changed, rule 3 removed; *.example.com: a route added before "wild".
+    let shop = &mut hosts[3].routes;
+    shop[1].r#match.as_mut().unwrap().method = "PUT".into();
+    shop.remove(3);
+    let mut added = hosts[1].routes[0].clone();
+    added.source.as_mut().unwrap().name = "added".into();
+    added.r#match.as_mut().unwrap().path.as_mut().unwrap().value = "/new".into();
+    hosts[1].routes.insert(0, added);
+    let after = Router::build_after(
+        &snapshot.clone().seal(),
+        &crate::metrics::Metrics::default(),
+        &before,
+    )
+    .unwrap();
+
+    let shared = |old: &CompiledRoute, new: &CompiledRoute| {
+        Arc::ptr_eq(&old.route, &new.route)
+            && Arc::ptr_eq(&old.policy, &new.policy)
+            && Arc::ptr_eq(&old.counters, &new.counters)
+    };
+    let (old, new) = (
+        routes_at(&before, "shop.example.com"),
+        routes_at(&after, "shop.example.com"),
+    );
+    assert_eq!(new.len(), 5);
+    assert!(shared(&old[0], &new[0]));
+    assert!(!Arc::ptr_eq(&old[1].route, &new[1].route), "changed");
+    assert_eq!(new[1].method.as_deref(), Some("PUT"));
+    assert!(shared(&old[2], &new[2]));
+    assert!(
+        shared(&old[4], &new[3]) && shared(&old[5], &new[4]),
+        "after the removed one"
+    );
+    let (old, new) = (
+        routes_at(&before, "a.example.com"),
+        routes_at(&after, "a.example.com"),
+    );
+    assert!(!Arc::ptr_eq(&old[0].route, &new[0].route), "added");
+    assert!(shared(&old[0], &new[1]));
+    assert!(shared(
+        &routes_at(&before, "other.test")[0],
+        &routes_at(&after, "other.test")[0]
+    ));
+
+    // What it routes is what a table built afresh routes.
+    let fresh = Router::build(&snapshot.seal()).unwrap();
+    for (host, path, method) in [
+        ("shop.example.com", "/v1/x", "PUT"),
+        ("shop.example.com", "/v1?debug=1", "GET"),
+        ("shop.example.com", "/items/7", "GET"),
+        ("a.example.com", "/new", "GET"),
+        ("a.example.com", "/", "GET"),
+    ] {
+        assert_eq!(
+            lookup(&after, 80, host, path, method, &[]),
+            lookup(&fresh, 80, host, path, method, &[]),
+            "{host}{path}"
+        );
+    }
+}
