@@ -490,7 +490,7 @@ spec:
     .await;
     let signalled = std::time::Instant::now();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let late = get(listen, "/old/page").await;
+    let late = get(internal, "/old/page").await;
     assert!(
         late.as_ref().is_ok_and(|r| r.starts_with("HTTP/1.1 301")),
         "a new connection 300 ms after SIGTERM was not served: {late:?}"
@@ -513,7 +513,7 @@ spec:
         signalled.elapsed()
     );
     assert!(
-        get(listen, "/old/page").await.is_err(),
+        get(internal, "/old/page").await.is_err(),
         "a connection was accepted after the proxy exited"
     );
 
