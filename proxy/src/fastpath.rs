@@ -587,6 +587,12 @@ async fn exchange(
         if ok {
             break (up, sent);
         }
+        // A new connection that broke without an answer is the endpoint failing (as on
+        // Pingora); a pooled one the backend closed meanwhile is routine.
+        if !reused {
+            plan.cluster
+                .record(plan.endpoint, true, &env.limits.outlier);
+        }
         if !reused || resent || !plan.idempotent {
             return Err(502);
         }
@@ -615,12 +621,16 @@ async fn exchange(
                 if resp.is_empty()
                     && !matches!(read_more(&mut upstream, resp).await, Ok(n) if n > 0)
                 {
+                    plan.cluster
+                        .record(plan.endpoint, true, &env.limits.outlier);
                     return Err(502);
                 }
             }
             Ok(Some(h)) => break h,
             Ok(None) if resp.len() < MAX_RESPONSE_HEAD => {
                 if !matches!(read_more(&mut upstream, resp).await, Ok(n) if n > 0) {
+                    plan.cluster
+                        .record(plan.endpoint, true, &env.limits.outlier);
                     return Err(502);
                 }
             }
@@ -674,6 +684,11 @@ async fn exchange(
             }
         };
         let upto = pos + end;
+        if done {
+            // The backend is done with this request: a least-request pick for the client's
+            // next one, which may come as soon as these bytes arrive, must not count it.
+            plan.in_flight = None;
+        }
         if conn.write_all(&resp[pos..upto]).await.is_err() {
             return Ok(Exchange::client_done(status));
         }

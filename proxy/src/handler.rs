@@ -130,8 +130,10 @@ pub struct Ctx {
     tried: Vec<usize>,
     /// Connections to the backend that could not be opened, for this request.
     connect_failures: usize,
-    /// Retries on the backend's answer (the route's retry policy) so far.
-    status_retries: u32,
+    /// Retries under the route's retry policy so far (answers, timeouts, broken connections).
+    policy_retries: u32,
+    /// An answer's head went to the client: nothing can be retried any more.
+    answer_started: bool,
     /// The next attempt starts no earlier than this (the retry policy's backoff).
     retry_not_before: Option<std::time::Instant>,
     h2c: bool,
@@ -400,9 +402,7 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    /// Pingora's rule for sending a request again after an error (idempotent methods only,
-    /// and only while the body is still in the retry buffer), except that a route whose retry
-    /// policy allows it retries other methods too.
+    /// Whether a failed attempt is sent again: `retries`.
     fn error_while_proxy(
         &self,
         peer: &HttpPeer,
@@ -411,20 +411,7 @@ impl ProxyHttp for Gateway {
         ctx: &mut Ctx,
         client_reused: bool,
     ) -> Box<pingora::Error> {
-        let mut e = e.more_context(format!("Peer: {peer}"));
-        let method = session.req_header().method.as_str();
-        let allowed = request::idempotent(method)
-            || ctx
-                .policy
-                .as_ref()
-                .and_then(|p| p.retry.as_ref())
-                .is_some_and(|r| r.allows(method));
-        if !allowed || session.as_ref().retry_buffer_truncated() {
-            e.set_retry(false);
-        } else {
-            e.retry.decide_reuse(client_reused);
-        }
-        e
+        self.attempt_error(peer, session, e, ctx, client_reused)
     }
 
     /// A client that goes away mid-request is routine, not an error to log at ERROR.
@@ -439,40 +426,15 @@ impl ProxyHttp for Gateway {
         }
     }
 
-    /// A connection that could not be opened sent nothing: the request goes to another
-    /// endpoint, at most `CONNECT_ATTEMPTS` in all (as on the fast path).
+    /// Where a request whose connection could not be opened goes next: `retries`.
     fn fail_to_connect(
         &self,
         _session: &mut Session,
         _peer: &HttpPeer,
         ctx: &mut Ctx,
-        mut e: Box<pingora::Error>,
+        e: Box<pingora::Error>,
     ) -> Box<pingora::Error> {
-        let Some(cluster) = ctx.cluster.clone() else {
-            return e;
-        };
-        cluster.record(ctx.endpoint, true, &self.limits.outlier);
-        ctx.tried.push(ctx.endpoint);
-        ctx.connect_failures += 1;
-        let in_time = ctx
-            .policy
-            .as_ref()
-            .and_then(|p| p.retry.as_ref())
-            .is_none_or(|r| r.in_time(ctx.started));
-        let next = (ctx.connect_failures < crate::upstream::CONNECT_ATTEMPTS && in_time)
-            .then(|| cluster.pick_excluding(&ctx.tried))
-            .flatten();
-        match next {
-            Some(next) => {
-                crate::metrics::Metrics::count(&self.table.metrics().connect_retries);
-                ctx.endpoint = next;
-                ctx.upstream = Some(cluster.addr(next));
-                e.set_retry(true);
-            }
-            // Every endpoint tried, or the attempts used up: the same one is not tried again.
-            None => e.set_retry(false),
-        }
-        e
+        self.connect_failure(ctx, e)
     }
 
     async fn upstream_peer(
@@ -630,6 +592,11 @@ impl ProxyHttp for Gateway {
         if !end_of_stream && (past(ctx.attempt_deadline) || past(ctx.deadline)) {
             return Err(timed_out());
         }
+        if end_of_stream {
+            // The backend is done: the client's next request, which may come as soon as
+            // this reaches it, must not find this one in flight (least request).
+            ctx.in_flight = None;
+        }
         Ok(None)
     }
 
@@ -651,32 +618,31 @@ impl ProxyHttp for Gateway {
         }
         // The route's retry policy: this answer is dropped (nothing of it went out) and the
         // request goes to another endpoint, while attempts remain.
-        if let Some(retry) = ctx.policy.as_ref().and_then(|p| p.retry.clone())
-            && retry.retries(status)
-            && ctx.status_retries < retry.attempts
-            && retry.allows(session.req_header().method.as_str())
-            && retry.in_time(ctx.started)
-            && let Some(cluster) = ctx.cluster.clone()
+        if ctx
+            .policy
+            .as_ref()
+            .and_then(|p| p.retry.as_ref())
+            .is_some_and(|r| r.retries(status))
+            && self.send_again(ctx, Some(session.req_header().method.as_str()))
         {
-            ctx.tried.push(ctx.endpoint);
-            // Another endpoint when there is one; else the same again.
-            let next = cluster
-                .pick_excluding(&ctx.tried)
-                .or_else(|| cluster.pick_endpoint());
-            if let Some(next) = next {
-                ctx.status_retries += 1;
-                ctx.endpoint = next;
-                ctx.upstream = Some(cluster.addr(next));
-                ctx.retry_not_before =
-                    (!retry.backoff.is_zero()).then(|| std::time::Instant::now() + retry.backoff);
-                crate::metrics::Metrics::count(&self.table.metrics().status_retries);
-                let mut e = pingora::Error::explain(
-                    pingora::ErrorType::HTTPStatus(status),
-                    "the backend's answer is retried",
-                );
-                e.set_retry(true);
-                return Err(e);
-            }
+            let mut e = pingora::Error::explain(
+                pingora::ErrorType::HTTPStatus(status),
+                "the backend's answer is retried",
+            );
+            e.set_retry(true);
+            return Err(e);
+        }
+        ctx.answer_started = true;
+        // A final answer without a body ends the backend's part here (see the body filter).
+        let bodyless = status == 204
+            || status == 304
+            || session.req_header().method.as_str() == "HEAD"
+            || response
+                .headers
+                .get("content-length")
+                .is_some_and(|v| v.as_bytes() == b"0");
+        if bodyless && status >= 200 {
+            ctx.in_flight = None;
         }
         // The client hears this proxy's version, as on the fast path (RFC 9110 6.2).
         if response.version == pingora::http::Version::HTTP_10 {
@@ -784,3 +750,4 @@ mod answers;
 mod consult;
 mod edits;
 mod pingora_head;
+mod retries;

@@ -56,8 +56,9 @@ pub struct Metrics {
     pub relay_idle_closed: AtomicU64,
     /// Requests sent to another endpoint because connecting to the one picked failed.
     pub connect_retries: AtomicU64,
-    /// Requests sent again because the backend's answer is one the route retries.
-    pub status_retries: AtomicU64,
+    /// Requests sent again under their route's retry policy: an answer it retries, the
+    /// backend request timeout, or a connection that broke before the answer.
+    pub policy_retries: AtomicU64,
     /// Endpoint health per cluster (outlier ejection); kept here so it outlives tables.
     pub outliers: crate::outlier::Registry,
     /// Rate-limit buckets by limit; kept here so a snapshot swap does not refill them.
@@ -264,8 +265,8 @@ impl Metrics {
             ),
             (
                 "coxswain_proxy_upstream_retries_total",
-                "Requests sent again because the backend's answer is one the route's retry policy retries.",
-                &self.status_retries,
+                "Requests sent again under their route's retry policy: an answer status it retries, the backend request timeout, or a backend connection that broke before the answer.",
+                &self.policy_retries,
             ),
             (
                 "coxswain_proxy_rate_limited_total",

@@ -548,3 +548,294 @@ clusters:
         proxy.stop().await;
     }
 }
+
+/// A backend that, while `failures` is above zero, takes one off and answers 500 only after
+/// `delay`; otherwise it answers 200 at once. Returns its address and how many requests it got.
+async fn backend_slow_while_failing(
+    failures: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    delay: std::time::Duration,
+) -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let hits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = hits.clone();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (failures, counter) = (failures.clone(), counter.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |_req| {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    let failing = failures
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                        .is_ok();
+                    async move {
+                        if failing {
+                            tokio::time::sleep(delay).await;
+                        }
+                        hyper::Response::builder()
+                            .status(if failing { 500 } else { 200 })
+                            .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                                b"done",
+                            )))
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+            });
+        }
+    });
+    (addr, hits)
+}
+
+/// Ejection off: these tests count every attempt on a single endpoint.
+fn no_ejection(fast_path: bool) -> Limits {
+    Limits {
+        fast_path,
+        outlier: coxswain_proxy::outlier::Settings {
+            consecutive_failures: 0,
+            ..Default::default()
+        },
+        ..Limits::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_request_timeout_is_retried_within_the_attempts() {
+    // GEP-1731 (HTTPRouteRetryBackendTimeout): an attempt that outlasts
+    // timeouts.backendRequest is cancelled and tried again, counted against the same
+    // attempts as retried answers; when they are used up the client gets the timeout's 504.
+    const RETRIED_TIMEOUT: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: retried, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /retried}}
+      timeouts: {backendRequestMs: 200}
+      retry: {codes: [503], attempts: 3}
+      backends: [{cluster: "t/slow:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: once, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /once}}
+      timeouts: {backendRequestMs: 200}
+      backends: [{cluster: "t/slow:80", weight: 1}]
+clusters:
+- name: t/slow:80
+  endpoints:
+  - {address: 127.0.0.1, port: {SLOW}, ready: true}
+"#;
+    for fast_path in [true, false] {
+        let engine = if fast_path { "fast path" } else { "pingora" };
+        let failures = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let (slow, hits) =
+            backend_slow_while_failing(failures.clone(), std::time::Duration::from_millis(600))
+                .await;
+        let port = free_port();
+        let snap = snapshot(
+            RETRIED_TIMEOUT,
+            &[
+                ("PORT", port.to_string()),
+                ("SLOW", slow.port().to_string()),
+            ],
+        );
+        let proxy = Proxy::start_with(&snap, no_ejection(fast_path)).await;
+        let client = shared_client();
+        let base = format!("http://127.0.0.1:{port}");
+        // (path, method, attempts that time out, answer, requests the backend gets)
+        let cases = [
+            ("/retried", "GET", 2, 200, 3),
+            ("/retried", "GET", 4, 504, 4),
+            // POST is not resent by a policy that does not say so.
+            ("/retried", "POST", 1, 504, 1),
+            ("/once", "GET", 1, 504, 1),
+        ];
+        for (path, method, slow_attempts, want, want_hits) in cases {
+            failures.store(slow_attempts, Ordering::SeqCst);
+            let before = hits.load(Ordering::SeqCst);
+            let r = request(&client, method, &format!("{base}{path}"), &[])
+                .await
+                .unwrap();
+            let got = hits.load(Ordering::SeqCst) - before;
+            assert_eq!(
+                (r.status, got),
+                (want, want_hits),
+                "{engine}: {method} {path} with {slow_attempts} slow attempts: status and backend requests"
+            );
+        }
+        let retries = proxy.metric("coxswain_proxy_upstream_retries_total").await;
+        assert_eq!(retries, 5, "{engine}: retries counted");
+        proxy.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_breaks_before_the_answer_is_retried_within_the_attempts() {
+    // GEP-1731 (HTTPRouteRetryConnectionError): a retry stanza without codes still retries
+    // a backend that closes the connection instead of answering, at most `attempts` times.
+    // An answer already under way is never retried: its head went to the client.
+    const RETRIED_RESET: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: retried, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /retried}}
+      retry: {attempts: 3}
+      backends: [{cluster: "t/flaky:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: once, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /once}}
+      backends: [{cluster: "t/flaky:80", weight: 1}]
+clusters:
+- name: t/flaky:80
+  endpoints:
+  - {address: 127.0.0.1, port: {FLAKY}, ready: true}
+"#;
+    for fast_path in [true, false] {
+        let engine = if fast_path { "fast path" } else { "pingora" };
+        let resets = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let truncate = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (flaky, mut seen, _) = {
+            let (resets, truncate) = (resets.clone(), truncate.clone());
+            raw_backend(move |_r| {
+                if truncate.load(Ordering::SeqCst) {
+                    return RawAnswer::SendClose(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial".to_vec(),
+                    );
+                }
+                match resets.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+                {
+                    Ok(_) => RawAnswer::Close,
+                    Err(_) => {
+                        RawAnswer::Send(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok".to_vec())
+                    }
+                }
+            })
+            .await
+        };
+        let port = free_port();
+        let snap = snapshot(
+            RETRIED_RESET,
+            &[
+                ("PORT", port.to_string()),
+                ("FLAKY", flaky.port().to_string()),
+            ],
+        );
+        let proxy = Proxy::start_with(&snap, no_ejection(fast_path)).await;
+        let client = shared_client();
+        let base = format!("http://127.0.0.1:{port}");
+        let mut drain = || {
+            let mut n = 0;
+            while seen.try_recv().is_ok() {
+                n += 1;
+            }
+            n
+        };
+        // (path, method, connections closed unanswered, answer, requests the backend gets)
+        let cases = [
+            ("/retried", "GET", 2, 200, 3),
+            ("/retried", "GET", 4, 502, 4),
+            ("/retried", "POST", 1, 502, 1),
+            ("/once", "GET", 1, 502, 1),
+        ];
+        for (path, method, closed, want, want_seen) in cases {
+            resets.store(closed, Ordering::SeqCst);
+            drain();
+            let r = request(&client, method, &format!("{base}{path}"), &[])
+                .await
+                .unwrap();
+            assert_eq!(
+                (r.status, drain()),
+                (want, want_seen),
+                "{engine}: {method} {path} with {closed} connections closed unanswered: status and backend requests"
+            );
+        }
+        // A response cut short after its head: the client sees it fail, and it is not resent.
+        truncate.store(true, Ordering::SeqCst);
+        drain();
+        let r = request(&client, "GET", &format!("{base}/retried"), &[]).await;
+        assert!(
+            r.is_err(),
+            "{engine}: a truncated answer must fail, got {:?}",
+            r.as_ref().ok().map(|r| (r.status, r.body.clone()))
+        );
+        assert_eq!(drain(), 1, "{engine}: a truncated answer is not retried");
+        proxy.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoint_that_drops_requests_unanswered_is_ejected() {
+    // A backend that accepts and then closes without answering fails like one that refuses:
+    // both engines count it toward ejection, so it stops getting a third of the requests.
+    for fast_path in [true, false] {
+        let engine = if fast_path { "fast path" } else { "pingora" };
+        let (a, _) = echo_backend_with_hits("a").await;
+        let (b, _) = echo_backend_with_hits("b").await;
+        let (dropper, mut seen, _) = raw_backend(|_r| RawAnswer::Close).await;
+        let port = free_port();
+        let snap = snapshot(
+            SNAPSHOT,
+            &[
+                ("PORT", port.to_string()),
+                ("A", a.port().to_string()),
+                ("B", b.port().to_string()),
+                ("CLOSED", dropper.port().to_string()),
+            ],
+        );
+        let proxy = Proxy::start_with(
+            &snap,
+            Limits {
+                fast_path,
+                outlier: coxswain_proxy::outlier::Settings {
+                    consecutive_failures: 5,
+                    base_ejection: std::time::Duration::from_secs(60),
+                    max_ejected_percent: 50,
+                },
+                ..Limits::default()
+            },
+        )
+        .await;
+        let client = shared_client();
+        let url = format!("http://127.0.0.1:{port}/");
+        let ejected = || async {
+            get(&format!("http://{}/metrics", proxy.admin), &[])
+                .await
+                .unwrap()
+                .body
+                .contains("coxswain_proxy_upstream_ejected_endpoints{cluster=\"t/three:80\"} 1")
+        };
+        let mut sent = 0;
+        while !ejected().await {
+            request(&client, "GET", &url, &[]).await.unwrap();
+            sent += 1;
+            assert!(sent < 100, "{engine}: not ejected after {sent} requests");
+        }
+        while seen.try_recv().is_ok() {}
+        let mut failed = 0;
+        for _ in 0..300 {
+            if request(&client, "GET", &url, &[]).await.unwrap().status != 200 {
+                failed += 1;
+            }
+        }
+        let mut reached = 0;
+        while seen.try_recv().is_ok() {
+            reached += 1;
+        }
+        eprintln!("{engine}: ejected after {sent} requests; then {reached} of 300 reached it");
+        assert_eq!(
+            (reached, failed),
+            (0, 0),
+            "{engine}: the ejected endpoint got requests"
+        );
+        proxy.stop().await;
+    }
+}

@@ -1,0 +1,145 @@
+//! Which failed attempts Pingora sends again, and where: connections that could not be
+//! opened (always, to another endpoint), and under a route's retry policy (GEP-1731) answers
+//! it retries, backend request timeouts and connections that broke before the answer.
+
+use super::{Ctx, Gateway, past};
+use crate::request;
+use pingora::prelude::{HttpPeer, Session};
+
+impl Gateway {
+    /// Sets up the next attempt under the route's retry policy: another endpoint when there
+    /// is one (else the same again), no sooner than the backoff. False when the policy allows
+    /// no more: attempts used up, a method it does not resend, or out of time. `method`: the
+    /// request went out with this method; None when none of it did (any method may go).
+    pub(super) fn send_again(&self, ctx: &mut Ctx, method: Option<&str>) -> bool {
+        let Some(policy) = ctx.policy.clone() else {
+            return false;
+        };
+        let Some(retry) = policy.retry.as_ref() else {
+            return false;
+        };
+        if ctx.policy_retries >= retry.attempts
+            || method.is_some_and(|m| !retry.allows(m))
+            || !retry.in_time(ctx.started)
+            || past(ctx.deadline)
+        {
+            return false;
+        }
+        let Some(cluster) = ctx.cluster.clone() else {
+            return false;
+        };
+        ctx.tried.push(ctx.endpoint);
+        let Some(next) = cluster
+            .pick_excluding(&ctx.tried)
+            .or_else(|| cluster.pick_endpoint())
+        else {
+            return false;
+        };
+        ctx.policy_retries += 1;
+        ctx.endpoint = next;
+        ctx.upstream = Some(cluster.addr(next));
+        ctx.retry_not_before =
+            (!retry.backoff.is_zero()).then(|| std::time::Instant::now() + retry.backoff);
+        crate::metrics::Metrics::count(&self.table.metrics().policy_retries);
+        true
+    }
+
+    /// An attempt failed after its connection was open. GEP-1731: with a retry policy, one
+    /// that broke or ran out of its backend request timeout before any of its answer went out
+    /// is tried again, within the same attempts as retried answers; the policy decides even
+    /// for a pooled connection the backend may have closed first, so a client that asked for
+    /// N retries gets at most N. Without one, Pingora's rule: idempotent methods only, only
+    /// while the body is still in the retry buffer, and only on a pooled connection.
+    pub(super) fn attempt_error(
+        &self,
+        peer: &HttpPeer,
+        session: &mut Session,
+        e: Box<pingora::Error>,
+        ctx: &mut Ctx,
+        client_reused: bool,
+    ) -> Box<pingora::Error> {
+        let mut e = e.more_context(format!("Peer: {peer}"));
+        let method = session.req_header().method.as_str();
+        let truncated = session.as_ref().retry_buffer_truncated();
+        if !ctx.answer_started
+            && *e.esource() == pingora::ErrorSource::Upstream
+            && attempt_failure(e.etype())
+        {
+            // A pooled connection found closed is routine, not the endpoint failing.
+            if !client_reused && let Some(cluster) = &ctx.cluster {
+                cluster.record(ctx.endpoint, true, &self.limits.outlier);
+            }
+            let policy_retries = ctx
+                .policy
+                .as_ref()
+                .and_then(|p| p.retry.as_ref())
+                .is_some_and(|r| r.attempts > 0);
+            if policy_retries {
+                e.set_retry(!truncated && self.send_again(ctx, Some(method)));
+                return e;
+            }
+        }
+        let allowed = request::idempotent(method)
+            || ctx
+                .policy
+                .as_ref()
+                .and_then(|p| p.retry.as_ref())
+                .is_some_and(|r| r.allows(method));
+        if !allowed || truncated {
+            e.set_retry(false);
+        } else {
+            e.retry.decide_reuse(client_reused);
+        }
+        e
+    }
+
+    /// A connection that could not be opened sent nothing: the request goes to another
+    /// endpoint, at most `CONNECT_ATTEMPTS` in all (as on the fast path), then within the
+    /// route's retry policy if it has one (such routes never take the fast path).
+    pub(super) fn connect_failure(
+        &self,
+        ctx: &mut Ctx,
+        mut e: Box<pingora::Error>,
+    ) -> Box<pingora::Error> {
+        let Some(cluster) = ctx.cluster.clone() else {
+            return e;
+        };
+        cluster.record(ctx.endpoint, true, &self.limits.outlier);
+        ctx.tried.push(ctx.endpoint);
+        ctx.connect_failures += 1;
+        let in_time = ctx
+            .policy
+            .as_ref()
+            .and_then(|p| p.retry.as_ref())
+            .is_none_or(|r| r.in_time(ctx.started));
+        let next = (ctx.connect_failures < crate::upstream::CONNECT_ATTEMPTS && in_time)
+            .then(|| cluster.pick_excluding(&ctx.tried))
+            .flatten();
+        match next {
+            Some(next) => {
+                crate::metrics::Metrics::count(&self.table.metrics().connect_retries);
+                ctx.endpoint = next;
+                ctx.upstream = Some(cluster.addr(next));
+                e.set_retry(true);
+            }
+            // Every endpoint tried, or the connect attempts used up: the route's retry policy
+            // may still try again (GEP-1731 retries TCP failures), after its backoff.
+            None if self.send_again(ctx, None) => e.set_retry(true),
+            None => e.set_retry(false),
+        }
+        e
+    }
+}
+
+/// Failures of an attempt on an open connection that a retry policy retries (GEP-1731's
+/// "disconnect, reset, timeout"): the connection broke, or a read or write outlasted the
+/// attempt's time. Answers the backend did send (a malformed head) are not among them.
+fn attempt_failure(kind: &pingora::ErrorType) -> bool {
+    use pingora::ErrorType::{
+        ConnectionClosed, H2Error, ReadError, ReadTimedout, WriteError, WriteTimedout,
+    };
+    matches!(
+        kind,
+        ConnectionClosed | ReadError | WriteError | ReadTimedout | WriteTimedout | H2Error
+    )
+}
