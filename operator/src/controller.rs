@@ -135,10 +135,78 @@ fn describe_compile(
     span.set("coxswain.routes", routes);
 }
 
-/// Changes arriving within this window are compiled together.
-const DEBOUNCE: Duration = Duration::from_millis(50);
+/// A change is compiled once no other has come for this long: the objects of one
+/// `kubectl apply` arrive a few milliseconds apart, a lone edit waits no more than this.
+const QUIET: Duration = Duration::from_millis(3);
+/// A stream of changes (an EndpointSlice storm) is compiled at least this often.
+const COALESCE_AT_MOST: Duration = Duration::from_millis(50);
+/// Status is written once the passes have settled for this long: a status a person reads
+/// need not follow every intermediate pass, and each write is an API round trip per object.
+const STATUS_SETTLE: Duration = Duration::from_millis(50);
 /// How long provisioning may take to finish its reconciles in flight at shutdown.
 const PROVISIONING_STOP: Duration = Duration::from_secs(5);
+
+/// Waits until `changed` has been quiet for `QUIET`, or `COALESCE_AT_MOST` has passed.
+async fn coalesce(changed: &tokio::sync::Notify) {
+    let until = tokio::time::Instant::now() + COALESCE_AT_MOST;
+    while tokio::time::Instant::now() < until {
+        let quiet = tokio::time::sleep(QUIET.min(until - tokio::time::Instant::now()));
+        tokio::select! {
+            () = changed.notified() => {}
+            () = quiet => return,
+        }
+    }
+}
+
+/// What one compile pass produced, for the status writer.
+struct Pass {
+    store: compile::Store,
+    compiled: compile::Compiled,
+    names: Arc<crate::provision::ProxyNames>,
+}
+
+/// Writes status from the newest pass, and again when proxies connect or acknowledge.
+struct StatusTask {
+    status: crate::status::StatusWriter,
+    gateway_services: crate::provision::gateway_services::ServiceWriter,
+    parameters_status: crate::parameters_status::ParametersStatusWriter,
+    hub: Arc<Hub>,
+    admin: Arc<crate::admin::State>,
+    leader: Arc<AtomicBool>,
+    tracer: Option<Arc<coxswain_proxy::trace::Tracer>>,
+}
+
+impl StatusTask {
+    async fn run(mut self, mut passes: tokio::sync::watch::Receiver<Option<Arc<Pass>>>) {
+        loop {
+            tokio::select! {
+                changed = passes.changed() => if changed.is_err() { return },
+                () = self.hub.changed.notified() => {}
+            }
+            // Let the passes settle; a pass or acknowledgement meanwhile is written with it.
+            tokio::time::sleep(STATUS_SETTLE).await;
+            self.admin.set_connected_proxies(self.hub.connected());
+            let Some(pass) = passes.borrow_and_update().clone() else {
+                continue;
+            };
+            let mut span = Span::root(self.tracer.as_ref(), "status");
+            // Shared Gateways' Services before their status, which reports their addresses.
+            self.gateway_services
+                .sync(&pass.store, &pass.compiled.gateway_services)
+                .await;
+            self.status
+                .write(&pass.store, &pass.compiled, &self.hub, &pass.names)
+                .await;
+            self.parameters_status.write(&pass.store).await;
+            span.set(
+                "coxswain.leader",
+                self.leader.load(std::sync::atomic::Ordering::Acquire),
+            );
+            span.set("coxswain.connected_proxies", self.hub.connected());
+            span.end();
+        }
+    }
+}
 
 pub async fn run(
     client: kube::Client,
@@ -271,7 +339,7 @@ pub async fn run(
     ));
 
     let reflector = Reflector::start(&client);
-    let mut status = crate::status::StatusWriter::new(
+    let status = crate::status::StatusWriter::new(
         client.clone(),
         config.controller_name.clone(),
         config.namespace.clone(),
@@ -280,13 +348,13 @@ pub async fn run(
         config.lease.as_ref().map(|l| l.identity.clone()),
     )
     .with_shared_gateway_ports(config.shared_gateway_ports.is_some());
-    let mut gateway_services = crate::provision::gateway_services::ServiceWriter::new(
+    let gateway_services = crate::provision::gateway_services::ServiceWriter::new(
         client.clone(),
         config.namespace.clone(),
         config.controller_name.clone(),
         leader.clone(),
     );
-    let mut parameters_status = crate::parameters_status::ParametersStatusWriter::new(
+    let parameters_status = crate::parameters_status::ParametersStatusWriter::new(
         client.clone(),
         config.controller_name.clone(),
         config.ingress_nginx_compat,
@@ -308,16 +376,29 @@ pub async fn run(
     };
     let jwks = crate::jwks::Fetcher::new(config.jwks.clone(), admin.clone());
     let mut version_checked: Option<std::time::Instant> = None;
+    // Status is written by a task of its own, from the newest pass, so API round trips never
+    // hold back the next compile.
+    let (passes, passes_rx) = tokio::sync::watch::channel(None);
+    let status_task = tokio::spawn(
+        StatusTask {
+            status,
+            gateway_services,
+            parameters_status,
+            hub: hub.clone(),
+            admin: admin.clone(),
+            leader: leader.clone(),
+            tracer: config.tracer.clone(),
+        }
+        .run(passes_rx),
+    );
     tokio::pin!(stop);
     loop {
         tokio::select! {
             () = reflector.changed.notified() => {}
-            () = hub.changed.notified() => {}
             () = jwks.changed.notified() => {}
             () = &mut stop => break,
         }
-        tokio::time::sleep(DEBOUNCE).await;
-        admin.set_connected_proxies(hub.connected());
+        coalesce(&reflector.changed).await;
         let unsynced = reflector.unsynced();
         if !unsynced.is_empty() {
             tracing::debug!(waiting_for = ?unsynced, "caches still listing; not compiling yet");
@@ -331,7 +412,7 @@ pub async fn run(
             compile_config.gateway_api_version = gateway_api_version(&client).await;
             version_checked = Some(std::time::Instant::now());
         }
-        // One trace per pass: compiling, then publishing and writing status.
+        // One trace per pass: compiling, then publishing.
         let mut pass = Span::root(config.tracer.as_ref(), "reconcile");
         let mut store = reflector.snapshot();
         // The policies say which URLs to fetch; what was fetched so far is compiled now, and
@@ -367,24 +448,30 @@ pub async fn run(
             *current = names.clone();
             true
         });
+        let publishing = pass.child("publish");
         for (scope, snapshot) in &compiled.snapshots {
             tracing::debug!(?scope, version = %snapshot.version, "publishing snapshot");
             hub.publish(scope.clone(), snapshot.clone());
         }
-        // Shared Gateways' Services before their status, which reports their addresses.
-        gateway_services
-            .sync(&store, &compiled.gateway_services)
-            .await;
-        let writing = pass.child("status");
-        status.write(&store, &compiled, &hub, &names).await;
-        parameters_status.write(&store).await;
-        writing.end();
+        publishing.end();
         pass.set(
             "coxswain.leader",
             leader.load(std::sync::atomic::Ordering::Acquire),
         );
-        pass.set("coxswain.connected_proxies", hub.connected());
         pass.end();
+        passes.send_replace(Some(Arc::new(Pass {
+            store,
+            compiled,
+            names,
+        })));
+    }
+    // The status task ends when it sees the sender gone, after the write in progress.
+    drop(passes);
+    if tokio::time::timeout(PROVISIONING_STOP, status_task)
+        .await
+        .is_err()
+    {
+        tracing::warn!("status writes did not finish in time; abandoning them");
     }
     let _ = stop_provisioning.send(());
     // kube-runtime waits for reconciles in flight, and one blocked on an API request would
