@@ -140,9 +140,11 @@ fn describe_compile(
 const QUIET: Duration = Duration::from_millis(3);
 /// A stream of changes (an EndpointSlice storm) is compiled at least this often.
 const COALESCE_AT_MOST: Duration = Duration::from_millis(50);
-/// Status is written once the passes have settled for this long: a status a person reads
-/// need not follow every intermediate pass, and each write is an API round trip per object.
+/// Status is written once no pass has come for this long: a status a person reads need not
+/// follow every intermediate pass, and each write is an API round trip per object.
 const STATUS_SETTLE: Duration = Duration::from_millis(50);
+/// Under a stream of passes, status is still written at least this often.
+const STATUS_SETTLE_AT_MOST: Duration = Duration::from_secs(1);
 /// How long provisioning may take to finish its reconciles in flight at shutdown.
 const PROVISIONING_STOP: Duration = Duration::from_secs(5);
 
@@ -183,8 +185,19 @@ impl StatusTask {
                 changed = passes.changed() => if changed.is_err() { return },
                 () = self.hub.changed.notified() => {}
             }
-            // Let the passes settle; a pass or acknowledgement meanwhile is written with it.
-            tokio::time::sleep(STATUS_SETTLE).await;
+            // Let the passes settle: status is written from the pass after which none came
+            // for `STATUS_SETTLE`, so the objects of one apply are reported together.
+            let until = tokio::time::Instant::now() + STATUS_SETTLE_AT_MOST;
+            loop {
+                let now = tokio::time::Instant::now();
+                if now >= until {
+                    break;
+                }
+                tokio::select! {
+                    changed = passes.changed() => if changed.is_err() { break },
+                    () = tokio::time::sleep(STATUS_SETTLE.min(until - now)) => break,
+                }
+            }
             self.admin.set_connected_proxies(self.hub.connected());
             let Some(pass) = passes.borrow_and_update().clone() else {
                 continue;

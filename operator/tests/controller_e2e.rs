@@ -149,17 +149,28 @@ spec:
                 .find(|c| c.type_ == t)
                 .map(|c| (c.status.clone(), c.reason.clone()))
         };
+    // Status follows the data plane once passes settle, so an earlier pass's status (one
+    // route attached) may still be there when both routes already answer.
     let mut status = None;
     for _ in 0..200 {
         let gw = gateways.get("edge").await.unwrap();
         let st = gw.status.clone().unwrap_or_default();
-        if condition(&st.conditions, "Programmed") == Some(("True".into(), "Programmed".into())) {
+        let attached = st
+            .listeners
+            .iter()
+            .flatten()
+            .map(|l| l.attached_routes)
+            .sum::<i32>();
+        if condition(&st.conditions, "Programmed") == Some(("True".into(), "Programmed".into()))
+            && attached == 2
+        {
             status = Some(st);
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let status = status.expect("the Gateway never became Programmed (bound and acked)");
+    let status = status
+        .expect("the Gateway never became Programmed (bound and acked) with both routes attached");
     assert_eq!(
         condition(&status.conditions, "Accepted"),
         Some(("True".into(), "Accepted".into()))
