@@ -124,7 +124,12 @@ where
     let api: Api<DeserializeGuard<K>> = Api::all(client.clone());
     let (reader, writer) = reflector::store();
     let kind = K::kind(&K::DynamicType::default()).into_owned();
-    let stream = reflector(writer, watcher(api, config).backoff(Retry::default()));
+    let stream = reflector(
+        writer,
+        watcher(api, config)
+            .backoff(Retry::default())
+            .modify(strip_unread::<K>),
+    );
     let state = Arc::new(AtomicU8::new(LISTING));
     sync.push((kind.clone(), state.clone()));
     tokio::spawn(async move {
@@ -169,6 +174,22 @@ where
         }
     });
     reader
+}
+
+/// kubectl's copy of the last object it applied: as large as the object, never compiled.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what the compiler never reads and objects carry plenty of, field managers and
+/// kubectl's last applied copy, before caching: neither the cache nor each pass's copy of it
+/// pays for them.
+fn strip_unread<K: Resource>(obj: &mut DeserializeGuard<K>) {
+    if let Ok(k) = &mut obj.0 {
+        let meta = k.meta_mut();
+        meta.managed_fields = None;
+        if let Some(annotations) = &mut meta.annotations {
+            annotations.remove(LAST_APPLIED);
+        }
+    }
 }
 
 impl Reflector {
