@@ -34,27 +34,24 @@ kubectl apply --server-side --force-conflicts -f hack/demo/app.yaml
 kubectl -n demo rollout status deployment/echo --timeout 120s
 kubectl -n demo wait --for condition=Programmed --timeout 180s gateway/shared gateway/dedicated
 
-lb() { # namespace service
-  local ip=""
+# Prints the first non-empty value of a jsonpath on an object, polled for up to 2 minutes.
+poll_field() { # what namespace kind/name jsonpath
+  local value=""
   for _ in $(seq 120); do
-    ip="$(kubectl -n "$1" get service "$2" -o jsonpath='{.status.loadBalancer.ingress[0].ip}' 2>/dev/null || true)"
-    [[ -n "$ip" ]] && break
+    value="$(kubectl -n "$2" get "$3" -o jsonpath="$4" 2>/dev/null || true)"
+    [[ -n "$value" ]] && break
     sleep 1
   done
-  [[ -n "$ip" ]] || { echo "demo: no LoadBalancer address for $1/$2" >&2; exit 1; }
-  echo "$ip"
+  [[ -n "$value" ]] || { echo "demo: no $1 for $2/$3" >&2; exit 1; }
+  echo "$value"
+}
+lb() { # namespace service
+  poll_field "LoadBalancer address" "$1" "service/$2" '{.status.loadBalancer.ingress[0].ip}'
 }
 # The Gateway on the shared pool has a Service (an address) of its own, which its status
 # reports; Ingresses are served on the pool's Service.
 gateway_ip() { # namespace gateway
-  local ip=""
-  for _ in $(seq 120); do
-    ip="$(kubectl -n "$1" get gateway "$2" -o jsonpath='{.status.addresses[0].value}' 2>/dev/null || true)"
-    [[ -n "$ip" ]] && break
-    sleep 1
-  done
-  [[ -n "$ip" ]] || { echo "demo: Gateway $1/$2 reports no address" >&2; exit 1; }
-  echo "$ip"
+  poll_field "address in its status" "$1" "gateway/$2" '{.status.addresses[0].value}'
 }
 pool_ip="$(lb coxswain-system coxswain-proxy)"
 shared_ip="$(gateway_ip demo shared)"
