@@ -165,31 +165,40 @@ fn supported_features_are_exactly_what_the_newest_conformance_report_shows_passi
          conformance` and commit its report"
     );
     assert!(!files.is_empty(), "no report under reports/{newest}");
-    let mut passed = BTreeSet::new();
-    let mut unsupported = BTreeSet::new();
-    for f in &files {
-        let (p, u) = claims(f);
-        passed.extend(p);
-        unsupported.extend(u);
-    }
     let published: BTreeSet<String> = SUPPORTED_FEATURES.iter().map(|f| (*f).to_owned()).collect();
     assert_eq!(
         published.len(),
         SUPPORTED_FEATURES.len(),
         "SUPPORTED_FEATURES lists a feature twice"
     );
+    assert_published_equals_proven(
+        "SUPPORTED_FEATURES (operator/src/status.rs)",
+        &published,
+        &files,
+    );
+}
+
+/// Fails unless `published` is exactly what `files` (reports of one run) show passing, and
+/// none of it is reported unsupported there.
+fn assert_published_equals_proven(what: &str, published: &BTreeSet<String>, files: &[PathBuf]) {
+    let mut passed = BTreeSet::new();
+    let mut unsupported = BTreeSet::new();
+    for f in files {
+        let (p, u) = claims(f);
+        passed.extend(p);
+        unsupported.extend(u);
+    }
     let unproven: Vec<&String> = published.difference(&passed).collect();
-    let unpublished: Vec<&String> = passed.difference(&published).collect();
+    let unpublished: Vec<&String> = passed.difference(published).collect();
     assert!(
         unproven.is_empty() && unpublished.is_empty(),
-        "SUPPORTED_FEATURES (operator/src/status.rs) and the conformance report(s) {files:?} \
-         disagree.\n  published, not shown passing: {unproven:?}\n  shown passing, not \
-         published: {unpublished:?}"
+        "{what} and the conformance report(s) {files:?} disagree.\n  published, not shown \
+         passing: {unproven:?}\n  shown passing, not published: {unpublished:?}"
     );
     let contradicted: Vec<&String> = published.intersection(&unsupported).collect();
     assert!(
         contradicted.is_empty(),
-        "published yet reported unsupported: {contradicted:?}"
+        "{what}: published yet reported unsupported: {contradicted:?}"
     );
 }
 
@@ -206,28 +215,13 @@ fn a_shared_pool_class_publishes_exactly_what_the_shared_pool_run_shows_passing(
     // `COXSWAIN_CONFORMANCE_POOL=shared make conformance`: a class without parametersRef,
     // every Gateway on the shared pool through a Service of its own.
     let (release, files) = newest_reports_of("-shared-pool-report.yaml");
-    let mut passed = BTreeSet::new();
-    let mut unsupported = BTreeSet::new();
-    for f in &files {
-        let (p, u) = claims(f);
-        passed.extend(p);
-        unsupported.extend(u);
-    }
     let published: BTreeSet<String> = class_features(false, true)
         .into_iter()
         .map(str::to_owned)
         .collect();
-    let unproven: Vec<&String> = published.difference(&passed).collect();
-    let unpublished: Vec<&String> = passed.difference(&published).collect();
-    assert!(
-        unproven.is_empty() && unpublished.is_empty(),
-        "a shared-pool class's features (status::class_features) and the {release} shared-pool \
-         report(s) {files:?} disagree.\n  published, not shown passing: {unproven:?}\n  shown \
-         passing, not published: {unpublished:?}"
-    );
-    let contradicted: Vec<&String> = published.intersection(&unsupported).collect();
-    assert!(
-        contradicted.is_empty(),
-        "published yet reported unsupported: {contradicted:?}"
+    assert_published_equals_proven(
+        &format!("a shared-pool class's features (status::class_features), {release}"),
+        &published,
+        &files,
     );
 }
