@@ -140,8 +140,12 @@ conformance: ## Gateway API conformance suite (GATEWAY-HTTP, GATEWAY-GRPC, GATEW
 	test/conformance/run.sh
 
 .PHONY: bench-propagation
-bench-propagation: ## Route propagation: HTTPRoute create -> first 200 through the shared proxy, p50/p99 of 100 routes added to 1,000 (release build; root, test node)
-	$(CARGO) run --release -p coxswain-operator --example propagation
+# ROUTES: HTTPRoutes on the cluster before measuring (COXSWAIN_BENCH_EXISTING, default 1,000).
+ROUTES ?=
+bench-propagation: ## Route changes at ROUTES=N existing HTTPRoutes (default 1,000): create -> first 200 and update -> new answer (p50/p90/p99/max of 100), 1,000 at once -> last Accepted, 2->10->2 endpoint churn under a client, controller and proxy RSS (release; root, test node)
+	$(CARGO) build --release -p coxswain-operator --bin coxswain --example propagation
+	$(if $(ROUTES),COXSWAIN_BENCH_EXISTING=$(ROUTES)) COXSWAIN_BENCH_BIN=$(TARGET_DIR)/release/coxswain \
+	  $(TARGET_DIR)/release/examples/propagation
 
 .PHONY: bench-proxy
 bench-proxy: ## coxswain vs nginx vs HAProxy: HTTP, HTTPS, new TLS connections, HTTP/2, header edits, POST bodies (installs wrk, h2load, nginx, HAProxy; not part of make test)
