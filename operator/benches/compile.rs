@@ -52,7 +52,24 @@ fn large_store(routes: usize, hosts: usize, services: usize) -> Store {
     store
 }
 
+fn env_count(name: &str) -> Option<usize> {
+    std::env::var(name).ok()?.parse().ok()
+}
+
 fn bench(c: &mut Criterion) {
+    // COXSWAIN_BENCH_ROUTES=N: N routes, one hostname each, a Service per 10 (the shape
+    // `make bench-propagation` creates), instead of the default 10,000 over 1,000 hostnames.
+    if let Some(routes) = env_count("COXSWAIN_BENCH_ROUTES") {
+        let store = large_store(routes, routes, (routes / 10).max(1));
+        let config = compile::Config::default();
+        let mut group = c.benchmark_group("compile");
+        group.sample_size(10);
+        group.bench_function(format!("{routes}_httproutes_one_host_each"), |b| {
+            b.iter(|| compile::compile(black_box(&store), black_box(&config)))
+        });
+        group.finish();
+        return;
+    }
     let store = large_store(10_000, 1_000, 100);
     let config = compile::Config::default();
     let compiled = compile::compile(&store, &config);

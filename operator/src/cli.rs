@@ -680,6 +680,15 @@ pub struct ProxyLimitArgs {
     )]
     pub relay_idle_timeout_seconds: u64,
 
+    /// Opening a connection to a backend may take this many milliseconds, unless the route
+    /// sets its own connect timeout; then the request tries another endpoint.
+    #[arg(
+        long,
+        env = "COXSWAIN_UPSTREAM_CONNECT_TIMEOUT_MS",
+        default_value_t = 5000
+    )]
+    pub upstream_connect_timeout_ms: u64,
+
     /// A TLS handshake must finish within this many seconds of accept.
     #[arg(
         long,
@@ -764,6 +773,7 @@ impl ProxyLimitArgs {
             max_request_headers: self.max_request_headers.max(1),
             max_request_head_bytes: self.max_request_header_bytes.max(1024),
             upstream_idle: Duration::from_secs(60),
+            upstream_connect: Duration::from_millis(self.upstream_connect_timeout_ms.max(1)),
             fast_path: !self.no_fast_path,
             client_address: coxswain_proxy::forwarded::ClientAddress {
                 // Each entry was checked by `parse_cidr`.

@@ -22,7 +22,7 @@ use crate::http1;
 use crate::limits::Limits;
 use crate::request::{self, Arrival, Body, Decision, Head, Version};
 use crate::table::SharedTable;
-use crate::upstream::{CONNECT_ATTEMPTS, ClusterState, pool};
+use crate::upstream::{ClusterState, REFUSED_ATTEMPTS, may_connect_again, pool};
 use coxswain_api::snapshot as snap;
 use heads::{edited_response_head, without_content_length, write_upstream_head};
 use read::{BodyRead, HeadRead, read_body, read_head};
@@ -546,13 +546,13 @@ async fn exchange(
     // request is sent again, once, on a fresh connection; any other may have been acted on.
     // A connection that cannot be opened sent nothing: another endpoint is tried.
     let mut resent = false;
-    let mut refused = [plan.endpoint; CONNECT_ATTEMPTS];
-    let mut failed = 0;
+    let mut refused = [plan.endpoint; REFUSED_ATTEMPTS];
+    let (mut failed, mut slow) = (0, 0);
     let (mut upstream, sent) = loop {
         let target = plan.upstream;
         let (mut up, reused) = match pool::take(target) {
             Some(up) => (up, true),
-            None => match TcpStream::connect(target).await {
+            None => match connect(target, env.limits.upstream_connect).await {
                 Ok(up) => {
                     let _ = up.set_nodelay(true);
                     (up, false)
@@ -563,7 +563,10 @@ async fn exchange(
                         .record(plan.endpoint, true, &env.limits.outlier);
                     refused[failed] = plan.endpoint;
                     failed += 1;
-                    match (failed < CONNECT_ATTEMPTS)
+                    if e.kind() != std::io::ErrorKind::ConnectionRefused {
+                        slow += 1;
+                    }
+                    match may_connect_again(failed, slow)
                         .then(|| plan.cluster.pick_excluding(&refused[..failed]))
                         .flatten()
                     {
@@ -740,6 +743,14 @@ async fn write_head(
 
 /// Writes a request's head and body with as few sends as the socket allows: with Nagle off, a
 /// write each would put them in separate segments.
+/// Opens a connection to a backend within `limit`; past it, a timed-out error.
+async fn connect(target: SocketAddr, limit: std::time::Duration) -> std::io::Result<TcpStream> {
+    match tokio::time::timeout(limit, TcpStream::connect(target)).await {
+        Ok(result) => result,
+        Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+    }
+}
+
 async fn write_both(up: &mut TcpStream, head: &[u8], body: &[u8]) -> std::io::Result<()> {
     if body.is_empty() {
         return up.write_all(head).await;

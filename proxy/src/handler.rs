@@ -130,6 +130,8 @@ pub struct Ctx {
     tried: Vec<usize>,
     /// Connections to the backend that could not be opened, for this request.
     connect_failures: usize,
+    /// Those of them that were not refused at once (timed out, unreachable).
+    slow_connect_failures: usize,
     /// Retries under the route's retry policy so far (answers, timeouts, broken connections).
     policy_retries: u32,
     /// An answer's head went to the client: nothing can be retried any more.
@@ -509,6 +511,8 @@ impl ProxyHttp for Gateway {
             peer.options.write_timeout = Some(b);
             peer.options.total_connection_timeout = Some(b);
         }
+        // Connecting is bounded even without a route timeout (`Limits::upstream_connect`).
+        peer.options.connection_timeout = Some(self.limits.upstream_connect);
         if let Some(t) = timeouts {
             // The Ingress timeouts: connect, and each read and write.
             let at_most = |a: Option<Duration>, ms: u64| match (a, ms) {

@@ -29,6 +29,10 @@ pub struct Limits {
     /// An idle pooled connection to a backend is closed after this long (the fast path's
     /// pool is swept, so sockets to Pods that went away do not stay open).
     pub upstream_idle: Duration,
+    /// Opening a connection to a backend may take this long, unless the route says otherwise
+    /// (Ingress proxy-connect-timeout): a vanished Pod's address can swallow connection
+    /// attempts for minutes, and the request should move to another endpoint instead.
+    pub upstream_connect: Duration,
     /// Plain HTTP/1.1 requests on routes that only forward take the fast path; off, every
     /// request goes through Pingora (for comparing the two, and as an escape hatch).
     pub fast_path: bool,
@@ -53,6 +57,7 @@ impl Default for Limits {
             max_request_headers: 100,
             max_request_head_bytes: 32 * 1024,
             upstream_idle: Duration::from_secs(60),
+            upstream_connect: Duration::from_secs(5),
             fast_path: true,
             client_address: crate::forwarded::ClientAddress::default(),
             outlier: crate::outlier::Settings::default(),

@@ -316,9 +316,20 @@ fn ca_roots(
     Ok((roots, certs))
 }
 
-/// Attempts a request gets when connecting to its backend fails (no byte was sent, so another
-/// endpoint is always safe to try): as ingress-nginx's proxy-next-upstream-tries.
+/// Attempts a request gets when connecting to its backend fails slowly (timed out,
+/// unreachable); no byte was sent, so another endpoint is always safe to try. As
+/// ingress-nginx's proxy-next-upstream-tries.
 pub const CONNECT_ATTEMPTS: usize = 3;
+/// Attempts a request gets when its connections are refused at once, which costs nothing:
+/// after a scale-down, most endpoints may refuse until the next snapshot drops them, and
+/// three picks could all land on those.
+pub const REFUSED_ATTEMPTS: usize = 16;
+
+/// Whether a request whose `failed` connect attempts include `slow` that failed slowly may
+/// try another endpoint.
+pub fn may_connect_again(failed: usize, slow: usize) -> bool {
+    failed < REFUSED_ATTEMPTS && slow < CONNECT_ATTEMPTS
+}
 
 impl ClusterState {
     pub(crate) fn new(

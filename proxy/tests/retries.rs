@@ -253,14 +253,24 @@ async fn an_endpoint_answering_500s_is_ejected_then_tried_again_after_the_back_o
             );
             request(&client, "GET", &url, &[]).await.unwrap();
         }
-        let metrics = get(&format!("http://{}/metrics", proxy.admin), &[])
-            .await
-            .unwrap()
-            .body;
-        assert!(
-            metrics.contains("coxswain_proxy_upstream_ejected_endpoints{cluster=\"t/three:80\"} 1"),
-            "{engine}"
-        );
+        // The gauge shows it out of rotation (on a loaded machine an ejection may already have
+        // run out by now; requests to it eject it again).
+        loop {
+            let metrics = get(&format!("http://{}/metrics", proxy.admin), &[])
+                .await
+                .unwrap()
+                .body;
+            if metrics
+                .contains("coxswain_proxy_upstream_ejected_endpoints{cluster=\"t/three:80\"} 1")
+            {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{engine}: the ejected-endpoints gauge never showed it"
+            );
+            request(&client, "GET", &url, &[]).await.unwrap();
+        }
         proxy.stop().await;
     }
 }
@@ -835,6 +845,152 @@ async fn an_endpoint_that_drops_requests_unanswered_is_ejected() {
             (reached, failed),
             (0, 0),
             "{engine}: the ejected endpoint got requests"
+        );
+        proxy.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_move_on_until_an_endpoint_answers() {
+    // After a scale-down from 10 to 2, eight endpoints refuse until the next snapshot drops
+    // them. Refusals cost nothing, so a request keeps moving past them (three slow failures
+    // would end it, not three refusals).
+    let mut endpoints = String::new();
+    for fast_path in [true, false] {
+        let engine = if fast_path { "fast path" } else { "pingora" };
+        let (a, _) = echo_backend_with_hits("a").await;
+        let (b, _) = echo_backend_with_hits("b").await;
+        endpoints.clear();
+        for _ in 0..8 {
+            // Bound and released: nothing listens there, connecting is refused.
+            endpoints.push_str(&format!(
+                "  - {{address: 127.0.0.1, port: {}, ready: true}}\n",
+                free_port()
+            ));
+        }
+        for live in [a, b] {
+            endpoints.push_str(&format!(
+                "  - {{address: 127.0.0.1, port: {}, ready: true}}\n",
+                live.port()
+            ));
+        }
+        let port = free_port();
+        let snap = snapshot(
+            &format!(
+                r#"
+listeners:
+- port: {{PORT}}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {{kind: HTTPRoute, namespace: t, name: scaled, rule: 0}}
+      backends: [{{cluster: "t/scaled:80", weight: 1}}]
+clusters:
+- name: t/scaled:80
+  endpoints:
+{endpoints}"#
+            ),
+            &[("PORT", port.to_string())],
+        );
+        let proxy = Proxy::start_with(&snap, no_ejection(fast_path)).await;
+        let client = shared_client();
+        let url = format!("http://127.0.0.1:{port}/");
+        let mut failed = 0;
+        for _ in 0..300 {
+            match request(&client, "GET", &url, &[]).await {
+                Ok(r) if r.status == 200 => {}
+                _ => failed += 1,
+            }
+        }
+        assert_eq!(
+            failed, 0,
+            "{engine}: requests failed behind 8 refusing endpoints"
+        );
+        proxy.stop().await;
+    }
+}
+
+/// An address whose connections are never accepted: a listener with a full accept queue,
+/// where the kernel drops further SYNs and connecting hangs, as to a vanished Pod's address.
+async fn blackhole() -> (std::net::SocketAddr, Vec<tokio::net::TcpStream>) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = socket.listen(0).unwrap();
+    let addr = listener.local_addr().unwrap();
+    // Fill the queue: connections complete until it is full, then one hangs.
+    let mut held = Vec::new();
+    loop {
+        match tokio::time::timeout(
+            std::time::Duration::from_millis(200),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            Ok(Ok(s)) => held.push(s),
+            Ok(Err(e)) => panic!("connecting to the blackhole: {e}"),
+            Err(_) => break,
+        }
+        assert!(held.len() < 64, "the accept queue never filled");
+    }
+    std::mem::forget(listener);
+    (addr, held)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_never_accepted_times_out_and_the_request_moves_on() {
+    const TWO: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: two, rule: 0}
+      backends: [{cluster: "t/two:80", weight: 1}]
+clusters:
+- name: t/two:80
+  endpoints:
+  - {address: 127.0.0.1, port: {HOLE}, ready: true}
+  - {address: 127.0.0.1, port: {GOOD}, ready: true}
+"#;
+    let (hole, _held) = blackhole().await;
+    for fast_path in [true, false] {
+        let engine = if fast_path { "fast path" } else { "pingora" };
+        let (good, good_hits) = echo_backend_with_hits("good").await;
+        let port = free_port();
+        let snap = snapshot(
+            TWO,
+            &[
+                ("PORT", port.to_string()),
+                ("HOLE", hole.port().to_string()),
+                ("GOOD", good.port().to_string()),
+            ],
+        );
+        let limit = std::time::Duration::from_millis(300);
+        let proxy = Proxy::start_with(
+            &snap,
+            Limits {
+                upstream_connect: limit,
+                ..no_ejection(fast_path)
+            },
+        )
+        .await;
+        let client = shared_client();
+        let url = format!("http://127.0.0.1:{port}/");
+        let mut slowest = std::time::Duration::ZERO;
+        for _ in 0..6 {
+            let started = std::time::Instant::now();
+            let r = request(&client, "GET", &url, &[]).await.unwrap();
+            slowest = slowest.max(started.elapsed());
+            assert_eq!(r.status, 200, "{engine}");
+        }
+        // Round robin: half the picks hit the blackhole first and waited out the limit; the
+        // kernel alone would have kept them for minutes.
+        assert_eq!(good_hits.load(Ordering::Relaxed), 6, "{engine}");
+        assert!(
+            slowest >= limit && slowest < limit * 10,
+            "{engine}: the slowest request took {slowest:?} with a {limit:?} connect limit"
         );
         proxy.stop().await;
     }

@@ -94,8 +94,8 @@ impl Gateway {
     }
 
     /// A connection that could not be opened sent nothing: the request goes to another
-    /// endpoint, at most `CONNECT_ATTEMPTS` in all (as on the fast path), then within the
-    /// route's retry policy if it has one (such routes never take the fast path).
+    /// endpoint, while `upstream::may_connect_again` allows (as on the fast path), then
+    /// within the route's retry policy if it has one (such routes never take the fast path).
     pub(super) fn connect_failure(
         &self,
         ctx: &mut Ctx,
@@ -107,14 +107,19 @@ impl Gateway {
         cluster.record(ctx.endpoint, true, &self.limits.outlier);
         ctx.tried.push(ctx.endpoint);
         ctx.connect_failures += 1;
+        if *e.etype() != pingora::ErrorType::ConnectRefused {
+            ctx.slow_connect_failures += 1;
+        }
         let in_time = ctx
             .policy
             .as_ref()
             .and_then(|p| p.retry.as_ref())
             .is_none_or(|r| r.in_time(ctx.started));
-        let next = (ctx.connect_failures < crate::upstream::CONNECT_ATTEMPTS && in_time)
-            .then(|| cluster.pick_excluding(&ctx.tried))
-            .flatten();
+        let next =
+            (crate::upstream::may_connect_again(ctx.connect_failures, ctx.slow_connect_failures)
+                && in_time)
+                .then(|| cluster.pick_excluding(&ctx.tried))
+                .flatten();
         match next {
             Some(next) => {
                 crate::metrics::Metrics::count(&self.table.metrics().connect_retries);
