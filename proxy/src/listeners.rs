@@ -117,7 +117,7 @@ impl Listeners {
             active: table_active(&table),
             table,
             bind_ip,
-            conf: Arc::new(ServerConf::default()),
+            conf: Arc::new(pingora_conf()),
             running: HashMap::new(),
             shutdown,
             workers: None,
@@ -324,6 +324,20 @@ impl Listeners {
             settings.set_alpn(ALPN::H2H1);
         }
         Arc::new(settings.build())
+    }
+}
+
+/// Idle upstream connections Pingora keeps per listener port, over all backends and workers.
+/// Its default of 128 is less than one HTTP/2 client can have in flight (100 streams), so
+/// under HTTP/2 load most connections to the backend were closed after one response and
+/// another opened for the next request.
+const PINGORA_IDLE_UPSTREAMS: usize = 1024;
+
+/// Pingora's settings: its defaults but for the upstream keep-alive pool.
+fn pingora_conf() -> ServerConf {
+    ServerConf {
+        upstream_keepalive_pool_size: PINGORA_IDLE_UPSTREAMS,
+        ..ServerConf::default()
     }
 }
 

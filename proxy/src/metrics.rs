@@ -27,6 +27,8 @@ const BUCKETS_MS: [u64; 11] = [5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 1
 
 #[derive(Debug, Default)]
 struct Histogram {
+    /// Observations by the first bucket they fall in; `render` makes them cumulative, so a
+    /// request costs one atomic add here instead of one per bucket.
     buckets: [AtomicU64; BUCKETS_MS.len()],
     count: AtomicU64,
     sum_micros: AtomicU64,
@@ -108,10 +110,8 @@ impl Metrics {
 
     pub fn upstream_latency(&self, d: Duration) {
         let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
-        for (i, bound) in BUCKETS_MS.iter().enumerate() {
-            if ms <= *bound {
-                self.upstream.buckets[i].fetch_add(1, Ordering::Relaxed);
-            }
+        if let Some(i) = BUCKETS_MS.iter().position(|bound| ms <= *bound) {
+            self.upstream.buckets[i].fetch_add(1, Ordering::Relaxed);
         }
         self.upstream.count.fetch_add(1, Ordering::Relaxed);
         let micros = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
@@ -158,8 +158,9 @@ impl Metrics {
             out,
             "# TYPE coxswain_proxy_upstream_response_seconds histogram"
         );
+        let mut n = 0;
         for (i, bound) in BUCKETS_MS.iter().enumerate() {
-            let n = self.upstream.buckets[i].load(Ordering::Relaxed);
+            n += self.upstream.buckets[i].load(Ordering::Relaxed);
             let le = *bound as f64 / 1000.0;
             let _ = writeln!(
                 out,
@@ -352,6 +353,11 @@ mod tests {
         );
         assert!(
             text.contains("coxswain_proxy_upstream_response_seconds_bucket{le=\"0.01\"} 1"),
+            "{text}"
+        );
+        // Cumulative: every bucket from the first one it falls in counts it.
+        assert!(
+            text.contains("coxswain_proxy_upstream_response_seconds_bucket{le=\"10\"} 1"),
             "{text}"
         );
         assert!(

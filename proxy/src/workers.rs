@@ -6,15 +6,18 @@
 //! keeps its own pool of upstream connections (see `index`): a pooled connection is always
 //! driven by the reactor of the thread that uses it.
 
+use std::cell::Cell;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::runtime::Handle;
 use tokio::sync::oneshot;
 
-tokio::task_local! {
-    /// The worker the current task runs on.
-    static WORKER: usize;
+thread_local! {
+    /// The worker this thread runs (0 on any other thread). Per thread rather than per task:
+    /// Pingora spawns a task of its own for each HTTP/2 stream, which a task-local would not
+    /// reach.
+    static WORKER: Cell<usize> = const { Cell::new(0) };
 }
 
 /// Where connections run.
@@ -46,6 +49,7 @@ impl Workers {
             std::thread::Builder::new()
                 .name(format!("coxswain-worker-{i}"))
                 .spawn(move || {
+                    WORKER.with(|w| w.set(i));
                     // Ends when the pool is dropped; the runtime's tasks are dropped with it.
                     let _ = runtime.block_on(rx);
                 })?;
@@ -73,14 +77,14 @@ impl Workers {
         F: Future<Output = ()> + Send + 'static,
     {
         let i = self.inner.next.fetch_add(1, Ordering::Relaxed) % self.inner.handles.len();
-        self.inner.handles[i].spawn(WORKER.scope(i, task));
+        self.inner.handles[i].spawn(task);
     }
 }
 
 /// The index of the worker running the current task (0 outside a worker), so per-worker state
 /// such as upstream connection pools can be kept apart.
 pub fn index() -> usize {
-    WORKER.try_with(|i| *i).unwrap_or(0)
+    WORKER.with(Cell::get)
 }
 
 #[cfg(test)]
@@ -98,6 +102,10 @@ mod tests {
             let seen = seen.clone();
             let done = done_tx.clone();
             workers.spawn(async move {
+                // A task the connection's task spawns (Pingora's HTTP/2 streams) is on the
+                // same worker.
+                let spawned = tokio::spawn(async { index() }).await.expect("task runs");
+                assert_eq!(spawned, index());
                 let thread = std::thread::current().name().unwrap_or("").to_owned();
                 seen.lock().expect("not poisoned").push((index(), thread));
                 let _ = done.send(());
