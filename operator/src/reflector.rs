@@ -226,13 +226,13 @@ impl Reflector {
 
     /// A copy of every cache, as the compiler's input.
     pub fn snapshot(&self) -> Store {
-        fn copy<K: Resource + Clone>(s: &Cache<K>) -> Vec<K>
+        fn copy<K: Resource + Clone>(s: &Cache<K>) -> Vec<Arc<K>>
         where
             K::DynamicType: Eq + std::hash::Hash + Clone,
         {
             s.state()
                 .iter()
-                .filter_map(|o| o.0.as_ref().ok().cloned())
+                .filter_map(|o| o.0.as_ref().ok().map(|k| Arc::new(k.clone())))
                 .collect()
         }
         Store {
