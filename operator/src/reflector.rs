@@ -222,6 +222,7 @@ where
             match event {
                 Ok(event) => {
                     let listed = matches!(event, watcher::Event::InitDone);
+                    let event = event.modify(strip_unread::<K>);
                     let invalid = write(&objects).apply(event);
                     if let Some(invalid) = invalid {
                         tracing::warn!(
@@ -258,6 +259,21 @@ where
         }
     });
     cache
+}
+
+/// kubectl's copy of the last object it applied: as large as the object, never compiled.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what the compiler never reads and objects carry plenty of, field managers and
+/// kubectl's last applied copy, before caching: the cache does not pay for them.
+fn strip_unread<K: Resource>(obj: &mut DeserializeGuard<K>) {
+    if let Ok(k) = &mut obj.0 {
+        let meta = k.meta_mut();
+        meta.managed_fields = None;
+        if let Some(annotations) = &mut meta.annotations {
+            annotations.remove(LAST_APPLIED);
+        }
+    }
 }
 
 impl Reflector {
@@ -470,6 +486,28 @@ mod tests {
         assert!(contents(&objects).is_empty());
         objects.apply(Event::InitDone);
         assert!(contents(&objects).is_empty());
+    }
+
+    #[test]
+    fn field_managers_and_the_last_applied_copy_are_not_cached() {
+        let mut obj = map("a", "x", "1");
+        if let Ok(m) = &mut obj.0 {
+            m.metadata.managed_fields = Some(vec![Default::default()]);
+            m.metadata.annotations = Some(
+                [
+                    (LAST_APPLIED.to_string(), "{...}".to_string()),
+                    ("keep".to_string(), "me".to_string()),
+                ]
+                .into(),
+            );
+        }
+        strip_unread(&mut obj);
+        let m = obj.0.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(m.metadata.managed_fields, None);
+        assert_eq!(
+            m.metadata.annotations,
+            Some([("keep".to_string(), "me".to_string())].into())
+        );
     }
 
     #[test]
