@@ -114,7 +114,7 @@ pub fn decide(
     let gateway_params: BTreeMap<ObjectKey, &CoxswainGatewayParameters> = store
         .gateway_parameters
         .iter()
-        .filter_map(|p| Some((key_of(&p.metadata)?, p)))
+        .filter_map(|p| Some((key_of(&p.metadata)?, &**p)))
         .collect();
     // Parameters that only another controller's classes use are that controller's to judge.
     let foreign_classes: BTreeSet<&str> = store
@@ -127,14 +127,14 @@ pub fn decide(
         .gateway_classes
         .iter()
         .filter(|c| c.spec.controller_name != controller_name)
-        .filter_map(class_ref)
+        .filter_map(|c| class_ref(c))
         .collect();
     foreign.extend(
         store
             .gateways
             .iter()
             .filter(|g| foreign_classes.contains(g.spec.gateway_class_name.as_str()))
-            .filter_map(gateway_ref),
+            .filter_map(|g| gateway_ref(g)),
     );
     // Our classes and the parameters each names.
     let classes: BTreeMap<&str, Option<ObjectKey>> = store

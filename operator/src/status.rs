@@ -620,7 +620,7 @@ impl StatusWriter {
     async fn route_parents<K: SharedStatus, D: ParentDecision>(
         &self,
         next: &mut HashMap<String, (ConditionStatus, &'static str)>,
-        routes: &[K],
+        routes: &[Arc<K>],
         decisions: &BTreeMap<ObjectKey, Vec<D>>,
         now: &str,
     ) {
@@ -872,10 +872,14 @@ impl StatusWriter {
                     coxswain_api::names::SHARED_PROXY_SERVICE.to_owned(),
                 )
             };
-            let service = store.services.iter().find(|s| {
-                s.metadata.namespace.as_deref() == Some(svc_ns)
-                    && s.metadata.name.as_deref() == Some(svc_name.as_str())
-            });
+            let service = store
+                .services
+                .iter()
+                .find(|s| {
+                    s.metadata.namespace.as_deref() == Some(svc_ns)
+                        && s.metadata.name.as_deref() == Some(svc_name.as_str())
+                })
+                .map(|s| &**s);
             let address_issue = match compiled.gateway_services.unassigned.get(&key) {
                 Some(why) => Some((reason::ADDRESS_NOT_ASSIGNED, why.clone())),
                 None => address_problem(&decision.requested_addresses, service, svc_ns, &svc_name),

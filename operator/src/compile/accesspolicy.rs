@@ -64,7 +64,8 @@ pub struct Decided {
 
 pub fn compile(store: &Store, index: &Index<'_>) -> Output {
     let mut out = Output::default();
-    let mut policies: Vec<&CoxswainAccessPolicy> = store.access_policies.iter().collect();
+    let mut policies: Vec<&CoxswainAccessPolicy> =
+        store.access_policies.iter().map(|p| &**p).collect();
     policies.sort_by(|a, b| {
         let key =
             |p: &CoxswainAccessPolicy| (p.metadata.namespace.clone(), p.metadata.name.clone());

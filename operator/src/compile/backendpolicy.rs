@@ -47,7 +47,8 @@ impl Output {
 
 pub fn compile(store: &Store) -> Output {
     let mut out = Output::default();
-    let mut policies: Vec<&CoxswainBackendPolicy> = store.backend_policies.iter().collect();
+    let mut policies: Vec<&CoxswainBackendPolicy> =
+        store.backend_policies.iter().map(|p| &**p).collect();
     policies.sort_by(|a, b| {
         let key =
             |p: &CoxswainBackendPolicy| (p.metadata.namespace.clone(), p.metadata.name.clone());

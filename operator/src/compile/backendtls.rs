@@ -52,7 +52,8 @@ impl Output {
 
 pub fn compile(store: &Store) -> Output {
     let mut out = Output::default();
-    let mut policies: Vec<&BackendTlsPolicy> = store.backend_tls_policies.iter().collect();
+    let mut policies: Vec<&BackendTlsPolicy> =
+        store.backend_tls_policies.iter().map(|p| &**p).collect();
     policies.sort_by(|a, b| {
         let key = |p: &BackendTlsPolicy| (p.metadata.namespace.clone(), p.metadata.name.clone());
         super::store::oldest_first(&a.metadata, &b.metadata).then_with(|| key(a).cmp(&key(b)))

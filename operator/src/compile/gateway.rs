@@ -315,6 +315,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> GatewayOutp
             .listener_sets
             .iter()
             .filter(|ls| listener_set_parent(ls) == key)
+            .map(|ls| &**ls)
             .collect();
         sets.sort_by(|a, b| {
             super::store::oldest_first(&a.metadata, &b.metadata)

@@ -110,7 +110,7 @@ pub fn class_parameters<'s>(
             c.metadata.name.as_deref() == Some(p.name.as_str())
                 && c.metadata.namespace.as_deref() == Some(namespace)
         })
-        .map(Some)
+        .map(|c| Some(&**c))
         .ok_or_else(|| {
             format!(
                 "CoxswainIngressClassParameters {namespace}/{} not found; no class defaults apply",
@@ -188,6 +188,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
             c.spec.as_ref().and_then(|s| s.controller.as_deref())
                 == Some(config.controller_name.as_str())
         })
+        .map(|c| &**c)
         .collect();
     let empty = BTreeMap::new();
     let mut any_http = false;

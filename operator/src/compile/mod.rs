@@ -114,11 +114,16 @@ fn route_forms(store: &Store) -> Vec<route::RouteForm<'_>> {
     store
         .http_routes
         .iter()
-        .map(route::RouteForm::http)
-        .chain(store.grpc_routes.iter().map(grpcroute::as_route_form))
-        .chain(store.tls_routes.iter().map(l4route::tls_route_form))
-        .chain(store.tcp_routes.iter().map(l4route::tcp_route_form))
-        .chain(store.udp_routes.iter().map(l4route::udp_route_form))
+        .map(|r| route::RouteForm::http(r))
+        .chain(
+            store
+                .grpc_routes
+                .iter()
+                .map(|r| grpcroute::as_route_form(r)),
+        )
+        .chain(store.tls_routes.iter().map(|r| l4route::tls_route_form(r)))
+        .chain(store.tcp_routes.iter().map(|r| l4route::tcp_route_form(r)))
+        .chain(store.udp_routes.iter().map(|r| l4route::udp_route_form(r)))
         .collect()
 }
 

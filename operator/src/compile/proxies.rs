@@ -216,8 +216,9 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Service;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+    use std::sync::Arc;
 
-    fn gateway(ns: &str, name: &str, class: &str, created_secs: i64) -> Gateway {
+    fn gateway(ns: &str, name: &str, class: &str, created_secs: i64) -> Arc<Gateway> {
         let mut gw: Gateway = serde_json::from_value(serde_json::json!({
             "metadata": {"name": name, "namespace": ns},
             "spec": {"gatewayClassName": class, "listeners": []},
@@ -227,11 +228,11 @@ mod tests {
             k8s_openapi::jiff::Timestamp::from_second(created_secs)
                 .unwrap_or_else(|e| panic!("{e}")),
         ));
-        gw
+        Arc::new(gw)
     }
 
-    fn proxy_service(ns: &str, name: &str, gateway: &str) -> Service {
-        Service {
+    fn proxy_service(ns: &str, name: &str, gateway: &str) -> Arc<Service> {
+        Arc::new(Service {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some(ns.into()),
@@ -248,7 +249,7 @@ mod tests {
                 ..Default::default()
             },
             ..Default::default()
-        }
+        })
     }
 
     fn all(_: &ObjectKey) -> bool {

@@ -72,19 +72,19 @@ impl<'a> Index<'a> {
                 continue;
             };
             let ns = slice.metadata.namespace.as_deref().unwrap_or("default");
-            slices.entry((ns, svc.as_str())).or_default().push(slice);
+            slices.entry((ns, svc.as_str())).or_default().push(&**slice);
         }
         Self {
             services: store
                 .services
                 .iter()
-                .map(|s| (key(&s.metadata), s))
+                .map(|s| (key(&s.metadata), &**s))
                 .collect(),
             slices,
             secrets: store
                 .secrets
                 .iter()
-                .map(|s| (key(&s.metadata), s))
+                .map(|s| (key(&s.metadata), &**s))
                 .collect(),
             backend_tls: super::backendtls::compile(store),
             backend_policy: super::backendpolicy::compile(store),

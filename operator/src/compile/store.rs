@@ -1,5 +1,6 @@
 //! The compiler's input: plain lists of Kubernetes objects, as the reflector's caches hold
-//! them, or as `coxswain snapshot` reads them from YAML files.
+//! them, or as `coxswain snapshot` reads them from YAML files. Each object is behind an `Arc`
+//! so that a pass's input can share the reflector's cached objects instead of copying them.
 
 use coxswain_api::{
     CoxswainAccessPolicy, CoxswainBackendPolicy, CoxswainGatewayParameters,
@@ -20,34 +21,35 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use serde::de::DeserializeOwned;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Default)]
 pub struct Store {
-    pub gateway_classes: Vec<GatewayClass>,
-    pub gateways: Vec<Gateway>,
+    pub gateway_classes: Vec<Arc<GatewayClass>>,
+    pub gateways: Vec<Arc<Gateway>>,
     /// Listeners added to a Gateway by other objects (GEP-1713).
-    pub listener_sets: Vec<ListenerSet>,
-    pub http_routes: Vec<HttpRoute>,
-    pub grpc_routes: Vec<GrpcRoute>,
-    pub tls_routes: Vec<TlsRoute>,
+    pub listener_sets: Vec<Arc<ListenerSet>>,
+    pub http_routes: Vec<Arc<HttpRoute>>,
+    pub grpc_routes: Vec<Arc<GrpcRoute>>,
+    pub tls_routes: Vec<Arc<TlsRoute>>,
     /// Experimental (v1alpha2): absent unless the cluster installs the experimental channel.
-    pub tcp_routes: Vec<TcpRoute>,
+    pub tcp_routes: Vec<Arc<TcpRoute>>,
     /// Experimental (v1alpha2), as TCPRoute.
-    pub udp_routes: Vec<UdpRoute>,
-    pub backend_tls_policies: Vec<BackendTlsPolicy>,
+    pub udp_routes: Vec<Arc<UdpRoute>>,
+    pub backend_tls_policies: Vec<Arc<BackendTlsPolicy>>,
     /// Read for BackendTLSPolicy CA certificates.
-    pub config_maps: Vec<ConfigMap>,
-    pub reference_grants: Vec<ReferenceGrant>,
-    pub services: Vec<Service>,
-    pub endpoint_slices: Vec<EndpointSlice>,
-    pub secrets: Vec<Secret>,
-    pub namespaces: Vec<Namespace>,
-    pub ingresses: Vec<Ingress>,
-    pub ingress_classes: Vec<IngressClass>,
-    pub ingress_class_parameters: Vec<CoxswainIngressClassParameters>,
-    pub gateway_parameters: Vec<CoxswainGatewayParameters>,
-    pub backend_policies: Vec<CoxswainBackendPolicy>,
-    pub access_policies: Vec<CoxswainAccessPolicy>,
+    pub config_maps: Vec<Arc<ConfigMap>>,
+    pub reference_grants: Vec<Arc<ReferenceGrant>>,
+    pub services: Vec<Arc<Service>>,
+    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
+    pub secrets: Vec<Arc<Secret>>,
+    pub namespaces: Vec<Arc<Namespace>>,
+    pub ingresses: Vec<Arc<Ingress>>,
+    pub ingress_classes: Vec<Arc<IngressClass>>,
+    pub ingress_class_parameters: Vec<Arc<CoxswainIngressClassParameters>>,
+    pub gateway_parameters: Vec<Arc<CoxswainGatewayParameters>>,
+    pub backend_policies: Vec<Arc<CoxswainBackendPolicy>>,
+    pub access_policies: Vec<Arc<CoxswainAccessPolicy>>,
     /// JWKS documents the controller fetched from policies' URLs (`crate::jwks`): the
     /// document, or why there is none yet. Never read from files: `coxswain snapshot` fetches
     /// nothing, so remote providers compile as not fetched there.
@@ -250,11 +252,11 @@ impl Store {
 }
 
 fn push<T: DeserializeOwned>(
-    list: &mut Vec<T>,
+    list: &mut Vec<Arc<T>>,
     value: serde_json::Value,
 ) -> Result<Loaded, String> {
     let obj = serde_json::from_value(value).map_err(|e| e.to_string())?;
-    list.push(obj);
+    list.push(Arc::new(obj));
     Ok(Loaded::Stored)
 }
 

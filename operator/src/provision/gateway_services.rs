@@ -52,7 +52,12 @@ impl ServiceWriter {
             return;
         }
         let api: Api<Service> = Api::namespaced(self.client.clone(), &self.namespace);
-        let existing: Vec<&Service> = store.services.iter().filter(|s| self.is_ours(s)).collect();
+        let existing: Vec<&Service> = store
+            .services
+            .iter()
+            .filter(|s| self.is_ours(s))
+            .map(|s| &**s)
+            .collect();
         for (gateway, service) in &allocation.services {
             let body = render(&self.namespace, &self.controller_name, gateway, service);
             let present = existing
