@@ -171,7 +171,6 @@ struct Pass {
 /// Writes status from the newest pass, and again when proxies connect or acknowledge.
 struct StatusTask {
     status: crate::status::StatusWriter,
-    gateway_services: crate::provision::gateway_services::ServiceWriter,
     parameters_status: crate::parameters_status::ParametersStatusWriter,
     hub: Arc<Hub>,
     admin: Arc<crate::admin::State>,
@@ -204,10 +203,6 @@ impl StatusTask {
                 continue;
             };
             let mut span = Span::root(self.tracer.as_ref(), "status");
-            // Shared Gateways' Services before their status, which reports their addresses.
-            self.gateway_services
-                .sync(&pass.store, &pass.compiled.gateway_services)
-                .await;
             self.status
                 .write(&pass.store, &pass.compiled, &self.hub, &pass.names)
                 .await;
@@ -362,7 +357,7 @@ pub async fn run(
         config.lease.as_ref().map(|l| l.identity.clone()),
     )
     .with_shared_gateway_ports(config.shared_gateway_ports.is_some());
-    let gateway_services = crate::provision::gateway_services::ServiceWriter::new(
+    let mut gateway_services = crate::provision::gateway_services::ServiceWriter::new(
         client.clone(),
         config.namespace.clone(),
         config.controller_name.clone(),
@@ -396,7 +391,6 @@ pub async fn run(
     let status_task = tokio::spawn(
         StatusTask {
             status,
-            gateway_services,
             parameters_status,
             hub: hub.clone(),
             admin: admin.clone(),
@@ -478,6 +472,11 @@ pub async fn run(
             hub.publish(scope.clone(), published);
         }
         publishing.end();
+        // Shared Gateways' Services right away, as their internal ports are allocated: the
+        // allocation lives in the Services, so the next pass must find them there.
+        gateway_services
+            .sync(&store, &compiled.gateway_services)
+            .await;
         pass.set(
             "coxswain.leader",
             leader.load(std::sync::atomic::Ordering::Acquire),
