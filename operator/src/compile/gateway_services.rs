@@ -221,10 +221,15 @@ pub fn allocate(
         ports.dedup();
         wanted.extend(ports.into_iter().map(|(p, t)| (gw.key.clone(), p, t)));
     }
-    // Pairs that keep their port first, so a new pair never takes one of theirs.
+    // Pairs that keep their port first, so a new pair never takes one of theirs. Two Services
+    // can claim one port (one was applied before the other's watch event arrived): the first
+    // pair in key order keeps it and the other is moved, or both would stay unserved.
     let mut assigned: BTreeMap<(ObjectKey, u32, Transport), u32> = BTreeMap::new();
+    let mut claimed: BTreeSet<u32> = BTreeSet::new();
     for pair in &wanted {
-        if let Some(internal) = kept.get(pair) {
+        if let Some(internal) = kept.get(pair)
+            && claimed.insert(*internal)
+        {
             assigned.insert(pair.clone(), *internal);
         }
     }

@@ -258,3 +258,37 @@ fn port_ranges_parse_or_say_what_is_wrong() {
         assert!(err.contains(bad), "{bad}: {err}");
     }
 }
+
+#[test]
+fn two_services_claiming_one_port_leave_it_to_one_gateway_and_move_the_other() {
+    // Gateway a's Service was applied holding 20000; before its watch event arrived, a pass
+    // gave 20000 to b, and b's Service was applied too.
+    let (a, b) = (gateway_and_route("a"), gateway_and_route("b"));
+    let c = compile_ports(
+        (20000, 20009),
+        &[
+            BASE,
+            &a,
+            &b,
+            &existing_service("a", 20000),
+            &existing_service("b", 20000),
+        ],
+    );
+    let internal = |gw: &str| {
+        c.gateway_services.services[&key("web", gw)]
+            .ports
+            .iter()
+            .find(|p| p.port == 80)
+            .map(|p| p.internal)
+    };
+    assert_eq!(
+        internal("a"),
+        Some(20000),
+        "the first in key order keeps it"
+    );
+    let moved = internal("b").expect("b gets a port");
+    assert_ne!(moved, 20000, "b is moved off the port a holds");
+    // Both are served, each on a port of its own (`listener` fails on a missing one).
+    listener(shared(&c), 20000);
+    listener(shared(&c), moved);
+}
