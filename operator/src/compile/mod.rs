@@ -48,7 +48,7 @@ use entries::Entry;
 use proxies::{ProxyAccounts, ProxyNames};
 pub use status::ScopeKey;
 use status::{ObjectKey, StatusDecisions};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 pub use store::{JwksSource, Store};
 
 /// What the compiler needs besides the objects.
@@ -418,20 +418,23 @@ fn assemble(
 
             // Entries by (listener hostname, entry hostname), so each virtual host looks up
             // only the names that can cover it instead of scanning every entry.
-            let mut by_host: BTreeMap<(String, &str), Vec<&Entry>> = BTreeMap::new();
+            // Hashed, not ordered: lookups are by exact name, and at thousands of hosts the
+            // string comparisons of an ordered map were most of a compile.
+            let mut by_host: HashMap<(&str, &str), Vec<&Entry>> =
+                HashMap::with_capacity(port_entries.len());
             for e in &port_entries {
-                let owner = e.listener_hostname.clone().unwrap_or_default();
+                let owner = e.listener_hostname.as_deref().unwrap_or_default();
                 by_host
                     .entry((owner, e.vhost.as_str()))
                     .or_default()
                     .push(e);
             }
-            let mut vhost_names: BTreeSet<String> =
-                port_entries.iter().map(|e| e.vhost.clone()).collect();
+            let mut vhost_names: BTreeSet<&str> =
+                port_entries.iter().map(|e| e.vhost.as_str()).collect();
             vhost_names.extend(
                 port_slots
                     .iter()
-                    .map(|s| s.hostname.clone().unwrap_or_default()),
+                    .map(|s| s.hostname.as_deref().unwrap_or_default()),
             );
             let listener_hosts: BTreeSet<String> = port_slots
                 .iter()
@@ -451,17 +454,14 @@ fn assemble(
                 let Some(owner) = listener_hosts
                     .iter()
                     .filter(|h| {
-                        hostname::listener_covers(
-                            Some(h.as_str()).filter(|h| !h.is_empty()),
-                            &vhost,
-                        )
+                        hostname::listener_covers(Some(h.as_str()).filter(|h| !h.is_empty()), vhost)
                     })
                     .min_by(|a, b| hostname::specificity(a, b))
                 else {
                     continue;
                 };
                 let is_wildcard = vhost.starts_with("*.");
-                let own = by_host.get(&(owner.clone(), vhost.as_str()));
+                let own = by_host.get(&(owner.as_str(), vhost));
                 // A wildcard with single-label (Ingress) entries of its own becomes two virtual
                 // hosts: the multi-label one for deeper hosts, when it has entries of its own
                 // (without, deeper hosts fall through to what covers them), then the
@@ -478,7 +478,7 @@ fn assemble(
                     };
                 for &single_label in variants {
                     let mut chosen: Vec<&Entry> = Vec::new();
-                    for (i, name) in covering_names(&vhost).iter().enumerate() {
+                    for (i, name) in covering_names(vhost).iter().enumerate() {
                         // A single-label entry on "*.P" covers only hosts one label above P:
                         // an exact host's first covering wildcard, or a single-label virtual
                         // host's own name; never a multi-label one.
@@ -487,7 +487,7 @@ fn assemble(
                         } else {
                             i == 1
                         };
-                        if let Some(list) = by_host.get(&(owner.clone(), name.as_str())) {
+                        if let Some(list) = by_host.get(&(owner.as_str(), name.as_str())) {
                             chosen.extend(
                                 list.iter()
                                     .copied()
@@ -517,7 +517,7 @@ fn assemble(
                         }
                     }
                     virtual_hosts.push(snap::VirtualHost {
-                        hostname: vhost.clone(),
+                        hostname: vhost.to_owned(),
                         routes,
                         single_label,
                         terminate_tls: protocol == snap::Protocol::Tls
