@@ -176,6 +176,8 @@ struct StatusTask {
     admin: Arc<crate::admin::State>,
     leader: Arc<AtomicBool>,
     tracer: Option<Arc<coxswain_proxy::trace::Tracer>>,
+    /// For the objects' current status (the compile loop does not wake for status alone).
+    reflector: Reflector,
 }
 
 impl StatusTask {
@@ -184,6 +186,7 @@ impl StatusTask {
             tokio::select! {
                 changed = passes.changed() => if changed.is_err() { return },
                 () = self.hub.changed.notified() => {}
+                () = self.reflector.status_changed.notified() => {}
             }
             // Let the passes settle: status is written from the pass after which none came
             // for `STATUS_SETTLE`, so the objects of one apply are reported together.
@@ -203,10 +206,11 @@ impl StatusTask {
                 continue;
             };
             let mut span = Span::root(self.tracer.as_ref(), "status");
+            let store = self.reflector.with_current_status(&pass.store);
             self.status
-                .write(&pass.store, &pass.compiled, &self.hub, &pass.names)
+                .write(&store, &pass.compiled, &self.hub, &pass.names)
                 .await;
-            self.parameters_status.write(&pass.store).await;
+            self.parameters_status.write(&store).await;
             span.set(
                 "coxswain.leader",
                 self.leader.load(std::sync::atomic::Ordering::Acquire),
@@ -396,6 +400,7 @@ pub async fn run(
             admin: admin.clone(),
             leader: leader.clone(),
             tracer: config.tracer.clone(),
+            reflector: reflector.clone(),
         }
         .run(passes_rx),
     );

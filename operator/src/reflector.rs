@@ -72,8 +72,11 @@ pub struct Reflector {
     gateway_parameters: Cache<CoxswainGatewayParameters>,
     backend_policies: Cache<CoxswainBackendPolicy>,
     access_policies: Cache<CoxswainAccessPolicy>,
-    /// Notified after any cache changed.
+    /// Notified after a cache changed in what the compiler reads.
     pub changed: Arc<Notify>,
+    /// Notified after an object's status alone changed (which compiles nothing): a status
+    /// write that conflicted with another writer's is redone from the newer copy.
+    pub status_changed: Arc<Notify>,
     /// Per kind: has its initial list completed?
     sync: Vec<(String, Arc<AtomicU8>)>,
 }
@@ -152,34 +155,82 @@ impl<K> Default for Objects<K> {
     }
 }
 
+/// When a kind's change calls for a compile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// Any change.
+    Always,
+    /// Not when only the status (or the resourceVersion) changed. For kinds whose status
+    /// subresource this controller writes and whose spec bumps `metadata.generation`: the
+    /// compiler reads no status, so its own status writes would only compile everything again
+    /// for the same result, doubling the passes while routes are created.
+    UnlessOnlyStatus,
+}
+
+/// What one watch event did to a cache.
+struct Applied {
+    /// An object that could not be read, for the caller to report: it is dropped from the map,
+    /// so no older version of it stays compiled.
+    invalid: Option<InvalidObject>,
+    /// Whether the compiler's input changed.
+    changed: bool,
+}
+
+/// Whether `new` differs from `old` in its status and resourceVersion at most: the same object
+/// (uid), the same spec (generation, which the apiserver bumps on every spec change of these
+/// kinds) and the same metadata the compiler reads.
+fn only_status_changed(old: &ObjectMeta, new: &ObjectMeta) -> bool {
+    old.uid.is_some()
+        && old.uid == new.uid
+        && old.generation.is_some()
+        && old.generation == new.generation
+        && old.labels == new.labels
+        && old.annotations == new.annotations
+        && old.deletion_timestamp == new.deletion_timestamp
+        && old.finalizers == new.finalizers
+        && old.owner_references == new.owner_references
+}
+
 impl<K: Resource> Objects<K> {
-    /// Folds in one watch event. Returns the object that could not be read, if any, for the
-    /// caller to report: it is dropped from the map, so no older version of it stays compiled.
-    fn apply(&mut self, event: watcher::Event<DeserializeGuard<K>>) -> Option<InvalidObject> {
+    /// Folds in one watch event.
+    fn apply(&mut self, event: watcher::Event<DeserializeGuard<K>>, wake: Wake) -> Applied {
+        let changed = |invalid| Applied {
+            invalid,
+            changed: true,
+        };
         match event {
             watcher::Event::Init => {
                 self.list += 1;
-                None
+                changed(None)
             }
             watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => match obj.0 {
                 Ok(k) => {
-                    self.by_key.insert(key(k.meta()), (Arc::new(k), self.list));
-                    None
+                    let key = key(k.meta());
+                    let same_input = wake == Wake::UnlessOnlyStatus
+                        && self
+                            .by_key
+                            .get(&key)
+                            .is_some_and(|(old, _)| only_status_changed(old.meta(), k.meta()));
+                    self.by_key.insert(key, (Arc::new(k), self.list));
+                    Applied {
+                        invalid: None,
+                        changed: !same_input,
+                    }
                 }
                 Err(invalid) => {
                     self.by_key.remove(&key(&invalid.metadata));
-                    Some(invalid)
+                    changed(Some(invalid))
                 }
             },
             watcher::Event::Delete(obj) => {
                 self.by_key.remove(&key(obj.meta()));
-                None
+                changed(None)
             }
             // Whatever the list did not return was deleted while the watch was down.
             watcher::Event::InitDone => {
                 let list = self.list;
                 self.by_key.retain(|_, (_, seen)| *seen == list);
-                None
+                changed(None)
             }
         }
     }
@@ -202,7 +253,8 @@ fn write<K>(cache: &Cache<K>) -> std::sync::RwLockWriteGuard<'_, Objects<K>> {
 fn reflect<K>(
     client: &Client,
     config: watcher::Config,
-    changed: Arc<Notify>,
+    wake: Wake,
+    (changed, status_changed): (Arc<Notify>, Arc<Notify>),
     sync: &mut Vec<(String, Arc<AtomicU8>)>,
 ) -> Cache<K>
 where
@@ -223,7 +275,10 @@ where
                 Ok(event) => {
                     let listed = matches!(event, watcher::Event::InitDone);
                     let event = event.modify(strip_unread::<K>);
-                    let invalid = write(&objects).apply(event);
+                    let Applied {
+                        invalid,
+                        changed: compile,
+                    } = write(&objects).apply(event, wake);
                     if let Some(invalid) = invalid {
                         tracing::warn!(
                             %kind,
@@ -236,7 +291,11 @@ where
                     if listed {
                         state.store(SYNCED, Ordering::Release);
                     }
-                    changed.notify_one();
+                    if compile {
+                        changed.notify_one();
+                    } else {
+                        status_changed.notify_one();
+                    }
                 }
                 // Missing CRDs and API hiccups: the watcher backs off and retries.
                 Err(e) => {
@@ -282,36 +341,50 @@ impl Reflector {
     /// and the like are never cached.
     pub fn start(client: &Client) -> Self {
         let changed = Arc::new(Notify::new());
+        let status_changed = Arc::new(Notify::new());
         let all = watcher::Config::default();
         let tls = watcher::Config::default().fields("type=kubernetes.io/tls");
         let opaque = watcher::Config::default().fields("type=Opaque");
         let mut sync = Vec::new();
-        let c = &changed;
+        let c = &(changed.clone(), status_changed.clone());
         let s = &mut sync;
         Self {
-            gateway_classes: reflect(client, all.clone(), c.clone(), s),
-            gateways: reflect(client, all.clone(), c.clone(), s),
-            listener_sets: reflect(client, all.clone(), c.clone(), s),
-            http_routes: reflect(client, all.clone(), c.clone(), s),
-            grpc_routes: reflect(client, all.clone(), c.clone(), s),
-            tls_routes: reflect(client, all.clone(), c.clone(), s),
-            tcp_routes: reflect(client, all.clone(), c.clone(), s),
-            udp_routes: reflect(client, all.clone(), c.clone(), s),
-            backend_tls_policies: reflect(client, all.clone(), c.clone(), s),
-            config_maps: reflect(client, all.clone(), c.clone(), s),
-            reference_grants: reflect(client, all.clone(), c.clone(), s),
-            services: reflect(client, all.clone(), c.clone(), s),
-            endpoint_slices: reflect(client, all.clone(), c.clone(), s),
-            secrets: reflect(client, tls, c.clone(), s),
-            opaque_secrets: reflect(client, opaque, c.clone(), s),
-            namespaces: reflect(client, all.clone(), c.clone(), s),
-            ingresses: reflect(client, all.clone(), c.clone(), s),
-            ingress_classes: reflect(client, all.clone(), c.clone(), s),
-            ingress_class_parameters: reflect(client, all.clone(), c.clone(), s),
-            gateway_parameters: reflect(client, all.clone(), c.clone(), s),
-            backend_policies: reflect(client, all.clone(), c.clone(), s),
-            access_policies: reflect(client, all, c.clone(), s),
+            gateway_classes: reflect(client, all.clone(), Wake::UnlessOnlyStatus, c.clone(), s),
+            gateways: reflect(client, all.clone(), Wake::UnlessOnlyStatus, c.clone(), s),
+            listener_sets: reflect(client, all.clone(), Wake::UnlessOnlyStatus, c.clone(), s),
+            http_routes: reflect(client, all.clone(), Wake::UnlessOnlyStatus, c.clone(), s),
+            grpc_routes: reflect(client, all.clone(), Wake::UnlessOnlyStatus, c.clone(), s),
+            tls_routes: reflect(client, all.clone(), Wake::UnlessOnlyStatus, c.clone(), s),
+            tcp_routes: reflect(client, all.clone(), Wake::UnlessOnlyStatus, c.clone(), s),
+            udp_routes: reflect(client, all.clone(), Wake::UnlessOnlyStatus, c.clone(), s),
+            backend_tls_policies: reflect(
+                client,
+                all.clone(),
+                Wake::UnlessOnlyStatus,
+                c.clone(),
+                s,
+            ),
+            config_maps: reflect(client, all.clone(), Wake::Always, c.clone(), s),
+            reference_grants: reflect(client, all.clone(), Wake::Always, c.clone(), s),
+            services: reflect(client, all.clone(), Wake::Always, c.clone(), s),
+            endpoint_slices: reflect(client, all.clone(), Wake::Always, c.clone(), s),
+            secrets: reflect(client, tls, Wake::Always, c.clone(), s),
+            opaque_secrets: reflect(client, opaque, Wake::Always, c.clone(), s),
+            namespaces: reflect(client, all.clone(), Wake::Always, c.clone(), s),
+            ingresses: reflect(client, all.clone(), Wake::UnlessOnlyStatus, c.clone(), s),
+            ingress_classes: reflect(client, all.clone(), Wake::Always, c.clone(), s),
+            ingress_class_parameters: reflect(
+                client,
+                all.clone(),
+                Wake::UnlessOnlyStatus,
+                c.clone(),
+                s,
+            ),
+            gateway_parameters: reflect(client, all.clone(), Wake::UnlessOnlyStatus, c.clone(), s),
+            backend_policies: reflect(client, all.clone(), Wake::UnlessOnlyStatus, c.clone(), s),
+            access_policies: reflect(client, all, Wake::UnlessOnlyStatus, c.clone(), s),
             changed,
+            status_changed,
             sync,
         }
     }
@@ -327,6 +400,47 @@ impl Reflector {
                 _ => Some(kind.clone()),
             })
             .collect()
+    }
+
+    /// `store` with each object whose status alone has changed since replaced by the cached
+    /// copy: what the status writer compares its decisions with. A pass's own status writes
+    /// compile nothing ([`Wake::UnlessOnlyStatus`]), so without this the next write would
+    /// compare against the copy from before them, write again and conflict. Objects whose
+    /// spec changed keep the pass's copy: their decisions are that pass's, and so must be the
+    /// generation they report.
+    pub fn with_current_status(&self, store: &Store) -> Store {
+        fn newer<K: Resource>(cache: &Cache<K>, objects: &[Arc<K>]) -> Vec<Arc<K>> {
+            let cache = read(cache);
+            objects
+                .iter()
+                .map(|object| match cache.by_key.get(&key(object.meta())) {
+                    Some((cached, _)) if only_status_changed(object.meta(), cached.meta()) => {
+                        Arc::clone(cached)
+                    }
+                    _ => Arc::clone(object),
+                })
+                .collect()
+        }
+        Store {
+            gateway_classes: newer(&self.gateway_classes, &store.gateway_classes),
+            gateways: newer(&self.gateways, &store.gateways),
+            listener_sets: newer(&self.listener_sets, &store.listener_sets),
+            http_routes: newer(&self.http_routes, &store.http_routes),
+            grpc_routes: newer(&self.grpc_routes, &store.grpc_routes),
+            tls_routes: newer(&self.tls_routes, &store.tls_routes),
+            tcp_routes: newer(&self.tcp_routes, &store.tcp_routes),
+            udp_routes: newer(&self.udp_routes, &store.udp_routes),
+            backend_tls_policies: newer(&self.backend_tls_policies, &store.backend_tls_policies),
+            ingresses: newer(&self.ingresses, &store.ingresses),
+            ingress_class_parameters: newer(
+                &self.ingress_class_parameters,
+                &store.ingress_class_parameters,
+            ),
+            gateway_parameters: newer(&self.gateway_parameters, &store.gateway_parameters),
+            backend_policies: newer(&self.backend_policies, &store.backend_policies),
+            access_policies: newer(&self.access_policies, &store.access_policies),
+            ..store.clone()
+        }
     }
 
     /// Every cache's objects, shared, as the compiler's input.
@@ -421,23 +535,95 @@ mod tests {
             Event::Apply(map("a", "y", "1")),
             Event::Apply(map("a", "x", "2")),
         ] {
-            assert!(objects.apply(event).is_none());
+            assert!(objects.apply(event, Wake::Always).invalid.is_none());
         }
         assert_eq!(contents(&objects), ["a/x=2", "a/y=1", "b/x=1"]);
         // A delete carries the last state the watch saw; only its identity matters.
-        objects.apply(Event::Delete(map("a", "y", "0")));
-        objects.apply(Event::Delete(map("c", "z", "0")));
+        objects.apply(Event::Delete(map("a", "y", "0")), Wake::Always);
+        objects.apply(Event::Delete(map("c", "z", "0")), Wake::Always);
         assert_eq!(contents(&objects), ["a/x=2", "b/x=1"]);
+    }
+
+    /// An HTTPRoute-like object: uid, generation, labels.
+    fn versioned(
+        generation: i64,
+        uid: &str,
+        label: &str,
+        value: &str,
+    ) -> DeserializeGuard<ConfigMap> {
+        let mut obj = map("a", "r", value);
+        if let Ok(m) = &mut obj.0 {
+            m.metadata.uid = Some(uid.into());
+            m.metadata.generation = Some(generation);
+            m.metadata.labels = Some([("l".to_string(), label.to_string())].into());
+        }
+        obj
+    }
+
+    #[test]
+    fn a_status_only_change_is_cached_but_compiles_nothing_where_asked() {
+        let mut objects = Objects::default();
+        let wake = Wake::UnlessOnlyStatus;
+        assert!(
+            objects
+                .apply(Event::Apply(versioned(1, "u1", "x", "1")), wake)
+                .changed
+        );
+        // Same uid, generation and metadata: only status (here standing in as data) changed.
+        let applied = objects.apply(Event::Apply(versioned(1, "u1", "x", "2")), wake);
+        assert!(!applied.changed);
+        assert_eq!(
+            contents(&objects),
+            ["a/r=2"],
+            "the newer copy is cached all the same"
+        );
+        for (event, why) in [
+            (
+                versioned(2, "u1", "x", "3"),
+                "a spec change bumps the generation",
+            ),
+            (
+                versioned(2, "u1", "y", "3"),
+                "labels are read by the compiler",
+            ),
+            (
+                versioned(2, "u2", "y", "3"),
+                "a new object under the same name",
+            ),
+        ] {
+            assert!(objects.apply(Event::Apply(event), wake).changed, "{why}");
+        }
+        // Objects without a generation (core kinds) always count as changed.
+        let mut objects = Objects::default();
+        objects.apply(Event::Apply(map("a", "x", "1")), wake);
+        assert!(
+            objects
+                .apply(Event::Apply(map("a", "x", "2")), wake)
+                .changed
+        );
+        // Kinds that always wake do so for status-only changes too.
+        let mut objects = Objects::default();
+        objects.apply(Event::Apply(versioned(1, "u1", "x", "1")), Wake::Always);
+        assert!(
+            objects
+                .apply(Event::Apply(versioned(1, "u1", "x", "2")), Wake::Always)
+                .changed
+        );
+        assert!(
+            objects
+                .apply(Event::Delete(versioned(1, "u1", "x", "2")), wake)
+                .changed
+        );
     }
 
     #[test]
     fn snapshots_share_the_cached_objects() {
         let mut objects = Objects::default();
-        objects.apply(Event::Apply(map("a", "x", "1")));
+        objects.apply(Event::Apply(map("a", "x", "1")), Wake::Always);
         let (first, second) = (objects.shared(), objects.shared());
         assert!(Arc::ptr_eq(&first[0], &second[0]));
         // A replacement is a new object; the pass holding the old one keeps it.
-        objects.apply(Event::Apply(map("a", "x", "2")));
+        objects.apply(Event::Apply(map("a", "x", "2")), Wake::Always);
         assert!(!Arc::ptr_eq(&first[0], &objects.shared()[0]));
         assert_eq!(first[0].data.as_ref().map(|d| d["v"].as_str()), Some("1"));
     }
@@ -445,46 +631,49 @@ mod tests {
     #[test]
     fn a_relist_updates_in_place_and_drops_what_it_did_not_see_when_done() {
         let mut objects = Objects::default();
-        objects.apply(Event::Init);
-        objects.apply(Event::InitApply(map("a", "x", "1")));
-        objects.apply(Event::InitApply(map("a", "y", "1")));
-        objects.apply(Event::InitDone);
+        objects.apply(Event::Init, Wake::Always);
+        objects.apply(Event::InitApply(map("a", "x", "1")), Wake::Always);
+        objects.apply(Event::InitApply(map("a", "y", "1")), Wake::Always);
+        objects.apply(Event::InitDone, Wake::Always);
         assert_eq!(contents(&objects), ["a/x=1", "a/y=1"]);
-        objects.apply(Event::Apply(map("a", "z", "1")));
+        objects.apply(Event::Apply(map("a", "z", "1")), Wake::Always);
 
         // The watch restarts: a/y and a/z were deleted meanwhile, a/x changed, b/w appeared.
-        objects.apply(Event::Init);
-        objects.apply(Event::InitApply(map("a", "x", "2")));
-        objects.apply(Event::InitApply(map("b", "w", "1")));
+        objects.apply(Event::Init, Wake::Always);
+        objects.apply(Event::InitApply(map("a", "x", "2")), Wake::Always);
+        objects.apply(Event::InitApply(map("b", "w", "1")), Wake::Always);
         assert_eq!(
             contents(&objects),
             ["a/x=2", "a/y=1", "a/z=1", "b/w=1"],
             "until the list is done, what it has not returned yet may still be coming"
         );
-        objects.apply(Event::InitDone);
+        objects.apply(Event::InitDone, Wake::Always);
         assert_eq!(contents(&objects), ["a/x=2", "b/w=1"]);
     }
 
     #[test]
     fn an_unreadable_update_removes_the_older_readable_copy() {
         let mut objects = Objects::default();
-        objects.apply(Event::Apply(map("a", "x", "1")));
-        objects.apply(Event::Apply(map("a", "y", "1")));
-        let invalid = objects.apply(Event::Apply(unreadable("a", "x")));
+        objects.apply(Event::Apply(map("a", "x", "1")), Wake::Always);
+        objects.apply(Event::Apply(map("a", "y", "1")), Wake::Always);
+        let invalid = objects
+            .apply(Event::Apply(unreadable("a", "x")), Wake::Always)
+            .invalid;
         assert_eq!(
             invalid.map(|i| (i.metadata.name, i.error)),
             Some((Some("x".into()), "data: invalid type".into()))
         );
         assert_eq!(contents(&objects), ["a/y=1"]);
         // Also during a relist: the unreadable object is not kept until the list is done.
-        objects.apply(Event::Init);
+        objects.apply(Event::Init, Wake::Always);
         assert!(
             objects
-                .apply(Event::InitApply(unreadable("a", "y")))
+                .apply(Event::InitApply(unreadable("a", "y")), Wake::Always)
+                .invalid
                 .is_some()
         );
         assert!(contents(&objects).is_empty());
-        objects.apply(Event::InitDone);
+        objects.apply(Event::InitDone, Wake::Always);
         assert!(contents(&objects).is_empty());
     }
 

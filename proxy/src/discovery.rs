@@ -180,10 +180,12 @@ async fn session(
             continue;
         };
         let version = snapshot.version.clone();
+        let started = std::time::Instant::now();
         // All or nothing: a snapshot that does not build leaves the current table serving.
         match table.build(&snapshot) {
             Ok(t) => {
                 table.store(t);
+                let build_us = started.elapsed().as_micros();
                 let errors = listeners.sync().await;
                 for e in &errors {
                     tracing::error!(error = %e, "listener not bound");
@@ -219,7 +221,7 @@ async fn session(
                         listeners: bound,
                     })))
                     .await;
-                tracing::info!(%version, ports = ?listeners.ports(), "snapshot applied");
+                tracing::info!(%version, build_us, ports = ?listeners.ports(), "snapshot applied");
             }
             Err(e) => {
                 tracing::error!(%version, error = %e, "snapshot refused; still serving the previous one");
