@@ -178,6 +178,32 @@ async fn a_proxy_bootstraps_subscribes_serves_and_survives_the_controller() {
     }
     assert!(switched, "the proxy never picked up the change");
 
+    // 4. A snapshot past gRPC's default 4 MiB message limit (a cluster of some 25,000 routes)
+    // is received and served too.
+    let third_backend = backend("third", Duration::ZERO);
+    let mut large = compiled_snapshot(listen, third_backend);
+    let padding: Vec<snap::VirtualHost> = (0..40_000)
+        .map(|i| snap::VirtualHost {
+            hostname: format!("pad{i}.{}.{}.example", "a".repeat(60), "b".repeat(60)),
+            ..Default::default()
+        })
+        .collect();
+    large.listeners[0].virtual_hosts.extend(padding);
+    let large = large.seal();
+    let size = prost::Message::encoded_len(&large);
+    assert!(size > 4 << 20, "only {size} bytes");
+    hub.publish(ScopeKey::SharedPool, large);
+    let mut served = false;
+    for _ in 0..300 {
+        let r = get(listen, "/").await.unwrap();
+        if r.ends_with("third") {
+            served = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(served, "the proxy never served the {size}-byte snapshot");
+
     let _ = stop_proxy.send(());
     proxy.await.unwrap().unwrap();
 }

@@ -329,6 +329,7 @@ impl Discovery for DiscoveryService {
                     if tx.send(Ok(push)).await.is_err() {
                         break;
                     }
+                    tracing::debug!(node = %key.1, version = %s.version, "snapshot queued for the proxy");
                 }
                 tokio::select! {
                     changed = snapshots.changed() => {
@@ -382,12 +383,19 @@ pub async fn serve(
         .identity(Identity::from_pem(cert_pem, key_pem))
         .client_ca_root(Certificate::from_pem(ca_pem))
         .client_auth_optional(false);
+    // Without TCP_NODELAY the tail of each snapshot waited for the proxy's delayed ACK: a
+    // steady 40-50 ms per push (tonic sets it only on listeners it binds itself).
+    let incoming = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::TcpListenerStream::new(listener),
+        |accepted| {
+            let stream = accepted?;
+            stream.set_nodelay(true)?;
+            Ok::<_, std::io::Error>(stream)
+        },
+    );
     Server::builder()
         .tls_config(tls)?
         .add_service(DiscoveryServer::new(service))
-        .serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(listener),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(incoming, shutdown)
         .await
 }
