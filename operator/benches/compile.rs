@@ -62,6 +62,11 @@ fn bench(c: &mut Criterion) {
     if let Some(routes) = env_count("COXSWAIN_BENCH_ROUTES") {
         let store = large_store(routes, routes, (routes / 10).max(1));
         let config = compile::Config::default();
+        let snapshot = &compile::compile(&store, &config).snapshots[&compile::ScopeKey::SharedPool];
+        eprintln!(
+            "{routes} routes: the shared pool's snapshot encodes to {} bytes",
+            prost::Message::encoded_len(snapshot)
+        );
         let mut group = c.benchmark_group("compile");
         group.sample_size(10);
         group.bench_function(format!("{routes}_httproutes_one_host_each"), |b| {

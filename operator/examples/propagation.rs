@@ -347,7 +347,10 @@ async fn main() {
             .args(["--metrics-addr", &format!("127.0.0.1:{controller_metrics}")])
             .env("KUBECONFIG", cluster.kubeconfig())
             .env("COXSWAIN_NAMESPACE", &ns)
-            .env("COXSWAIN_LOG", "info")
+            .env(
+                "COXSWAIN_LOG",
+                std::env::var("COXSWAIN_BENCH_CONTROLLER_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log_file(&logs, "controller.log"))
             .stderr(log_file(&logs, "controller.err"))
@@ -453,7 +456,10 @@ spec:
             .args(["--health-addr", &format!("127.0.0.1:{}", free_port())])
             .args(["--metrics-addr", &format!("127.0.0.1:{proxy_metrics}")])
             .env_remove("KUBECONFIG")
-            .env("COXSWAIN_LOG", "info")
+            .env(
+                "COXSWAIN_LOG",
+                std::env::var("COXSWAIN_BENCH_PROXY_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log_file(&logs, "proxy.log"))
             .stderr(log_file(&logs, "proxy.err"))
@@ -580,6 +586,7 @@ spec:
         let name = format!("n{i}");
         let host = format!("{name}.bench.example");
         let t0 = Instant::now();
+        let sent_at = time::OffsetDateTime::now_utc();
         routes
             .create(
                 &PostParams::default(),
@@ -587,8 +594,18 @@ spec:
             )
             .await
             .unwrap();
+        let created = t0.elapsed();
         wait_answer(listen, &host, None, t0).await;
         create_latencies.push(t0.elapsed());
+        // COXSWAIN_BENCH_TRACE=1: when each create was sent, to line up with the controller's
+        // and the proxy's logs (COXSWAIN_BENCH_CONTROLLER_LOG=coxswain_operator=debug).
+        if std::env::var_os("COXSWAIN_BENCH_TRACE").is_some() {
+            eprintln!(
+                "create {name}: sent at {sent_at}, POST answered after {} ms, 200 after {} ms",
+                created.as_millis(),
+                t0.elapsed().as_millis()
+            );
+        }
     }
     let create_line = distribution(&mut create_latencies);
     println!(

@@ -411,6 +411,7 @@ pub async fn run(
             () = jwks.changed.notified() => {}
             () = &mut stop => break,
         }
+        let woke = std::time::Instant::now();
         coalesce(&reflector.changed).await;
         let unsynced = reflector.unsynced();
         if !unsynced.is_empty() {
@@ -477,6 +478,11 @@ pub async fn run(
             hub.publish(scope.clone(), published);
         }
         publishing.end();
+        tracing::debug!(
+            since_woken_us = woke.elapsed().as_micros(),
+            compile_us = started.elapsed().as_micros(),
+            "snapshots published"
+        );
         // Shared Gateways' Services right away, as their internal ports are allocated: the
         // allocation lives in the Services, so the next pass must find them there.
         gateway_services
