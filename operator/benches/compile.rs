@@ -6,6 +6,11 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
 use std::path::Path;
 
+/// The controller's allocator (operator/src/main.rs): glibc's spends a quarter of a large
+/// compile consolidating and unlinking chunks, which the controller never pays.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn large_store(routes: usize, hosts: usize, services: usize) -> Store {
     let mut yaml = String::from(
         "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: coxswain}\n\
