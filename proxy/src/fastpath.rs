@@ -22,7 +22,7 @@ use crate::http1;
 use crate::limits::Limits;
 use crate::request::{self, Arrival, Body, Decision, Head, Version};
 use crate::table::SharedTable;
-use crate::upstream::{ClusterState, REFUSED_ATTEMPTS, may_connect_again, pool};
+use crate::upstream::{ClusterState, may_connect_again, pool};
 use coxswain_api::snapshot as snap;
 use heads::{edited_response_head, without_content_length, write_upstream_head};
 use read::{BodyRead, HeadRead, read_body, read_head};
@@ -546,7 +546,8 @@ async fn exchange(
     // request is sent again, once, on a fresh connection; any other may have been acted on.
     // A connection that cannot be opened sent nothing: another endpoint is tried.
     let mut resent = false;
-    let mut refused = [plan.endpoint; REFUSED_ATTEMPTS];
+    // Endpoints whose connect failed; allocated only when one does.
+    let mut tried: Vec<usize> = Vec::new();
     let (mut failed, mut slow) = (0, 0);
     let (mut upstream, sent) = loop {
         let target = plan.upstream;
@@ -561,13 +562,15 @@ async fn exchange(
                     tracing::debug!(upstream = %target, error = %e, "connect failed");
                     plan.cluster
                         .record(plan.endpoint, true, &env.limits.outlier);
-                    refused[failed] = plan.endpoint;
+                    tried.push(plan.endpoint);
                     failed += 1;
                     if e.kind() != std::io::ErrorKind::ConnectionRefused {
                         slow += 1;
                     }
+                    let newest = env.table.load().router.cluster(&plan.cluster.name).cloned();
+                    plan.cluster = plan.cluster.newest(newest.as_ref(), &mut tried);
                     match may_connect_again(failed, slow)
-                        .then(|| plan.cluster.pick_excluding(&refused[..failed]))
+                        .then(|| plan.cluster.pick_excluding(&tried))
                         .flatten()
                     {
                         Some(next) => {

@@ -531,6 +531,33 @@ impl ClusterState {
             .or_else(|| candidates().find(untried))
     }
 
+    /// Where a request whose connect failed picks its next endpoint: this cluster as the
+    /// current table holds it (`newest`), when a snapshot replaced it since the request began.
+    /// A connect can wait seconds on a Pod that went away (no route to host, or silence until
+    /// the connect limit) while the snapshot without it arrives; the request's own copy would
+    /// offer the other vanished Pods next (scaling 10 -> 2 replicas: 8 of 10). The endpoints
+    /// in `tried` are carried over by address; those gone from `newest` drop out.
+    pub fn newest(
+        self: &Arc<Self>,
+        newest: Option<&Arc<Self>>,
+        tried: &mut Vec<usize>,
+    ) -> Arc<Self> {
+        let Some(newest) = newest.filter(|n| !Arc::ptr_eq(n, self)) else {
+            return Arc::clone(self);
+        };
+        let addresses: Vec<SocketAddr> = tried
+            .iter()
+            .filter_map(|&i| self.endpoints.get(i).copied())
+            .collect();
+        tried.clear();
+        tried.extend(
+            addresses
+                .iter()
+                .filter_map(|a| newest.endpoints.iter().position(|e| e == a)),
+        );
+        Arc::clone(newest)
+    }
+
     /// How a request to `endpoint` went: a refused connection or a 5xx answer is a failure,
     /// and enough of them in a row eject it (see `outlier`).
     pub fn record(&self, endpoint: usize, failed: bool, settings: &outlier::Settings) {

@@ -995,3 +995,80 @@ clusters:
         proxy.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_a_failed_connect_picks_from_the_newest_endpoints() {
+    // Three endpoints that never accept, as Pods gone during a scale-down, then a snapshot
+    // that has only the Pod still running.
+    const BEFORE: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: scaled, rule: 0}
+      backends: [{cluster: "t/scaled:80", weight: 1}]
+clusters:
+- name: t/scaled:80
+  endpoints:
+  - {address: 127.0.0.1, port: {HOLE1}, ready: true}
+  - {address: 127.0.0.1, port: {HOLE2}, ready: true}
+  - {address: 127.0.0.1, port: {HOLE3}, ready: true}
+"#;
+    let holes = [blackhole().await, blackhole().await, blackhole().await];
+    for fast_path in [true, false] {
+        let engine = if fast_path { "fast path" } else { "pingora" };
+        let (good, good_hits) = echo_backend_with_hits("good").await;
+        let port = free_port();
+        let mut vars = vec![("PORT", port.to_string())];
+        for (name, (hole, _)) in ["HOLE1", "HOLE2", "HOLE3"].into_iter().zip(&holes) {
+            vars.push((name, hole.port().to_string()));
+        }
+        let before = snapshot(BEFORE, &vars);
+        let after_yaml = BEFORE
+            .replace("{HOLE1}", "{GOOD}")
+            .replace("  - {address: 127.0.0.1, port: {HOLE2}, ready: true}\n", "")
+            .replace("  - {address: 127.0.0.1, port: {HOLE3}, ready: true}\n", "");
+        let after = snapshot(
+            &after_yaml,
+            &[
+                ("PORT", port.to_string()),
+                ("GOOD", good.port().to_string()),
+            ],
+        );
+        let limit = std::time::Duration::from_millis(1500);
+        let proxy = Proxy::start_with(
+            &before,
+            Limits {
+                upstream_connect: limit,
+                ..no_ejection(fast_path)
+            },
+        )
+        .await;
+        let url = format!("http://127.0.0.1:{port}/");
+        let started = std::time::Instant::now();
+        let sent = tokio::spawn(async move {
+            let client = shared_client();
+            request(&client, "GET", &url, &[]).await
+        });
+        // The request is on its first connect (it waits `limit` there) when the snapshot
+        // without the vanished endpoints arrives.
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        proxy.update(&after);
+        proxy.wait_ready(&after.version).await;
+        let answer = sent.await.unwrap().unwrap();
+        let took = started.elapsed();
+        assert!(
+            took >= limit,
+            "{engine}: answered after {took:?}, before the first connect could time out: the \
+             request did not start on the old endpoints, so this run tested nothing"
+        );
+        // Its own copy of the cluster would have sent it to the two other holes: 502 after
+        // three slow connects.
+        assert_eq!(answer.status, 200, "{engine}: after {took:?}");
+        assert_eq!(good_hits.load(Ordering::Relaxed), 1, "{engine}");
+        assert!(took < limit * 2, "{engine}: took {took:?}");
+        proxy.stop().await;
+    }
+}

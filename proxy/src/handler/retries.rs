@@ -110,6 +110,9 @@ impl Gateway {
         if *e.etype() != pingora::ErrorType::ConnectRefused {
             ctx.slow_connect_failures += 1;
         }
+        let newest = self.table.load().router.cluster(&cluster.name).cloned();
+        let cluster = cluster.newest(newest.as_ref(), &mut ctx.tried);
+        ctx.cluster = Some(cluster.clone());
         let in_time = ctx
             .policy
             .as_ref()
