@@ -23,14 +23,14 @@ use crate::limits::Limits;
 use crate::request::{self, Arrival, Body, Decision, Head, Version};
 use crate::table::SharedTable;
 use crate::upstream::{ClusterState, may_connect_again, pool};
+use backend::{connect, read_more, write_both};
 use coxswain_api::snapshot as snap;
 use heads::{edited_response_head, without_content_length, write_upstream_head};
 use read::{BodyRead, HeadRead, read_body, read_head};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::AsyncWriteExt;
 use tokio::sync::watch;
 
 /// Header fields parsed in place; a request with more is counted by Pingora.
@@ -562,27 +562,15 @@ async fn exchange(
                     tracing::debug!(upstream = %target, error = %e, "connect failed");
                     plan.cluster
                         .record(plan.endpoint, true, &env.limits.outlier);
-                    tried.push(plan.endpoint);
                     failed += 1;
                     if e.kind() != std::io::ErrorKind::ConnectionRefused {
                         slow += 1;
                     }
-                    let newest = env.table.load().router.cluster(&plan.cluster.name).cloned();
-                    plan.cluster = plan.cluster.newest(newest.as_ref(), &mut tried);
-                    match may_connect_again(failed, slow)
-                        .then(|| plan.cluster.pick_excluding(&tried))
-                        .flatten()
-                    {
-                        Some(next) => {
-                            crate::metrics::Metrics::count(&env.table.metrics().connect_retries);
-                            plan.endpoint = next;
-                            plan.upstream = plan.cluster.addr(next);
-                            plan.in_flight = None;
-                            plan.in_flight = plan.cluster.start(next);
-                            continue;
-                        }
-                        None => return Err(502),
+                    if may_connect_again(failed, slow) && plan.move_on(env, &mut tried) {
+                        crate::metrics::Metrics::count(&env.table.metrics().connect_retries);
+                        continue;
                     }
+                    return Err(502);
                 }
             },
         };
@@ -599,10 +587,18 @@ async fn exchange(
             plan.cluster
                 .record(plan.endpoint, true, &env.limits.outlier);
         }
-        if !reused || resent || !plan.idempotent {
+        if resent || !plan.idempotent {
             return Err(502);
         }
         resent = true;
+        // Nothing of the answer came: on a new connection, an idempotent request goes once
+        // more to another endpoint (as on Pingora: `Gateway::resend_elsewhere` says why).
+        if !reused {
+            if !plan.move_on(env, &mut tried) {
+                return Err(502);
+            }
+            crate::metrics::Metrics::count(&env.table.metrics().broken_resends);
+        }
     };
     // Response heads: 1xx interim ones are passed on, then the final one.
     let head = loop {
@@ -744,45 +740,6 @@ async fn write_head(
     }
 }
 
-/// Writes a request's head and body with as few sends as the socket allows: with Nagle off, a
-/// write each would put them in separate segments.
-/// Opens a connection to a backend within `limit`; past it, a timed-out error.
-async fn connect(target: SocketAddr, limit: std::time::Duration) -> std::io::Result<TcpStream> {
-    match tokio::time::timeout(limit, TcpStream::connect(target)).await {
-        Ok(result) => result,
-        Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
-    }
-}
-
-async fn write_both(up: &mut TcpStream, head: &[u8], body: &[u8]) -> std::io::Result<()> {
-    if body.is_empty() {
-        return up.write_all(head).await;
-    }
-    let (mut head, mut body) = (head, body);
-    while !head.is_empty() {
-        let parts = [std::io::IoSlice::new(head), std::io::IoSlice::new(body)];
-        let n = up.write_vectored(&parts).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        if n >= head.len() {
-            body = &body[n - head.len()..];
-            head = &[];
-        } else {
-            head = &head[n..];
-        }
-    }
-    up.write_all(body).await
-}
-
-/// Reads what is available into the spare capacity of `buf`.
-async fn read_more(up: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<usize> {
-    if buf.capacity() - buf.len() < 4096 {
-        buf.reserve(16 * 1024);
-    }
-    up.read_buf(buf).await
-}
-
 /// The answers this path writes itself; the connection closes after each.
 pub fn status_response(status: u16) -> &'static [u8] {
     match status {
@@ -796,6 +753,7 @@ pub fn status_response(status: u16) -> &'static [u8] {
     }
 }
 
+mod backend;
 mod heads;
 mod read;
 #[cfg(test)]

@@ -58,6 +58,9 @@ pub struct Metrics {
     pub relay_idle_closed: AtomicU64,
     /// Requests sent to another endpoint because connecting to the one picked failed.
     pub connect_retries: AtomicU64,
+    /// Idempotent requests without a retry policy sent once more, to another endpoint,
+    /// because their new connection broke before any of the answer came.
+    pub broken_resends: AtomicU64,
     /// Requests sent again under their route's retry policy: an answer it retries, the
     /// backend request timeout, or a connection that broke before the answer.
     pub policy_retries: AtomicU64,
@@ -263,6 +266,11 @@ impl Metrics {
                 "coxswain_proxy_upstream_connect_retries_total",
                 "Requests sent to another endpoint because connecting to the one picked failed.",
                 &self.connect_retries,
+            ),
+            (
+                "coxswain_proxy_upstream_broken_resends_total",
+                "Idempotent requests without a retry policy sent once more, to another endpoint, because their new backend connection broke before any of the answer came.",
+                &self.broken_resends,
             ),
             (
                 "coxswain_proxy_upstream_retries_total",

@@ -1072,3 +1072,81 @@ clusters:
         proxy.stop().await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotent_request_whose_new_connection_broke_goes_once_to_another_endpoint() {
+    // A Pod shutting down accepts and resets in the moment before its EndpointSlice says so.
+    // Without a retry policy, GET goes once more, elsewhere; POST may have been acted on.
+    const TWO: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: two, rule: 0}
+      backends: [{cluster: "t/two:80", weight: 1}]
+clusters:
+- name: t/two:80
+  endpoints:
+  - {address: 127.0.0.1, port: {DROPPER}, ready: true}
+  - {address: 127.0.0.1, port: {GOOD}, ready: true}
+"#;
+    for fast_path in [true, false] {
+        let engine = if fast_path { "fast path" } else { "pingora" };
+        let (good, good_hits) = echo_backend_with_hits("good").await;
+        let (dropper, mut dropped, _) = raw_backend(|_r| RawAnswer::Close).await;
+        let port = free_port();
+        let snap = snapshot(
+            TWO,
+            &[
+                ("PORT", port.to_string()),
+                ("DROPPER", dropper.port().to_string()),
+                ("GOOD", good.port().to_string()),
+            ],
+        );
+        let proxy = Proxy::start_with(&snap, no_ejection(fast_path)).await;
+        let client = shared_client();
+        let url = format!("http://127.0.0.1:{port}/");
+        let mut drain = || {
+            let mut n = 0;
+            while dropped.try_recv().is_ok() {
+                n += 1;
+            }
+            n
+        };
+        for i in 0..20 {
+            let r = request(&client, "GET", &url, &[]).await.unwrap();
+            assert_eq!(r.status, 200, "{engine}: GET {i}");
+        }
+        let resent = drain();
+        assert!(
+            resent > 0,
+            "{engine}: round robin never picked the dropping endpoint"
+        );
+        assert_eq!(good_hits.load(Ordering::Relaxed), 20, "{engine}");
+        assert_eq!(
+            proxy
+                .metric("coxswain_proxy_upstream_broken_resends_total")
+                .await,
+            resent as u64,
+            "{engine}"
+        );
+        // POST is not idempotent: the one that reached the dropper fails, and only it saw it.
+        let mut failed = 0;
+        for _ in 0..4 {
+            let r = request(&client, "POST", &url, &[]).await.unwrap();
+            if r.status == 502 {
+                failed += 1;
+            } else {
+                assert_eq!(r.status, 200, "{engine}");
+            }
+        }
+        assert!(
+            failed > 0,
+            "{engine}: no POST reached the dropping endpoint"
+        );
+        assert_eq!(drain(), failed, "{engine}: a POST was sent twice");
+        proxy.stop().await;
+    }
+}

@@ -1,5 +1,6 @@
 use super::read::head_end;
 use super::*;
+use tokio::io::AsyncReadExt;
 
 #[test]
 fn head_end_finds_the_empty_line() {

@@ -85,12 +85,48 @@ impl Gateway {
                 .as_ref()
                 .and_then(|p| p.retry.as_ref())
                 .is_some_and(|r| r.allows(method));
-        if !allowed || truncated {
+        // The connection broke (not a timeout) before any of the answer came.
+        let broke = !ctx.answer_started
+            && *e.esource() == pingora::ErrorSource::Upstream
+            && attempt_failure(e.etype())
+            && !matches!(
+                e.etype(),
+                pingora::ErrorType::ReadTimedout | pingora::ErrorType::WriteTimedout
+            );
+        if !allowed || truncated || (broke && ctx.resent) {
             e.set_retry(false);
+        } else if broke && !client_reused && request::idempotent(method) {
+            // A new connection: as on the fast path, once more, to another endpoint.
+            e.set_retry(self.resend_elsewhere(ctx));
         } else {
             e.retry.decide_reuse(client_reused);
+            // A pooled connection found closed: sent again, once, to the same endpoint.
+            ctx.resent |= broke && e.retry();
         }
         e
+    }
+
+    /// Without a retry policy, an idempotent request whose new connection broke before any
+    /// of the answer came goes once more, to another endpoint (never the same one): a Pod
+    /// shutting down resets connections it accepted in the moment before its EndpointSlice
+    /// says so. nginx's default (`proxy_next_upstream error timeout`) resends these too.
+    /// False when there is no other endpoint.
+    fn resend_elsewhere(&self, ctx: &mut Ctx) -> bool {
+        let Some(cluster) = ctx.cluster.clone() else {
+            return false;
+        };
+        ctx.resent = true;
+        ctx.tried.push(ctx.endpoint);
+        let newest = self.table.load().router.cluster(&cluster.name).cloned();
+        let cluster = cluster.newest(newest.as_ref(), &mut ctx.tried);
+        ctx.cluster = Some(cluster.clone());
+        let Some(next) = cluster.pick_excluding(&ctx.tried) else {
+            return false;
+        };
+        crate::metrics::Metrics::count(&self.table.metrics().broken_resends);
+        ctx.endpoint = next;
+        ctx.upstream = Some(cluster.addr(next));
+        true
     }
 
     /// A connection that could not be opened sent nothing: the request goes to another
