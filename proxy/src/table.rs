@@ -4,6 +4,7 @@
 use crate::metrics::Metrics;
 use crate::router::{BuildError, Router};
 use crate::tls::{CertError, TlsStore};
+use crate::upstream::ClusterState;
 use arc_swap::ArcSwap;
 use coxswain_api::snapshot::{Snapshot, feature};
 use std::sync::Arc;
@@ -115,6 +116,17 @@ impl Default for SharedTable {
 impl SharedTable {
     pub fn load(&self) -> arc_swap::Guard<Arc<Table>> {
         self.inner.load()
+    }
+
+    /// `cluster` as the current table holds it, for a request whose attempt failed; see
+    /// [`ClusterState::newest`] (`tried` is carried over by address).
+    pub fn current_cluster(
+        &self,
+        cluster: &Arc<ClusterState>,
+        tried: &mut Vec<usize>,
+    ) -> Arc<ClusterState> {
+        let current = self.load().router.cluster(&cluster.name).cloned();
+        cluster.newest(current.as_ref(), tried)
     }
 
     /// Builds the table to swap in for the current one, sharing the routes they have in

@@ -14,8 +14,7 @@ impl Plan {
     /// endpoint was tried.
     pub(super) fn move_on(&mut self, env: &Env<'_>, tried: &mut Vec<usize>) -> bool {
         tried.push(self.endpoint);
-        let newest = env.table.load().router.cluster(&self.cluster.name).cloned();
-        self.cluster = self.cluster.newest(newest.as_ref(), tried);
+        self.cluster = env.table.current_cluster(&self.cluster, tried);
         let Some(next) = self.cluster.pick_excluding(tried) else {
             return false;
         };

@@ -116,10 +116,7 @@ impl Gateway {
             return false;
         };
         ctx.resent = true;
-        ctx.tried.push(ctx.endpoint);
-        let newest = self.table.load().router.cluster(&cluster.name).cloned();
-        let cluster = cluster.newest(newest.as_ref(), &mut ctx.tried);
-        ctx.cluster = Some(cluster.clone());
+        let cluster = self.after_failure(ctx, &cluster);
         let Some(next) = cluster.pick_excluding(&ctx.tried) else {
             return false;
         };
@@ -127,6 +124,20 @@ impl Gateway {
         ctx.endpoint = next;
         ctx.upstream = Some(cluster.addr(next));
         true
+    }
+
+    /// After an attempt on `ctx.endpoint` failed before any of the answer came: marks it
+    /// tried and takes `cluster` as the current table holds it (as the fast path's
+    /// `Plan::move_on`), for the next endpoint to come from.
+    fn after_failure(
+        &self,
+        ctx: &mut Ctx,
+        cluster: &std::sync::Arc<crate::upstream::ClusterState>,
+    ) -> std::sync::Arc<crate::upstream::ClusterState> {
+        ctx.tried.push(ctx.endpoint);
+        let current = self.table.current_cluster(cluster, &mut ctx.tried);
+        ctx.cluster = Some(current.clone());
+        current
     }
 
     /// A connection that could not be opened sent nothing: the request goes to another
@@ -141,14 +152,11 @@ impl Gateway {
             return e;
         };
         cluster.record(ctx.endpoint, true, &self.limits.outlier);
-        ctx.tried.push(ctx.endpoint);
         ctx.connect_failures += 1;
         if *e.etype() != pingora::ErrorType::ConnectRefused {
             ctx.slow_connect_failures += 1;
         }
-        let newest = self.table.load().router.cluster(&cluster.name).cloned();
-        let cluster = cluster.newest(newest.as_ref(), &mut ctx.tried);
-        ctx.cluster = Some(cluster.clone());
+        let cluster = self.after_failure(ctx, &cluster);
         let in_time = ctx
             .policy
             .as_ref()
