@@ -23,6 +23,7 @@ use coxswain_api::crd::accesspolicy::{
 };
 use coxswain_api::snapshot as snap;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
 const DEFAULT_REALM: &str = "Authentication Required";
@@ -374,7 +375,7 @@ fn target_problem(
 
 /// Gives each HTTPRoute and GRPCRoute rule the features of the most specific policy setting them, and
 /// records under which Gateways each policy took effect.
-pub fn apply(out: &mut Output, entries: &mut [Entry]) {
+pub fn apply(out: &mut Output, entries: &mut [Arc<Entry>]) {
     if out.held.is_empty() {
         return;
     }
@@ -418,6 +419,12 @@ pub fn apply(out: &mut Output, entries: &mut [Entry]) {
             ));
         }
         let holders: Vec<&Held> = candidates.iter().filter_map(|c| out.held.get(c)).collect();
+        if holders.is_empty() {
+            continue;
+        }
+        // Entries are shared with the incremental compiler's last pass: copied only when
+        // a policy changes them.
+        let entry = Arc::make_mut(entry);
         let auth = holders.iter().find(|h| h.basic_auth.is_some());
         let jwt = holders.iter().find(|h| h.jwt.is_some());
         let limit = holders.iter().find(|h| h.rate_limit.is_some());

@@ -11,11 +11,12 @@ use super::entries::Entry;
 use super::status::{ObjectKey, ScopeKey};
 use coxswain_api::snapshot::{self as snap, filter::Kind};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Moves the shared-pool routes of each Gateway in `certificates` (Gateway -> certificate
 /// name) onto clusters of its own for their TLS backends, and adds those clusters.
 pub fn give_own_clusters(
-    entries: &mut [Entry],
+    entries: &mut [Arc<Entry>],
     clusters: &mut Vec<snap::Cluster>,
     certificates: &BTreeMap<ObjectKey, String>,
 ) {
@@ -32,10 +33,10 @@ pub fn give_own_clusters(
         .iter_mut()
         .filter(|e| e.scope == ScopeKey::SharedPool)
     {
-        let Some((gateway, _)) = &e.parent else {
+        let Some((gateway, _)) = e.parent.clone() else {
             continue;
         };
-        let Some(certificate) = certificates.get(gateway) else {
+        let Some(certificate) = certificates.get(&gateway) else {
             continue;
         };
         let mut rename = |name: &mut String| {
@@ -55,7 +56,8 @@ pub fn give_own_clusters(
             });
             *name = variant;
         };
-        let route = &mut e.route;
+        // Shared with the incremental compiler's last pass: copied only for such a Gateway.
+        let route = &mut Arc::make_mut(e).route;
         for b in &mut route.backends {
             rename(&mut b.cluster);
             for f in &mut b.filters {

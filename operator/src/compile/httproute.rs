@@ -9,6 +9,7 @@ use super::backend::Referrer;
 use super::entries::{Entry, PrecedenceKey};
 use super::gateway::ServedGateway;
 use super::hostname;
+use super::incremental::Read;
 use super::listeners::AcceptedListener;
 use super::refs::{GATEWAY_GROUP, Index};
 use super::route::{RouteForm, RouteKind};
@@ -17,10 +18,12 @@ use super::status::{Condition, ObjectKey, ParentRef, Problem, RouteParentStatus,
 use super::store::Store;
 use coxswain_api::snapshot::{self as snap, RouteSource};
 use gateway_api::apis::experimental::httproutes::{HttpRoute, HttpRouteParentRefs};
+use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 pub struct RouteOutput {
-    pub entries: Vec<Entry>,
+    pub entries: Vec<Arc<Entry>>,
     pub status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     pub grpc_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
     pub tls_status: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
@@ -31,7 +34,110 @@ pub struct RouteOutput {
     /// (namespace, Service) -> the Gateways whose accepted routes send to it: the ancestors
     /// of the BackendTLSPolicies targeting it.
     pub service_gateways: BTreeMap<(String, String), std::collections::BTreeSet<ObjectKey>>,
+    /// One per cluster name.
     pub clusters: Vec<snap::Cluster>,
+    cluster_names: std::collections::HashSet<String>,
+}
+
+/// What one route contributes to a pass. An incremental compile keeps it whole and adds it
+/// again while nothing it read changed.
+#[derive(Debug, Clone, Default)]
+pub struct RoutePart {
+    pub entries: Vec<Arc<Entry>>,
+    /// `status.parents` this controller owns.
+    pub parents: Vec<RouteParentStatus>,
+    /// One per listener the route is attached to (see [`RouteOutput::attached`]).
+    pub attached: Vec<(ObjectKey, Option<ObjectKey>, String)>,
+    pub service_gateways: Vec<((String, String), ObjectKey)>,
+    pub clusters: Vec<snap::Cluster>,
+}
+
+impl RouteOutput {
+    fn new() -> Self {
+        Self {
+            entries: Vec::new(),
+            status: BTreeMap::new(),
+            grpc_status: BTreeMap::new(),
+            tls_status: BTreeMap::new(),
+            tcp_status: BTreeMap::new(),
+            udp_status: BTreeMap::new(),
+            attached: BTreeMap::new(),
+            service_gateways: BTreeMap::new(),
+            clusters: Vec::new(),
+            cluster_names: std::collections::HashSet::new(),
+        }
+    }
+
+    /// Adds one route's part, taking what it can and cloning the rest from `shared`.
+    fn add(&mut self, kind: RouteKind, key: ObjectKey, part: RoutePartRef<'_>) {
+        // A cluster is the same whichever route resolved it: the first copy is kept.
+        let (entries, parents) = match part {
+            RoutePartRef::Owned(p) => {
+                self.count(&p.attached, &p.service_gateways);
+                for c in p.clusters {
+                    if !self.cluster_names.contains(&c.name) {
+                        self.cluster_names.insert(c.name.clone());
+                        self.clusters.push(c);
+                    }
+                }
+                (p.entries, p.parents)
+            }
+            RoutePartRef::Shared(p) => {
+                self.count(&p.attached, &p.service_gateways);
+                for c in &p.clusters {
+                    if !self.cluster_names.contains(&c.name) {
+                        self.cluster_names.insert(c.name.clone());
+                        self.clusters.push(c.clone());
+                    }
+                }
+                (p.entries.clone(), p.parents.clone())
+            }
+        };
+        self.entries.extend(entries);
+        let status = match kind {
+            RouteKind::Http => &mut self.status,
+            RouteKind::Grpc => &mut self.grpc_status,
+            RouteKind::Tls => &mut self.tls_status,
+            RouteKind::Tcp => &mut self.tcp_status,
+            RouteKind::Udp => &mut self.udp_status,
+        };
+        status.insert(key, parents);
+    }
+
+    fn count(
+        &mut self,
+        attached: &[(ObjectKey, Option<ObjectKey>, String)],
+        service_gateways: &[((String, String), ObjectKey)],
+    ) {
+        // Looked up before inserting: most keys are there already, and a key is cloned only
+        // when it is new.
+        for slot in attached {
+            match self.attached.get_mut(slot) {
+                Some(n) => *n += 1,
+                None => {
+                    self.attached.insert(slot.clone(), 1);
+                }
+            }
+        }
+        for (service, gw) in service_gateways {
+            match self.service_gateways.get_mut(service) {
+                Some(gws) => {
+                    if !gws.contains(gw) {
+                        gws.insert(gw.clone());
+                    }
+                }
+                None => {
+                    self.service_gateways
+                        .insert(service.clone(), [gw.clone()].into());
+                }
+            }
+        }
+    }
+}
+
+enum RoutePartRef<'a> {
+    Owned(RoutePart),
+    Shared(&'a RoutePart),
 }
 
 /// What every route's compilation reads.
@@ -42,24 +148,19 @@ struct Inputs<'a> {
     config: &'a Config,
 }
 
+/// Compiles every route. With `memo`, a route whose stored object, listeners it was turned
+/// away from and resolved references are the same as at the last pass is not compiled again:
+/// its last part is added instead (the caller clears `memo` when the Gateways or the
+/// configuration changed).
 pub fn compile(
     routes: &[RouteForm<'_>],
     store: &Store,
     index: &Index<'_>,
     served: &BTreeMap<ObjectKey, ServedGateway>,
     config: &Config,
+    memo: Option<&mut RouteMemo>,
 ) -> RouteOutput {
-    let mut out = RouteOutput {
-        entries: Vec::new(),
-        status: BTreeMap::new(),
-        grpc_status: BTreeMap::new(),
-        tls_status: BTreeMap::new(),
-        tcp_status: BTreeMap::new(),
-        udp_status: BTreeMap::new(),
-        attached: BTreeMap::new(),
-        service_gateways: BTreeMap::new(),
-        clusters: Vec::new(),
-    };
+    let mut out = RouteOutput::new();
     let inputs = Inputs {
         store,
         index,
@@ -67,8 +168,127 @@ pub fn compile(
         config,
     };
     let rejected = cross_kind_conflicts(&inputs, routes);
+    let Some(memo) = memo else {
+        for form in routes {
+            if let Some(part) = compile_route(&inputs, form, &rejected, None) {
+                out.add(form.kind, form.key(), RoutePartRef::Owned(part));
+            }
+        }
+        return out;
+    };
+    let turned_away = rejected_by_route(&rejected);
+    memo.pass += 1;
+    let pass = memo.pass;
+    let mut seen = 0;
     for form in routes {
-        compile_route(&inputs, form, &rejected, &mut out);
+        let Some(stored) = &form.stored else {
+            // Not read from a store: nothing tells its next version apart.
+            if let Some(part) = compile_route(&inputs, form, &rejected, None) {
+                out.add(form.kind, form.key(), RoutePartRef::Owned(part));
+            }
+            continue;
+        };
+        let id = (form.kind, form.key());
+        let turned = turned_away.get(&id).map_or(&[][..], Vec::as_slice);
+        let reusable = memo.entries.get_mut(&id).filter(|m| {
+            stored.same(&m.stored)
+                && m.turned_away == turned
+                && m.reads
+                    .iter()
+                    .all(|r| r.unchanged(store, index, form.kind, &id.1.namespace))
+        });
+        let memoised = match reusable {
+            Some(m) => {
+                memo.reused += 1;
+                m
+            }
+            None => {
+                memo.compiled += 1;
+                let reads = RefCell::new(Vec::new());
+                let part = compile_route(&inputs, form, &rejected, Some(&reads));
+                let fresh = Memoised {
+                    stored: stored.clone(),
+                    turned_away: turned.to_vec(),
+                    reads: reads.into_inner(),
+                    part,
+                    // Marked seen below, with the reused ones.
+                    pass: 0,
+                };
+                match memo.entries.entry(id.clone()) {
+                    std::collections::hash_map::Entry::Occupied(mut o) => {
+                        o.insert(fresh);
+                        o.into_mut()
+                    }
+                    std::collections::hash_map::Entry::Vacant(v) => v.insert(fresh),
+                }
+            }
+        };
+        if memoised.pass != pass {
+            memoised.pass = pass;
+            seen += 1;
+        }
+        if let Some(part) = &memoised.part {
+            out.add(id.0, id.1, RoutePartRef::Shared(part));
+        }
+    }
+    // Routes gone from the store are dropped with what they held.
+    if memo.entries.len() != seen {
+        memo.entries.retain(|_, m| m.pass == pass);
+    }
+    out
+}
+
+/// Each route's compiled part, kept between passes by an incremental compile.
+#[derive(Debug, Default)]
+pub struct RouteMemo {
+    entries: std::collections::HashMap<(RouteKind, ObjectKey), Memoised>,
+    /// Passes made: a route not seen in the latest is gone.
+    pass: u64,
+    /// Routes compiled and reused over the memo's life: what a pass saved.
+    pub compiled: u64,
+    pub reused: u64,
+}
+
+impl RouteMemo {
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[derive(Debug)]
+struct Memoised {
+    stored: super::route::Stored,
+    turned_away: Vec<Rejection>,
+    reads: Vec<Read>,
+    /// None: the route names no parent of ours.
+    part: Option<RoutePart>,
+    /// The last pass that saw the route.
+    pass: u64,
+}
+
+/// A listener a route was turned away from: (Gateway, ListenerSet, listener) and the route
+/// that keeps it.
+type Rejection = (ObjectKey, Option<ObjectKey>, String, String);
+
+fn rejected_by_route(
+    rejected: &Rejections,
+) -> std::collections::HashMap<(RouteKind, ObjectKey), Vec<Rejection>> {
+    let mut out: std::collections::HashMap<_, Vec<_>> = std::collections::HashMap::new();
+    for ((kind, route, gw, owner, listener), other) in rejected {
+        out.entry((*kind, route.clone())).or_default().push((
+            gw.clone(),
+            owner.clone(),
+            listener.clone(),
+            other.clone(),
+        ));
     }
     out
 }
@@ -178,14 +398,15 @@ fn hostnames_intersect(a: &str, b: &str) -> bool {
     a.is_empty() || b.is_empty() || hostname::intersect(Some(a), b).is_some()
 }
 
-/// One route of any kind. Its `problem` is a reason it cannot be accepted that was found
-/// before compiling it (a GRPCRoute that has no HTTPRoute equivalent).
+/// One route of any kind; None when it names no parent of ours. Its `problem` is a reason it
+/// cannot be accepted that was found before compiling it (a GRPCRoute that has no HTTPRoute
+/// equivalent). With `reads`, what resolving its references read is recorded there.
 fn compile_route(
     inputs: &Inputs<'_>,
     form: &RouteForm<'_>,
     rejected: &Rejections,
-    out: &mut RouteOutput,
-) {
+    reads: Option<&RefCell<Vec<Read>>>,
+) -> Option<RoutePart> {
     let Inputs {
         store,
         index,
@@ -198,14 +419,16 @@ fn compile_route(
     let generation = route.metadata.generation.unwrap_or(0);
     let ours = served_parents(route, &key, served);
     if ours.is_empty() {
-        return;
+        return None;
     }
 
+    let mut out = RoutePart::default();
     let from = Referrer {
         store,
         index,
         kind,
         route: &key,
+        reads,
     };
     let (rules, resolved, rules_problem) = compile_rules(&from, route, &mut out.clusters);
     let route_problem = problem.or(rules_problem);
@@ -291,23 +514,20 @@ fn compile_route(
                     if let Some((ns, rest)) = b.cluster.split_once('/') {
                         let svc = rest.split(':').next().unwrap_or(rest);
                         out.service_gateways
-                            .entry((ns.to_owned(), svc.to_owned()))
-                            .or_default()
-                            .insert(gw.key.clone());
+                            .push(((ns.to_owned(), svc.to_owned()), gw.key.clone()));
                     }
                 }
             }
             for (listener, hosts) in attachments {
-                *out.attached
-                    .entry((gw.key.clone(), owner.clone(), listener.name.clone()))
-                    .or_default() += 1;
+                out.attached
+                    .push((gw.key.clone(), owner.clone(), listener.name.clone()));
                 if !listener.programmable {
                     continue;
                 }
                 for host in hosts {
                     for rule in &rules {
                         for (match_index, m) in rule.matches.iter().enumerate() {
-                            out.entries.push(Entry {
+                            out.entries.push(Arc::new(Entry {
                                 scope: gw.scope.clone(),
                                 port: listener.bind_port,
                                 protocol: listener.protocol,
@@ -357,7 +577,7 @@ fn compile_route(
                                         String::new()
                                     },
                                 )),
-                            });
+                            }));
                         }
                     }
                 }
@@ -370,13 +590,10 @@ fn compile_route(
         });
     }
     parents.sort_by(|a, b| a.parent_ref.cmp(&b.parent_ref));
-    match kind {
-        RouteKind::Http => out.status.insert(key, parents),
-        RouteKind::Grpc => out.grpc_status.insert(key, parents),
-        RouteKind::Tls => out.tls_status.insert(key, parents),
-        RouteKind::Tcp => out.tcp_status.insert(key, parents),
-        RouteKind::Udp => out.udp_status.insert(key, parents),
-    };
+    out.service_gateways.sort();
+    out.service_gateways.dedup();
+    out.parents = parents;
+    Some(out)
 }
 
 /// The listeners of `gw` a route attaches to through one parentRef, with the hostnames it

@@ -20,6 +20,7 @@ use coxswain_api::CoxswainIngressClassParameters;
 use coxswain_api::snapshot::{self as snap, Protocol};
 use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 mod policy;
 
@@ -29,7 +30,7 @@ const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
 const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
 
 pub struct IngressOutput {
-    pub entries: Vec<Entry>,
+    pub entries: Vec<Arc<Entry>>,
     pub slots: Vec<Slot>,
     pub clusters: Vec<snap::Cluster>,
     pub certificates: BTreeMap<String, (String, String)>,
@@ -464,7 +465,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
                         ..Default::default()
                     };
                     policy.apply(&mut route, https_redirect, backends, direct_status);
-                    out.entries.push(Entry {
+                    out.entries.push(Arc::new(Entry {
                         scope: ScopeKey::SharedPool,
                         port: *port,
                         protocol: *protocol,
@@ -475,7 +476,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
                         key: PrecedenceKey::new(&path.host, &m, created, &key, path.rule, 0),
                         route,
                         parent: None,
-                    });
+                    }));
                 }
             }
         }

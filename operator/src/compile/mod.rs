@@ -28,6 +28,7 @@ pub mod grpcroute;
 pub mod hostname;
 pub mod htpasswd;
 pub mod httproute;
+pub mod incremental;
 pub mod ingress;
 pub mod jwks;
 pub mod l4route;
@@ -45,14 +46,16 @@ mod tests;
 use coxswain_api::names;
 use coxswain_api::snapshot::{self as snap, Snapshot};
 use entries::Entry;
+pub use incremental::Compiler;
 use proxies::{ProxyAccounts, ProxyNames};
 pub use status::ScopeKey;
 use status::{ObjectKey, StatusDecisions};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 pub use store::{JwksSource, Store};
 
 /// What the compiler needs besides the objects.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// GatewayClass / IngressClass `spec.controller` this controller serves.
     pub controller_name: String,
@@ -114,20 +117,41 @@ fn route_forms(store: &Store) -> Vec<route::RouteForm<'_>> {
     store
         .http_routes
         .iter()
-        .map(|r| route::RouteForm::http(r))
+        .map(|r| route::RouteForm::http(r).read_from(r))
         .chain(
             store
                 .grpc_routes
                 .iter()
-                .map(|r| grpcroute::as_route_form(r)),
+                .map(|r| grpcroute::as_route_form(r).read_from(r)),
         )
-        .chain(store.tls_routes.iter().map(|r| l4route::tls_route_form(r)))
-        .chain(store.tcp_routes.iter().map(|r| l4route::tcp_route_form(r)))
-        .chain(store.udp_routes.iter().map(|r| l4route::udp_route_form(r)))
+        .chain(
+            store
+                .tls_routes
+                .iter()
+                .map(|r| l4route::tls_route_form(r).read_from(r)),
+        )
+        .chain(
+            store
+                .tcp_routes
+                .iter()
+                .map(|r| l4route::tcp_route_form(r).read_from(r)),
+        )
+        .chain(
+            store
+                .udp_routes
+                .iter()
+                .map(|r| l4route::udp_route_form(r).read_from(r)),
+        )
         .collect()
 }
 
+/// Compiles everything from scratch. [`Compiler`] gives the same output, compiling again only
+/// the routes whose input changed since its last pass.
 pub fn compile(store: &Store, config: &Config) -> Compiled {
+    compile_with(store, config, None)
+}
+
+fn compile_with(store: &Store, config: &Config, kept: Option<&mut Compiler>) -> Compiled {
     let index = refs::Index::new(store);
     let mut gateways = gateway::compile(store, &index, config);
     let gateway_services = match config.shared_gateway_ports {
@@ -164,7 +188,15 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         }
         None => gateway_services::Allocation::default(),
     };
-    let routes = httproute::compile(&route_forms(store), store, &index, &gateways.served, config);
+    let memo = kept.map(|k| k.routes_for(&gateways.served, config));
+    let routes = httproute::compile(
+        &route_forms(store),
+        store,
+        &index,
+        &gateways.served,
+        config,
+        memo,
+    );
     let ingresses = ingress::compile(store, &index, config);
 
     let backend_tls_policies = index
@@ -378,7 +410,7 @@ pub struct Slot {
 
 fn assemble(
     slots: Vec<Slot>,
-    entries: Vec<Entry>,
+    entries: Vec<Arc<Entry>>,
     clusters: Vec<snap::Cluster>,
     certificates: &BTreeMap<String, (String, String)>,
     served: &BTreeMap<ObjectKey, gateway::ServedGateway>,
@@ -392,7 +424,11 @@ fn assemble(
     let mut out = BTreeMap::new();
     for scope in scopes {
         let scope_slots: Vec<&Slot> = slots.iter().filter(|s| s.scope == scope).collect();
-        let scope_entries: Vec<&Entry> = entries.iter().filter(|e| e.scope == scope).collect();
+        let scope_entries: Vec<&Entry> = entries
+            .iter()
+            .map(|e| &**e)
+            .filter(|e| e.scope == scope)
+            .collect();
         let ports: BTreeSet<u32> = scope_slots.iter().map(|s| s.port).collect();
         let mut listeners = Vec::new();
         let mut used_clusters = BTreeSet::new();
@@ -499,7 +535,9 @@ fn assemble(
                     let routes: Vec<snap::Route> = chosen.iter().map(|e| e.route.clone()).collect();
                     for r in &routes {
                         for b in &r.backends {
-                            used_clusters.insert(b.cluster.clone());
+                            if !used_clusters.contains(&b.cluster) {
+                                used_clusters.insert(b.cluster.clone());
+                            }
                         }
                         collect_filter_clusters(&r.filters, &mut used_clusters);
                         if let Some(auth) = &r.external_auth
