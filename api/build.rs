@@ -68,6 +68,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .build_client(true)
         .extern_path(".coxswain.snapshot.v1", "crate::snapshot")
+        // Shared, not copied, by every stream a snapshot is pushed on.
+        .bytes(".coxswain.discovery.v1.SnapshotPush.snapshot")
         .compile_fds(protox::compile([DISCOVERY], ["proto"])?)?;
     // External authorization (Envoy's protocol): the proxy's client; the server for tests and
     // for anyone writing an authorization service against these types.

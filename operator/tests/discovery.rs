@@ -196,9 +196,9 @@ async fn the_shared_proxy_subscribes_receives_acks_and_reports_listeners() {
     let Some(controller_message::Kind::Snapshot(push)) = first.kind else {
         panic!("{first:?}")
     };
-    let version = push.snapshot.as_ref().unwrap().version.clone();
+    let version = decoded(&push).version;
     assert_eq!(version, snapshot(80).version);
-    assert!(push.snapshot.unwrap().is_sealed());
+    assert!(decoded(&push).is_sealed());
     tx.send(ProxyMessage {
         kind: Some(proxy_message::Kind::Ack(Ack {
             version: version.clone(),
@@ -239,7 +239,7 @@ async fn the_shared_proxy_subscribes_receives_acks_and_reports_listeners() {
     let Some(controller_message::Kind::Snapshot(push)) = next.kind else {
         panic!("{next:?}")
     };
-    assert_eq!(push.snapshot.unwrap().listeners[0].port, 8080);
+    assert_eq!(decoded(&push).listeners[0].port, 8080);
 
     // Disconnecting forgets the proxy.
     drop(tx);
@@ -431,7 +431,12 @@ async fn first_push(
     let Some(controller_message::Kind::Snapshot(push)) = msg.kind else {
         panic!("{msg:?}")
     };
-    (push.snapshot.unwrap().version, push.nonce)
+    (decoded(&push).version, push.nonce)
+}
+
+/// The snapshot a push carries, encoded.
+fn decoded(push: &coxswain_api::discovery::SnapshotPush) -> Snapshot {
+    prost::Message::decode(push.snapshot.clone()).expect("a push carries an encoded Snapshot")
 }
 
 /// Waits (2 s at most) until the shared pool's proxies are exactly `want`.

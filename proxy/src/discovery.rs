@@ -187,8 +187,22 @@ async fn session(
         let Some(controller_message::Kind::Snapshot(push)) = msg.kind else {
             continue;
         };
-        let Some(snapshot) = push.snapshot else {
+        if push.snapshot.is_empty() {
             continue;
+        }
+        let snapshot = match <Snapshot as prost::Message>::decode(push.snapshot) {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::error!(error = %e, "snapshot does not decode; still serving the previous one");
+                let _ = tx
+                    .send(send(proxy_message::Kind::Nack(Nack {
+                        version: String::new(),
+                        nonce: push.nonce,
+                        error: format!("the snapshot does not decode: {e}"),
+                    })))
+                    .await;
+                continue;
+            }
         };
         let version = snapshot.version.clone();
         tracing::debug!(%version, "snapshot received");

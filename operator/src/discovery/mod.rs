@@ -44,10 +44,17 @@ struct Reported {
     state: ProxyState,
 }
 
+/// A scope's snapshot as the streams send it.
+#[derive(Debug)]
+struct Published {
+    version: String,
+    encoded: bytes::Bytes,
+}
+
 /// Snapshots per scope, the identities allowed per scope, and what proxies report.
 #[derive(Default)]
 pub struct Hub {
-    scopes: RwLock<HashMap<ScopeKey, watch::Sender<Option<Arc<Snapshot>>>>>,
+    scopes: RwLock<HashMap<ScopeKey, watch::Sender<Option<Arc<Published>>>>>,
     /// The ServiceAccount (namespace, name) allowed to subscribe to each scope.
     identities: RwLock<HashMap<ScopeKey, (String, String)>>,
     /// By scope and node id (the Pod name from the peer's SVID).
@@ -59,7 +66,7 @@ pub struct Hub {
 }
 
 impl Hub {
-    fn channel(&self, scope: &ScopeKey) -> watch::Receiver<Option<Arc<Snapshot>>> {
+    fn channel(&self, scope: &ScopeKey) -> watch::Receiver<Option<Arc<Published>>> {
         let mut scopes = self.scopes.write().unwrap_or_else(|p| p.into_inner());
         scopes
             .entry(scope.clone())
@@ -67,22 +74,26 @@ impl Hub {
             .subscribe()
     }
 
-    /// Publishes a scope's snapshot; subscribers get it unless it is the one they have.
+    /// Publishes a scope's snapshot; subscribers get it unless it is the one they have. It is
+    /// kept encoded: every stream sends the same bytes, and the controller does not hold the
+    /// decoded snapshot (at 20,000 routes, tens of MB against 3.5 MB encoded).
     pub fn publish(&self, scope: ScopeKey, snapshot: Snapshot) {
         let mut scopes = self.scopes.write().unwrap_or_else(|p| p.into_inner());
         let tx = scopes
             .entry(scope)
             .or_insert_with(|| watch::channel(None).0);
-        tx.send_if_modified(|current| {
-            if current
-                .as_ref()
-                .is_some_and(|c| c.version == snapshot.version)
-            {
-                return false;
-            }
-            *current = Some(Arc::new(snapshot));
-            true
-        });
+        if tx
+            .borrow()
+            .as_ref()
+            .is_some_and(|c| c.version == snapshot.version)
+        {
+            return;
+        }
+        let encoded = bytes::Bytes::from(prost::Message::encode_to_vec(&snapshot));
+        tx.send_replace(Some(Arc::new(Published {
+            version: snapshot.version,
+            encoded,
+        })));
     }
 
     /// Which ServiceAccount may subscribe to `scope`.
@@ -323,7 +334,8 @@ impl Discovery for DiscoveryService {
                     let push = ControllerMessage {
                         kind: Some(controller_message::Kind::Snapshot(SnapshotPush {
                             nonce,
-                            snapshot: Some((*s).clone()),
+                            // Shared with every other stream, not copied.
+                            snapshot: s.encoded.clone(),
                         })),
                     };
                     if tx.send(Ok(push)).await.is_err() {
