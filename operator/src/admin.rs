@@ -26,9 +26,6 @@ pub struct State {
     compiles: AtomicU64,
     compile_micros: AtomicU64,
     compile_buckets: [AtomicU64; COMPILE_BUCKETS.len()],
-    /// Routes compiled again and routes whose last output was reused, over all passes.
-    routes_compiled: AtomicU64,
-    routes_reused: AtomicU64,
     /// (kind, outcome) -> count.
     status_writes: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     /// Event type -> count.
@@ -82,12 +79,6 @@ impl State {
             }
         }
         *lock(&self.objects) = objects;
-    }
-
-    /// The incremental compiler's totals so far.
-    pub fn route_reuse(&self, compiled: u64, reused: u64) {
-        self.routes_compiled.store(compiled, Ordering::Relaxed);
-        self.routes_reused.store(reused, Ordering::Relaxed);
     }
 
     pub fn status_write(&self, kind: &'static str, ok: bool) {
@@ -202,22 +193,6 @@ impl State {
             out,
             "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}"
         );
-
-        let name = "coxswain_controller_routes_compiled_total";
-        let _ = writeln!(
-            out,
-            "# HELP {name} Routes compiled by compile passes: again (compiled) or their last output reused, nothing they read having changed (reused).\n# TYPE {name} counter"
-        );
-        for (outcome, n) in [
-            ("compiled", &self.routes_compiled),
-            ("reused", &self.routes_reused),
-        ] {
-            let _ = writeln!(
-                out,
-                "{name}{{outcome=\"{outcome}\"}} {}",
-                n.load(Ordering::Relaxed)
-            );
-        }
 
         let name = "coxswain_controller_status_writes_total";
         let _ = writeln!(

@@ -389,9 +389,6 @@ pub async fn run(
     };
     let jwks = crate::jwks::Fetcher::new(config.jwks.clone(), admin.clone());
     let mut version_checked: Option<std::time::Instant> = None;
-    // Keeps each route's compiled part between passes: a pass compiles again only the routes
-    // whose input changed.
-    let mut compiler = compile::Compiler::default();
     // Status is written by a task of its own, from the newest pass, so API round trips never
     // hold back the next compile.
     let (passes, passes_rx) = tokio::sync::watch::channel(None);
@@ -438,9 +435,7 @@ pub async fn run(
         store.remote_jwks = jwks.documents();
         let mut compiling = pass.child("compile");
         let started = std::time::Instant::now();
-        let mut compiled = compiler.compile(&store, &compile_config);
-        let reuse = compiler.reuse();
-        admin.route_reuse(reuse.compiled, reuse.reused);
+        let mut compiled = compile::compile(&store, &compile_config);
         let counts = store.counts();
         describe_compile(&mut compiling, &counts, &compiled);
         compiling.end();

@@ -9,7 +9,6 @@ use super::backend::Referrer;
 use super::entries::{Entry, PrecedenceKey};
 use super::gateway::ServedGateway;
 use super::hostname;
-use super::incremental::Read;
 use super::listeners::AcceptedListener;
 use super::refs::{GATEWAY_GROUP, Index};
 use super::route::{RouteForm, RouteKind};
@@ -18,7 +17,6 @@ use super::status::{Condition, ObjectKey, ParentRef, Problem, RouteParentStatus,
 use super::store::Store;
 use coxswain_api::snapshot::{self as snap, RouteSource};
 use gateway_api::apis::experimental::httproutes::{HttpRoute, HttpRouteParentRefs};
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -39,8 +37,7 @@ pub struct RouteOutput {
     cluster_names: std::collections::HashSet<String>,
 }
 
-/// What one route contributes to a pass. An incremental compile keeps it whole and adds it
-/// again while nothing it read changed.
+/// What one route contributes to a pass.
 #[derive(Debug, Clone, Default)]
 pub struct RoutePart {
     pub entries: Vec<Arc<Entry>>,
@@ -68,32 +65,18 @@ impl RouteOutput {
         }
     }
 
-    /// Adds one route's part, taking what it can and cloning the rest from `shared`.
-    fn add(&mut self, kind: RouteKind, key: ObjectKey, part: RoutePartRef<'_>) {
+    /// Adds one route's part.
+    fn add(&mut self, kind: RouteKind, key: ObjectKey, part: RoutePart) {
+        self.count(&part.attached, &part.service_gateways);
         // A cluster is the same whichever route resolved it: the first copy is kept.
-        let (entries, parents) = match part {
-            RoutePartRef::Owned(p) => {
-                self.count(&p.attached, &p.service_gateways);
-                for c in p.clusters {
-                    if !self.cluster_names.contains(&c.name) {
-                        self.cluster_names.insert(c.name.clone());
-                        self.clusters.push(c);
-                    }
-                }
-                (p.entries, p.parents)
+        for c in part.clusters {
+            if !self.cluster_names.contains(&c.name) {
+                self.cluster_names.insert(c.name.clone());
+                self.clusters.push(c);
             }
-            RoutePartRef::Shared(p) => {
-                self.count(&p.attached, &p.service_gateways);
-                for c in &p.clusters {
-                    if !self.cluster_names.contains(&c.name) {
-                        self.cluster_names.insert(c.name.clone());
-                        self.clusters.push(c.clone());
-                    }
-                }
-                (p.entries.clone(), p.parents.clone())
-            }
-        };
-        self.entries.extend(entries);
+        }
+        let parents = part.parents;
+        self.entries.extend(part.entries);
         let status = match kind {
             RouteKind::Http => &mut self.status,
             RouteKind::Grpc => &mut self.grpc_status,
@@ -135,11 +118,6 @@ impl RouteOutput {
     }
 }
 
-enum RoutePartRef<'a> {
-    Owned(RoutePart),
-    Shared(&'a RoutePart),
-}
-
 /// What every route's compilation reads.
 struct Inputs<'a> {
     store: &'a Store,
@@ -148,17 +126,12 @@ struct Inputs<'a> {
     config: &'a Config,
 }
 
-/// Compiles every route. With `memo`, a route whose stored object, listeners it was turned
-/// away from and resolved references are the same as at the last pass is not compiled again:
-/// its last part is added instead (the caller clears `memo` when the Gateways or the
-/// configuration changed).
 pub fn compile(
     routes: &[RouteForm<'_>],
     store: &Store,
     index: &Index<'_>,
     served: &BTreeMap<ObjectKey, ServedGateway>,
     config: &Config,
-    memo: Option<&mut RouteMemo>,
 ) -> RouteOutput {
     let mut out = RouteOutput::new();
     let inputs = Inputs {
@@ -168,127 +141,10 @@ pub fn compile(
         config,
     };
     let rejected = cross_kind_conflicts(&inputs, routes);
-    let Some(memo) = memo else {
-        for form in routes {
-            if let Some(part) = compile_route(&inputs, form, &rejected, None) {
-                out.add(form.kind, form.key(), RoutePartRef::Owned(part));
-            }
-        }
-        return out;
-    };
-    let turned_away = rejected_by_route(&rejected);
-    memo.pass += 1;
-    let pass = memo.pass;
-    let mut seen = 0;
     for form in routes {
-        let Some(stored) = &form.stored else {
-            // Not read from a store: nothing tells its next version apart.
-            if let Some(part) = compile_route(&inputs, form, &rejected, None) {
-                out.add(form.kind, form.key(), RoutePartRef::Owned(part));
-            }
-            continue;
-        };
-        let id = (form.kind, form.key());
-        let turned = turned_away.get(&id).map_or(&[][..], Vec::as_slice);
-        let reusable = memo.entries.get_mut(&id).filter(|m| {
-            stored.same(&m.stored)
-                && m.turned_away == turned
-                && m.reads
-                    .iter()
-                    .all(|r| r.unchanged(store, index, form.kind, &id.1.namespace))
-        });
-        let memoised = match reusable {
-            Some(m) => {
-                memo.reused += 1;
-                m
-            }
-            None => {
-                memo.compiled += 1;
-                let reads = RefCell::new(Vec::new());
-                let part = compile_route(&inputs, form, &rejected, Some(&reads));
-                let fresh = Memoised {
-                    stored: stored.clone(),
-                    turned_away: turned.to_vec(),
-                    reads: reads.into_inner(),
-                    part,
-                    // Marked seen below, with the reused ones.
-                    pass: 0,
-                };
-                match memo.entries.entry(id.clone()) {
-                    std::collections::hash_map::Entry::Occupied(mut o) => {
-                        o.insert(fresh);
-                        o.into_mut()
-                    }
-                    std::collections::hash_map::Entry::Vacant(v) => v.insert(fresh),
-                }
-            }
-        };
-        if memoised.pass != pass {
-            memoised.pass = pass;
-            seen += 1;
+        if let Some(part) = compile_route(&inputs, form, &rejected) {
+            out.add(form.kind, form.key(), part);
         }
-        if let Some(part) = &memoised.part {
-            out.add(id.0, id.1, RoutePartRef::Shared(part));
-        }
-    }
-    // Routes gone from the store are dropped with what they held.
-    if memo.entries.len() != seen {
-        memo.entries.retain(|_, m| m.pass == pass);
-    }
-    out
-}
-
-/// Each route's compiled part, kept between passes by an incremental compile.
-#[derive(Debug, Default)]
-pub struct RouteMemo {
-    entries: std::collections::HashMap<(RouteKind, ObjectKey), Memoised>,
-    /// Passes made: a route not seen in the latest is gone.
-    pass: u64,
-    /// Routes compiled and reused over the memo's life: what a pass saved.
-    pub compiled: u64,
-    pub reused: u64,
-}
-
-impl RouteMemo {
-    pub fn clear(&mut self) {
-        self.entries.clear();
-    }
-
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-}
-
-#[derive(Debug)]
-struct Memoised {
-    stored: super::route::Stored,
-    turned_away: Vec<Rejection>,
-    reads: Vec<Read>,
-    /// None: the route names no parent of ours.
-    part: Option<RoutePart>,
-    /// The last pass that saw the route.
-    pass: u64,
-}
-
-/// A listener a route was turned away from: (Gateway, ListenerSet, listener) and the route
-/// that keeps it.
-type Rejection = (ObjectKey, Option<ObjectKey>, String, String);
-
-fn rejected_by_route(
-    rejected: &Rejections,
-) -> std::collections::HashMap<(RouteKind, ObjectKey), Vec<Rejection>> {
-    let mut out: std::collections::HashMap<_, Vec<_>> = std::collections::HashMap::new();
-    for ((kind, route, gw, owner, listener), other) in rejected {
-        out.entry((*kind, route.clone())).or_default().push((
-            gw.clone(),
-            owner.clone(),
-            listener.clone(),
-            other.clone(),
-        ));
     }
     out
 }
@@ -400,12 +256,11 @@ fn hostnames_intersect(a: &str, b: &str) -> bool {
 
 /// One route of any kind; None when it names no parent of ours. Its `problem` is a reason it
 /// cannot be accepted that was found before compiling it (a GRPCRoute that has no HTTPRoute
-/// equivalent). With `reads`, what resolving its references read is recorded there.
+/// equivalent).
 fn compile_route(
     inputs: &Inputs<'_>,
     form: &RouteForm<'_>,
     rejected: &Rejections,
-    reads: Option<&RefCell<Vec<Read>>>,
 ) -> Option<RoutePart> {
     let Inputs {
         store,
@@ -428,7 +283,6 @@ fn compile_route(
         index,
         kind,
         route: &key,
-        reads,
     };
     let (rules, resolved, rules_problem) = compile_rules(&from, route, &mut out.clusters);
     let route_problem = problem.or(rules_problem);

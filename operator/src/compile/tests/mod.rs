@@ -11,7 +11,6 @@ mod gateway_tls;
 mod golden;
 mod grpc;
 mod httproute;
-mod incremental;
 mod ingress;
 mod ingress_access;
 mod ingress_annotations;
