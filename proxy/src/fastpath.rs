@@ -542,10 +542,11 @@ async fn exchange(
     resp: &mut Vec<u8>,
     env: &Env<'_>,
 ) -> Result<Exchange, u16> {
-    // A pooled connection the backend closed meanwhile fails on first use. An idempotent
-    // request is sent again, once, on a fresh connection; any other may have been acted on.
-    // A connection that cannot be opened sent nothing: another endpoint is tried.
-    let mut resent = false;
+    // A pooled connection the backend closed meanwhile fails on first use, and a new one to a
+    // Pod shutting down may be reset: an idempotent request is sent again (at most
+    // `policy::BROKEN_RESENDS` times); any other may have been acted on. A connection that
+    // cannot be opened sent nothing: another endpoint is tried.
+    let mut resent = 0;
     // Endpoints whose connect failed; allocated only when one does.
     let mut tried: Vec<usize> = Vec::new();
     let (mut failed, mut slow) = (0, 0);
@@ -587,12 +588,13 @@ async fn exchange(
             plan.cluster
                 .record(plan.endpoint, true, &env.limits.outlier);
         }
-        if resent || !plan.idempotent {
+        if resent >= crate::request::BROKEN_RESENDS || !plan.idempotent {
             return Err(502);
         }
-        resent = true;
-        // Nothing of the answer came: on a new connection, an idempotent request goes once
-        // more to another endpoint (as on Pingora: `Gateway::resend_elsewhere` says why).
+        resent += 1;
+        // Nothing of the answer came: on a new connection, an idempotent request goes again
+        // to an endpoint it was not sent to (as on Pingora: `Gateway::resend_elsewhere` says
+        // why).
         if !reused {
             if !plan.move_on(env, &mut tried) {
                 return Err(502);

@@ -134,8 +134,9 @@ pub struct Ctx {
     slow_connect_failures: usize,
     /// Retries under the route's retry policy so far (answers, timeouts, broken connections).
     policy_retries: u32,
-    /// Without a policy: the request already went once more after a connection broke.
-    resent: bool,
+    /// Without a policy: times the request went again after a connection broke
+    /// (`policy::BROKEN_RESENDS` at most).
+    resent: u8,
     /// An answer's head went to the client: nothing can be retried any more.
     answer_started: bool,
     /// The next attempt starts no earlier than this (the retry policy's backoff).

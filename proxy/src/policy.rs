@@ -103,6 +103,13 @@ pub fn idempotent(method: &str) -> bool {
     )
 }
 
+/// Without a retry policy, how many times an idempotent request is sent again after a
+/// connection broke before any of the answer came. A scale-down stops many Pods at once, and
+/// each may reset connections in the moment before its EndpointSlice says so: one resend was
+/// seen to meet a second such Pod. Three tries in all, as ingress-nginx's
+/// `proxy-next-upstream-tries`.
+pub const BROKEN_RESENDS: u8 = 2;
+
 /// Request body bytes kept for sending again: a request whose body is larger is not retried
 /// once any of it went upstream (Pingora's retry buffer holds this much).
 pub const RETRY_BODY_LIMIT: usize = 64 * 1024;

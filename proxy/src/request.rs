@@ -20,7 +20,7 @@ use crate::balance::{self, HashSource};
 use crate::forwarded::Forwarded;
 pub use crate::head::{Head, Version};
 use crate::limits::Limits;
-pub use crate::policy::idempotent;
+pub use crate::policy::{BROKEN_RESENDS, idempotent};
 use crate::policy::{RoutePolicy, SessionKind, SessionPolicy};
 use crate::router::{CompiledRoute, Pick, Request as RouteQuery, ResolvedBackend};
 use crate::table::Table;

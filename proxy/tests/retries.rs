@@ -1074,10 +1074,11 @@ clusters:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idempotent_request_whose_new_connection_broke_goes_once_to_another_endpoint() {
-    // A Pod shutting down accepts and resets in the moment before its EndpointSlice says so.
-    // Without a retry policy, GET goes once more, elsewhere; POST may have been acted on.
-    const TWO: &str = r#"
+async fn an_idempotent_request_whose_new_connection_broke_goes_again_to_other_endpoints() {
+    // Pods shutting down accept and reset in the moment before their EndpointSlice says so,
+    // and a scale-down stops several at once. Without a retry policy, GET goes again,
+    // elsewhere, up to twice; POST may have been acted on.
+    const THREE: &str = r#"
 listeners:
 - port: {PORT}
   protocol: PROTOCOL_HTTP
@@ -1090,18 +1091,22 @@ clusters:
 - name: t/two:80
   endpoints:
   - {address: 127.0.0.1, port: {DROPPER}, ready: true}
+  - {address: 127.0.0.1, port: {DROPPER2}, ready: true}
   - {address: 127.0.0.1, port: {GOOD}, ready: true}
 "#;
     for fast_path in [true, false] {
         let engine = if fast_path { "fast path" } else { "pingora" };
         let (good, good_hits) = echo_backend_with_hits("good").await;
+        // A request that met both droppers is counted twice.
         let (dropper, mut dropped, _) = raw_backend(|_r| RawAnswer::Close).await;
+        let (dropper2, mut dropped2, _) = raw_backend(|_r| RawAnswer::Close).await;
         let port = free_port();
         let snap = snapshot(
-            TWO,
+            THREE,
             &[
                 ("PORT", port.to_string()),
                 ("DROPPER", dropper.port().to_string()),
+                ("DROPPER2", dropper2.port().to_string()),
                 ("GOOD", good.port().to_string()),
             ],
         );
@@ -1111,6 +1116,9 @@ clusters:
         let mut drain = || {
             let mut n = 0;
             while dropped.try_recv().is_ok() {
+                n += 1;
+            }
+            while dropped2.try_recv().is_ok() {
                 n += 1;
             }
             n
@@ -1147,6 +1155,66 @@ clusters:
             "{engine}: no POST reached the dropping endpoint"
         );
         assert_eq!(drain(), failed, "{engine}: a POST was sent twice");
+        proxy.stop().await;
+    }
+}
+
+#[tokio::test]
+async fn a_request_whose_connections_keep_breaking_is_sent_three_times_at_most() {
+    // Four endpoints that reset every connection: a GET tries three of them (two resends),
+    // then answers 502.
+    const FOUR: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: four, rule: 0}
+      backends: [{cluster: "t/four:80", weight: 1}]
+clusters:
+- name: t/four:80
+  endpoints:
+  - {address: 127.0.0.1, port: {D0}, ready: true}
+  - {address: 127.0.0.1, port: {D1}, ready: true}
+  - {address: 127.0.0.1, port: {D2}, ready: true}
+  - {address: 127.0.0.1, port: {D3}, ready: true}
+"#;
+    for fast_path in [true, false] {
+        let engine = if fast_path { "fast path" } else { "pingora" };
+        let mut droppers = Vec::new();
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let (addr, rx, _) = raw_backend(|_r| RawAnswer::Close).await;
+            droppers.push(addr);
+            seen.push(rx);
+        }
+        let port = free_port();
+        let mut vars = vec![("PORT", port.to_string())];
+        for (name, addr) in ["D0", "D1", "D2", "D3"].into_iter().zip(&droppers) {
+            vars.push((name, addr.port().to_string()));
+        }
+        let proxy = Proxy::start_with(&snapshot(FOUR, &vars), no_ejection(fast_path)).await;
+        let client = shared_client();
+        let url = format!("http://127.0.0.1:{port}/");
+        for i in 0..4 {
+            let r = request(&client, "GET", &url, &[]).await.unwrap();
+            assert_eq!(r.status, 502, "{engine}: GET {i}");
+            let mut sent = 0;
+            for rx in &mut seen {
+                while rx.try_recv().is_ok() {
+                    sent += 1;
+                }
+            }
+            assert_eq!(sent, 3, "{engine}: GET {i} went to {sent} endpoints");
+        }
+        assert_eq!(
+            proxy
+                .metric("coxswain_proxy_upstream_broken_resends_total")
+                .await,
+            8,
+            "{engine}"
+        );
         proxy.stop().await;
     }
 }

@@ -93,29 +93,31 @@ impl Gateway {
                 e.etype(),
                 pingora::ErrorType::ReadTimedout | pingora::ErrorType::WriteTimedout
             );
-        if !allowed || truncated || (broke && ctx.resent) {
+        if !allowed || truncated || (broke && ctx.resent >= request::BROKEN_RESENDS) {
             e.set_retry(false);
         } else if broke && !client_reused && request::idempotent(method) {
-            // A new connection: as on the fast path, once more, to another endpoint.
+            // A new connection: as on the fast path, again, to another endpoint.
             e.set_retry(self.resend_elsewhere(ctx));
         } else {
             e.retry.decide_reuse(client_reused);
-            // A pooled connection found closed: sent again, once, to the same endpoint.
-            ctx.resent |= broke && e.retry();
+            // A pooled connection found closed: sent again, to the same endpoint.
+            if broke && e.retry() {
+                ctx.resent += 1;
+            }
         }
         e
     }
 
     /// Without a retry policy, an idempotent request whose new connection broke before any
-    /// of the answer came goes once more, to another endpoint (never the same one): a Pod
-    /// shutting down resets connections it accepted in the moment before its EndpointSlice
-    /// says so. nginx's default (`proxy_next_upstream error timeout`) resends these too.
-    /// False when there is no other endpoint.
+    /// of the answer came goes again, to an endpoint it was not sent to, up to
+    /// `policy::BROKEN_RESENDS` times: a Pod shutting down resets connections it accepted in
+    /// the moment before its EndpointSlice says so. nginx's default (`proxy_next_upstream
+    /// error timeout`) resends these too. False when there is no other endpoint.
     fn resend_elsewhere(&self, ctx: &mut Ctx) -> bool {
         let Some(cluster) = ctx.cluster.clone() else {
             return false;
         };
-        ctx.resent = true;
+        ctx.resent += 1;
         let cluster = self.after_failure(ctx, &cluster);
         let Some(next) = cluster.pick_excluding(&ctx.tried) else {
             return false;
