@@ -9,6 +9,32 @@ use coxswain_proxy::limits::Limits;
 use std::sync::atomic::Ordering;
 use support::*;
 
+/// One route on `port` to one cluster whose endpoints are these 127.0.0.1 ports, all ready.
+fn one_route_snapshot(port: u16, endpoints: &[u16]) -> coxswain_api::snapshot::Snapshot {
+    let endpoints: String = endpoints
+        .iter()
+        .map(|p| format!("  - {{address: 127.0.0.1, port: {p}, ready: true}}\n"))
+        .collect();
+    snapshot(
+        &format!(
+            r#"
+listeners:
+- port: {port}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {{kind: HTTPRoute, namespace: t, name: app, rule: 0}}
+      backends: [{{cluster: "t/app:80", weight: 1}}]
+clusters:
+- name: t/app:80
+  endpoints:
+{endpoints}"#
+        ),
+        &[],
+    )
+}
+
 const SNAPSHOT: &str = r#"
 listeners:
 - port: {PORT}
@@ -939,34 +965,12 @@ async fn blackhole() -> (std::net::SocketAddr, Vec<tokio::net::TcpStream>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_never_accepted_times_out_and_the_request_moves_on() {
-    const TWO: &str = r#"
-listeners:
-- port: {PORT}
-  protocol: PROTOCOL_HTTP
-  virtualHosts:
-  - hostname: ""
-    routes:
-    - source: {kind: HTTPRoute, namespace: t, name: two, rule: 0}
-      backends: [{cluster: "t/two:80", weight: 1}]
-clusters:
-- name: t/two:80
-  endpoints:
-  - {address: 127.0.0.1, port: {HOLE}, ready: true}
-  - {address: 127.0.0.1, port: {GOOD}, ready: true}
-"#;
     let (hole, _held) = blackhole().await;
     for fast_path in [true, false] {
         let engine = if fast_path { "fast path" } else { "pingora" };
         let (good, good_hits) = echo_backend_with_hits("good").await;
         let port = free_port();
-        let snap = snapshot(
-            TWO,
-            &[
-                ("PORT", port.to_string()),
-                ("HOLE", hole.port().to_string()),
-                ("GOOD", good.port().to_string()),
-            ],
-        );
+        let snap = one_route_snapshot(port, &[hole.port(), good.port()]);
         let limit = std::time::Duration::from_millis(300);
         let proxy = Proxy::start_with(
             &snap,
@@ -1000,43 +1004,14 @@ clusters:
 async fn a_retry_after_a_failed_connect_picks_from_the_newest_endpoints() {
     // Three endpoints that never accept, as Pods gone during a scale-down, then a snapshot
     // that has only the Pod still running.
-    const BEFORE: &str = r#"
-listeners:
-- port: {PORT}
-  protocol: PROTOCOL_HTTP
-  virtualHosts:
-  - hostname: ""
-    routes:
-    - source: {kind: HTTPRoute, namespace: t, name: scaled, rule: 0}
-      backends: [{cluster: "t/scaled:80", weight: 1}]
-clusters:
-- name: t/scaled:80
-  endpoints:
-  - {address: 127.0.0.1, port: {HOLE1}, ready: true}
-  - {address: 127.0.0.1, port: {HOLE2}, ready: true}
-  - {address: 127.0.0.1, port: {HOLE3}, ready: true}
-"#;
     let holes = [blackhole().await, blackhole().await, blackhole().await];
     for fast_path in [true, false] {
         let engine = if fast_path { "fast path" } else { "pingora" };
         let (good, good_hits) = echo_backend_with_hits("good").await;
         let port = free_port();
-        let mut vars = vec![("PORT", port.to_string())];
-        for (name, (hole, _)) in ["HOLE1", "HOLE2", "HOLE3"].into_iter().zip(&holes) {
-            vars.push((name, hole.port().to_string()));
-        }
-        let before = snapshot(BEFORE, &vars);
-        let after_yaml = BEFORE
-            .replace("{HOLE1}", "{GOOD}")
-            .replace("  - {address: 127.0.0.1, port: {HOLE2}, ready: true}\n", "")
-            .replace("  - {address: 127.0.0.1, port: {HOLE3}, ready: true}\n", "");
-        let after = snapshot(
-            &after_yaml,
-            &[
-                ("PORT", port.to_string()),
-                ("GOOD", good.port().to_string()),
-            ],
-        );
+        let hole_ports: Vec<u16> = holes.iter().map(|(hole, _)| hole.port()).collect();
+        let before = one_route_snapshot(port, &hole_ports);
+        let after = one_route_snapshot(port, &[good.port()]);
         let limit = std::time::Duration::from_millis(1500);
         let proxy = Proxy::start_with(
             &before,
@@ -1078,22 +1053,6 @@ async fn an_idempotent_request_whose_new_connection_broke_goes_again_to_other_en
     // Pods shutting down accept and reset in the moment before their EndpointSlice says so,
     // and a scale-down stops several at once. Without a retry policy, GET goes again,
     // elsewhere, up to twice; POST may have been acted on.
-    const THREE: &str = r#"
-listeners:
-- port: {PORT}
-  protocol: PROTOCOL_HTTP
-  virtualHosts:
-  - hostname: ""
-    routes:
-    - source: {kind: HTTPRoute, namespace: t, name: two, rule: 0}
-      backends: [{cluster: "t/two:80", weight: 1}]
-clusters:
-- name: t/two:80
-  endpoints:
-  - {address: 127.0.0.1, port: {DROPPER}, ready: true}
-  - {address: 127.0.0.1, port: {DROPPER2}, ready: true}
-  - {address: 127.0.0.1, port: {GOOD}, ready: true}
-"#;
     for fast_path in [true, false] {
         let engine = if fast_path { "fast path" } else { "pingora" };
         let (good, good_hits) = echo_backend_with_hits("good").await;
@@ -1101,15 +1060,7 @@ clusters:
         let (dropper, mut dropped, _) = raw_backend(|_r| RawAnswer::Close).await;
         let (dropper2, mut dropped2, _) = raw_backend(|_r| RawAnswer::Close).await;
         let port = free_port();
-        let snap = snapshot(
-            THREE,
-            &[
-                ("PORT", port.to_string()),
-                ("DROPPER", dropper.port().to_string()),
-                ("DROPPER2", dropper2.port().to_string()),
-                ("GOOD", good.port().to_string()),
-            ],
-        );
+        let snap = one_route_snapshot(port, &[dropper.port(), dropper2.port(), good.port()]);
         let proxy = Proxy::start_with(&snap, no_ejection(fast_path)).await;
         let client = shared_client();
         let url = format!("http://127.0.0.1:{port}/");
@@ -1163,23 +1114,6 @@ clusters:
 async fn a_request_whose_connections_keep_breaking_is_sent_three_times_at_most() {
     // Four endpoints that reset every connection: a GET tries three of them (two resends),
     // then answers 502.
-    const FOUR: &str = r#"
-listeners:
-- port: {PORT}
-  protocol: PROTOCOL_HTTP
-  virtualHosts:
-  - hostname: ""
-    routes:
-    - source: {kind: HTTPRoute, namespace: t, name: four, rule: 0}
-      backends: [{cluster: "t/four:80", weight: 1}]
-clusters:
-- name: t/four:80
-  endpoints:
-  - {address: 127.0.0.1, port: {D0}, ready: true}
-  - {address: 127.0.0.1, port: {D1}, ready: true}
-  - {address: 127.0.0.1, port: {D2}, ready: true}
-  - {address: 127.0.0.1, port: {D3}, ready: true}
-"#;
     for fast_path in [true, false] {
         let engine = if fast_path { "fast path" } else { "pingora" };
         let mut droppers = Vec::new();
@@ -1190,11 +1124,9 @@ clusters:
             seen.push(rx);
         }
         let port = free_port();
-        let mut vars = vec![("PORT", port.to_string())];
-        for (name, addr) in ["D0", "D1", "D2", "D3"].into_iter().zip(&droppers) {
-            vars.push((name, addr.port().to_string()));
-        }
-        let proxy = Proxy::start_with(&snapshot(FOUR, &vars), no_ejection(fast_path)).await;
+        let ports: Vec<u16> = droppers.iter().map(|d| d.port()).collect();
+        let snap = one_route_snapshot(port, &ports);
+        let proxy = Proxy::start_with(&snap, no_ejection(fast_path)).await;
         let client = shared_client();
         let url = format!("http://127.0.0.1:{port}/");
         for i in 0..4 {
