@@ -412,18 +412,32 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
             return Step::Pingora;
         }
     }
+    plan_checked(head, &checked, body, None, env, up_head)
+}
+
+/// What `plan` does once a head met the conditions of its protocol (HTTP/1 here, HTTP/2 in
+/// `h2`): route it, decide it, and write the HTTP/1.1 head to send upstream, led by `host`
+/// when the request named its host elsewhere than in a field (HTTP/2's :authority).
+fn plan_checked<H: Head + ?Sized>(
+    head: &H,
+    checked: &request::Checked<'_>,
+    body: usize,
+    host: Option<&str>,
+    env: &Env<'_>,
+    up_head: &mut Vec<u8>,
+) -> Step {
     let table = env.table.load();
     // A Host that belongs to another listener than the SNI: Pingora answers 421 and counts it.
-    if env.https && request::misdirected(&table, env.port, env.sni, &checked) {
+    if env.https && request::misdirected(&table, env.port, env.sni, checked) {
         return Step::Pingora;
     }
-    let Some(route) = request::route(&table, env.port, head, &checked).filter(|r| r.passthrough)
+    let Some(route) = request::route(&table, env.port, head, checked).filter(|r| r.passthrough)
     else {
         return Step::Pingora;
     };
     let forwarded = request::forwarded(
         head,
-        &checked,
+        checked,
         Some(env.peer.ip()),
         env.public_port,
         env.https,
@@ -451,7 +465,7 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
             env.limits,
             &forwarded,
             head,
-            &checked,
+            checked,
             &arrival,
             Some(route),
         ),
@@ -462,7 +476,7 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
         return Step::Pingora;
     }
     let metrics = env.table.metrics();
-    let forward = match request::decide(Some(route), head, &checked, &arrival) {
+    let forward = match request::decide(Some(route), head, checked, &arrival) {
         Decision::Forward(forward) => forward,
         Decision::Unauthorized(challenge) => {
             crate::metrics::Metrics::count(&metrics.auth_refused);
@@ -499,6 +513,7 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
     write_upstream_head(
         up_head,
         head,
+        host,
         &checked.path_and_query,
         &forwarded,
         request_edits,
@@ -537,119 +552,34 @@ impl Exchange {
 /// to the client, which gets that status.
 async fn exchange(
     conn: &mut Buffered,
-    (head, body): (&[u8], &[u8]),
+    request: (&[u8], &[u8]),
     plan: &mut Plan,
     resp: &mut Vec<u8>,
     env: &Env<'_>,
 ) -> Result<Exchange, u16> {
-    // A pooled connection the backend closed meanwhile fails on first use, and a new one to a
-    // Pod shutting down may be reset: an idempotent request is sent again (at most
-    // `policy::BROKEN_RESENDS` times); any other may have been acted on. A connection that
-    // cannot be opened sent nothing: another endpoint is tried.
-    let mut resent = 0;
-    // Endpoints whose connect failed; allocated only when one does.
-    let mut tried: Vec<usize> = Vec::new();
-    let (mut failed, mut slow) = (0, 0);
-    let (mut upstream, sent) = loop {
-        let target = plan.upstream;
-        let (mut up, reused) = match pool::take(target) {
-            Some(up) => (up, true),
-            None => match connect(target, env.limits.upstream_connect).await {
-                Ok(up) => {
-                    let _ = up.set_nodelay(true);
-                    (up, false)
-                }
-                Err(e) => {
-                    tracing::debug!(upstream = %target, error = %e, "connect failed");
-                    plan.cluster
-                        .record(plan.endpoint, true, &env.limits.outlier);
-                    failed += 1;
-                    if e.kind() != std::io::ErrorKind::ConnectionRefused {
-                        slow += 1;
-                    }
-                    if may_connect_again(failed, slow) && plan.move_on(env, &mut tried) {
-                        crate::metrics::Metrics::count(&env.table.metrics().connect_retries);
-                        continue;
-                    }
-                    return Err(502);
-                }
-            },
-        };
-        let sent = Instant::now();
-        resp.clear();
-        let ok = write_both(&mut up, head, body).await.is_ok()
-            && matches!(read_more(&mut up, resp).await, Ok(n) if n > 0);
-        if ok {
-            break (up, sent);
-        }
-        // A new connection that broke without an answer is the endpoint failing (as on
-        // Pingora); a pooled one the backend closed meanwhile is routine.
-        if !reused {
-            plan.cluster
-                .record(plan.endpoint, true, &env.limits.outlier);
-        }
-        if resent >= crate::request::BROKEN_RESENDS || !plan.idempotent {
-            return Err(502);
-        }
-        resent += 1;
-        // Nothing of the answer came: on a new connection, an idempotent request goes again
-        // to an endpoint it was not sent to (as on Pingora: `Gateway::resend_elsewhere` says
-        // why).
-        if !reused {
-            if !plan.move_on(env, &mut tried) {
-                return Err(502);
-            }
-            crate::metrics::Metrics::count(&env.table.metrics().broken_resends);
-        }
-    };
+    let (mut upstream, sent) = send(request, plan, resp, env).await?;
     // Response heads: 1xx interim ones are passed on, then the final one.
     let head = loop {
-        match http1::parse_response(resp, plan.head_only, MAX_RESPONSE_HEADERS) {
-            Ok(Some(h)) if (100..200).contains(&h.status) => {
-                // 101 answers an Upgrade, which this path never forwards.
-                if h.status == 101 {
-                    return Err(502);
-                }
-                // Pingora runs the response filters on interim heads too.
-                let written = match &plan.response_edits {
-                    Some(edits) => match edited_response_head(&resp[..h.len], false, edits) {
-                        Some(edited) => write_head(conn, &edited, h.version).await,
-                        None => return Err(502),
-                    },
-                    None => write_head(conn, &resp[..h.len], h.version).await,
-                };
-                if written.is_err() {
-                    return Ok(Exchange::client_done(h.status));
-                }
-                resp.drain(..h.len);
-                if resp.is_empty()
-                    && !matches!(read_more(&mut upstream, resp).await, Ok(n) if n > 0)
-                {
-                    plan.cluster
-                        .record(plan.endpoint, true, &env.limits.outlier);
-                    return Err(502);
-                }
-            }
-            Ok(Some(h)) => break h,
-            Ok(None) if resp.len() < MAX_RESPONSE_HEAD => {
-                if !matches!(read_more(&mut upstream, resp).await, Ok(n) if n > 0) {
-                    plan.cluster
-                        .record(plan.endpoint, true, &env.limits.outlier);
-                    return Err(502);
-                }
-            }
-            Ok(None) => {
-                plan.cluster
-                    .record(plan.endpoint, true, &env.limits.outlier);
-                return Err(502);
-            }
-            Err(e) => {
-                tracing::debug!(upstream = %plan.upstream, error = %e, "response refused");
-                plan.cluster
-                    .record(plan.endpoint, true, &env.limits.outlier);
-                return Err(502);
-            }
+        let h = next_head(&mut upstream, resp, plan, env).await?;
+        if !(100..200).contains(&h.status) {
+            break h;
         }
+        // 101 answers an Upgrade, which this path never forwards.
+        if h.status == 101 {
+            return Err(502);
+        }
+        // Pingora runs the response filters on interim heads too.
+        let written = match &plan.response_edits {
+            Some(edits) => match edited_response_head(&resp[..h.len], false, edits) {
+                Some(edited) => write_head(conn, &edited, h.version).await,
+                None => return Err(502),
+            },
+            None => write_head(conn, &resp[..h.len], h.version).await,
+        };
+        if written.is_err() {
+            return Ok(Exchange::client_done(h.status));
+        }
+        resp.drain(..h.len);
     };
     env.table.metrics().upstream_latency(sent.elapsed());
     let status = head.status;
@@ -727,6 +657,110 @@ async fn exchange(
     })
 }
 
+/// Writes a request to `plan`'s endpoint, over a pooled connection or a new one, until the
+/// first bytes of an answer are in `resp`; returns the connection and when the request went.
+/// Err(status): no answer came, and nothing was sent to the client.
+async fn send(
+    (head, body): (&[u8], &[u8]),
+    plan: &mut Plan,
+    resp: &mut Vec<u8>,
+    env: &Env<'_>,
+) -> Result<(tokio::net::TcpStream, Instant), u16> {
+    // A pooled connection the backend closed meanwhile fails on first use, and a new one to a
+    // Pod shutting down may be reset: an idempotent request is sent again (at most
+    // `policy::BROKEN_RESENDS` times); any other may have been acted on. A connection that
+    // cannot be opened sent nothing: another endpoint is tried.
+    let mut resent = 0;
+    // Endpoints whose connect failed; allocated only when one does.
+    let mut tried: Vec<usize> = Vec::new();
+    let (mut failed, mut slow) = (0, 0);
+    loop {
+        let target = plan.upstream;
+        let (mut up, reused) = match pool::take(target) {
+            Some(up) => (up, true),
+            None => match connect(target, env.limits.upstream_connect).await {
+                Ok(up) => {
+                    let _ = up.set_nodelay(true);
+                    (up, false)
+                }
+                Err(e) => {
+                    tracing::debug!(upstream = %target, error = %e, "connect failed");
+                    plan.cluster
+                        .record(plan.endpoint, true, &env.limits.outlier);
+                    failed += 1;
+                    if e.kind() != std::io::ErrorKind::ConnectionRefused {
+                        slow += 1;
+                    }
+                    if may_connect_again(failed, slow) && plan.move_on(env, &mut tried) {
+                        crate::metrics::Metrics::count(&env.table.metrics().connect_retries);
+                        continue;
+                    }
+                    return Err(502);
+                }
+            },
+        };
+        let sent = Instant::now();
+        resp.clear();
+        let ok = write_both(&mut up, head, body).await.is_ok()
+            && matches!(read_more(&mut up, resp).await, Ok(n) if n > 0);
+        if ok {
+            return Ok((up, sent));
+        }
+        // A new connection that broke without an answer is the endpoint failing (as on
+        // Pingora); a pooled one the backend closed meanwhile is routine.
+        if !reused {
+            plan.cluster
+                .record(plan.endpoint, true, &env.limits.outlier);
+        }
+        if resent >= crate::request::BROKEN_RESENDS || !plan.idempotent {
+            return Err(502);
+        }
+        resent += 1;
+        // Nothing of the answer came: on a new connection, an idempotent request goes again
+        // to an endpoint it was not sent to (as on Pingora: `Gateway::resend_elsewhere` says
+        // why).
+        if !reused {
+            if !plan.move_on(env, &mut tried) {
+                return Err(502);
+            }
+            crate::metrics::Metrics::count(&env.table.metrics().broken_resends);
+        }
+    }
+}
+
+/// Reads until a whole response head (interim or final) starts `resp`. Err(502): the
+/// backend closed or sent something that is not a response head, counted against it.
+async fn next_head(
+    upstream: &mut tokio::net::TcpStream,
+    resp: &mut Vec<u8>,
+    plan: &Plan,
+    env: &Env<'_>,
+) -> Result<http1::ResponseHead, u16> {
+    loop {
+        match http1::parse_response(resp, plan.head_only, MAX_RESPONSE_HEADERS) {
+            Ok(Some(h)) => return Ok(h),
+            Ok(None) if resp.len() < MAX_RESPONSE_HEAD => {
+                if !matches!(read_more(upstream, resp).await, Ok(n) if n > 0) {
+                    plan.cluster
+                        .record(plan.endpoint, true, &env.limits.outlier);
+                    return Err(502);
+                }
+            }
+            Ok(None) => {
+                plan.cluster
+                    .record(plan.endpoint, true, &env.limits.outlier);
+                return Err(502);
+            }
+            Err(e) => {
+                tracing::debug!(upstream = %plan.upstream, error = %e, "response refused");
+                plan.cluster
+                    .record(plan.endpoint, true, &env.limits.outlier);
+                return Err(502);
+            }
+        }
+    }
+}
+
 /// Writes a response head to the client; an HTTP/1.0 backend's status line goes out as
 /// HTTP/1.1, the version this proxy speaks.
 async fn write_head(
@@ -756,6 +790,7 @@ pub fn status_response(status: u16) -> &'static [u8] {
 }
 
 mod backend;
+pub mod h2;
 mod heads;
 mod read;
 #[cfg(test)]

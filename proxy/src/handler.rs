@@ -5,6 +5,7 @@
 use crate::access_log::{AccessLine, access_line};
 use crate::filters;
 use crate::forwarded;
+use crate::head::PingoraHead;
 use crate::limits::Limits;
 use crate::mirror;
 use crate::policy::RoutePolicy;
@@ -20,7 +21,6 @@ use edits::{apply_request_filter, feed_mirrors};
 use pingora::http::{RequestHeader, ResponseHeader};
 use pingora::prelude::{HttpPeer, ProxyHttp, Session};
 use pingora::protocols::ALPN;
-use pingora_head::PingoraHead;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -310,7 +310,9 @@ impl ProxyHttp for Gateway {
             };
             // The backend, the filters, mirrors and the access log all see the normalised target.
             if let Some(target) = normalized {
-                match target.parse() {
+                let req = session.req_header();
+                let http2 = req.version == pingora::http::Version::HTTP_2;
+                match with_target(&req.uri, &target, http2) {
                     Ok(uri) => session.req_header_mut().set_uri(uri),
                     Err(e) => {
                         tracing::debug!(error = %e, "normalised target is not a URI");
@@ -757,8 +759,26 @@ fn access_log(session: &Session, ctx: &Ctx) {
     });
 }
 
+/// The request's URI with `target` as its path and query. An HTTP/2 request keeps its scheme
+/// and :authority, which become the Host an HTTP/1 backend gets (a bare path would give it an
+/// empty one); an HTTP/1 request's target goes upstream in origin-form, as the path alone.
+fn with_target(
+    uri: &hyper::Uri,
+    target: &str,
+    http2: bool,
+) -> Result<hyper::Uri, hyper::http::Error> {
+    let path: hyper::http::uri::PathAndQuery = target.parse()?;
+    match (uri.scheme(), uri.authority()) {
+        (Some(scheme), Some(authority)) if http2 => Ok(hyper::Uri::builder()
+            .scheme(scheme.clone())
+            .authority(authority.clone())
+            .path_and_query(path)
+            .build()?),
+        _ => Ok(hyper::Uri::from(path)),
+    }
+}
+
 mod answers;
 mod consult;
 mod edits;
-mod pingora_head;
 mod retries;

@@ -2,6 +2,7 @@
 //! the forwarded fields read, whichever engine holds the bytes.
 
 use crate::router::Headers;
+use pingora::http::RequestHeader;
 
 /// The protocol version a request arrived with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,4 +24,44 @@ pub trait Head: Headers {
     }
     /// Calls `f` with every header field, in order; names in any case.
     fn each_header<'s>(&'s self, f: &mut dyn FnMut(&'s [u8], &'s [u8]));
+}
+
+/// Pingora's parsed request (HTTP/1 or an HTTP/2 stream) as the request layer reads it.
+pub struct PingoraHead<'a>(pub &'a RequestHeader);
+
+impl Headers for PingoraHead<'_> {
+    fn get(&self, name: &str) -> Option<&str> {
+        self.0.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+impl Head for PingoraHead<'_> {
+    fn method(&self) -> &str {
+        self.0.method.as_str()
+    }
+
+    fn target(&self) -> &[u8] {
+        self.0.raw_path()
+    }
+
+    fn version(&self) -> Version {
+        match self.0.version {
+            pingora::http::Version::HTTP_10 | pingora::http::Version::HTTP_09 => Version::Http10,
+            pingora::http::Version::HTTP_2 | pingora::http::Version::HTTP_3 => Version::Http2,
+            _ => Version::Http11,
+        }
+    }
+
+    fn authority(&self) -> Option<&[u8]> {
+        // HTTP/1 carries it in the target (absolute-form) or Host; HTTP/2 in :authority.
+        (self.version() == Version::Http2)
+            .then(|| self.0.uri.authority().map(|a| a.as_str().as_bytes()))
+            .flatten()
+    }
+
+    fn each_header<'s>(&'s self, f: &mut dyn FnMut(&'s [u8], &'s [u8])) {
+        for (name, value) in &self.0.headers {
+            f(name.as_str().as_bytes(), value.as_bytes());
+        }
+    }
 }

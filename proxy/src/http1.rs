@@ -186,6 +186,28 @@ impl Framing {
         }
     }
 
+    /// As `advance`, and calls `data` with each range of `bytes` that is body content rather
+    /// than framing.
+    pub fn advance_data(
+        &mut self,
+        bytes: &[u8],
+        data: &mut dyn FnMut(std::ops::Range<usize>),
+    ) -> Result<(usize, bool), BadResponse> {
+        match self {
+            Self::Chunked(c) => Ok(match c.feed_data(bytes, data)? {
+                Some(end) => (end, true),
+                None => (bytes.len(), false),
+            }),
+            _ => {
+                let (end, done) = self.advance(bytes)?;
+                if end > 0 {
+                    data(0..end);
+                }
+                Ok((end, done))
+            }
+        }
+    }
+
     /// Whether the body's end is known from the message itself (so the client connection
     /// can carry on).
     pub fn delimited(&self) -> bool {
@@ -235,6 +257,16 @@ enum ChunkState {
 impl Chunked {
     /// Feeds bytes; Ok(Some(n)): the message ends after the first `n` of them.
     pub fn feed(&mut self, bytes: &[u8]) -> Result<Option<usize>, BadResponse> {
+        self.feed_data(bytes, &mut |_| {})
+    }
+
+    /// As `feed`, and calls `data` with each range of `bytes` that is chunk data (what an
+    /// HTTP/2 client gets as the body, the framing taken off).
+    pub fn feed_data(
+        &mut self,
+        bytes: &[u8],
+        data: &mut dyn FnMut(std::ops::Range<usize>),
+    ) -> Result<Option<usize>, BadResponse> {
         use ChunkState as S;
         let mut i = 0;
         while i < bytes.len() {
@@ -287,6 +319,9 @@ impl Chunked {
                         .unwrap_or(usize::MAX)
                         .min(bytes.len() - i);
                     self.size -= take as u64;
+                    if take > 0 {
+                        data(i..i + take);
+                    }
                     i += take;
                     if self.size == 0 {
                         self.state = S::DataCr;

@@ -484,12 +484,7 @@ impl Connection {
                     }
                 };
                 if matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
-                    // HTTP/2 has its own framing and settings: Pingora serves all of it, and
-                    // runs its keep-alive loop itself (`cleanup()` ends idle connections).
-                    let mut next: Option<pingora::protocols::Stream> = Some(Box::new(stream));
-                    while let Some(s) = next.take() {
-                        next = self.proxy.process_new(s, &self.shutdown).await;
-                    }
+                    self.serve_h2(Box::new(stream)).await;
                 } else {
                     self.serve_http1(Buffered::tls(stream)).await;
                 }
@@ -530,8 +525,8 @@ impl Connection {
             match next {
                 Next::Closed => return,
                 Next::H2c => {
-                    // HTTP/2 with prior knowledge: Pingora serves the whole connection.
-                    let _ = self.proxy.process_new(Box::new(conn), &self.shutdown).await;
+                    // HTTP/2 with prior knowledge (its preface put back).
+                    self.serve_h2(Box::new(conn)).await;
                     return;
                 }
                 Next::Pingora => {
@@ -552,6 +547,30 @@ impl Connection {
                 }
             }
         }
+    }
+}
+
+impl Connection {
+    /// HTTP/2, over TLS or with prior knowledge: `fastpath::h2` reads every stream and
+    /// forwards it or hands it to Pingora.
+    async fn serve_h2(&mut self, io: pingora::protocols::Stream) {
+        let digest = io.get_ssl_digest();
+        let tls = digest
+            .as_ref()
+            .and_then(|d| d.extension.get::<crate::tls::ConnectionTls>());
+        let env = fastpath::Env {
+            table: &self.table,
+            limits: &self.limits,
+            port: self.port,
+            public_port: self.public_port,
+            peer: self.peer,
+            https: self.tls.is_some(),
+            sni: tls.and_then(|t| t.sni.as_deref()),
+            client_cert_refused: tls.is_some_and(|t| t.client_cert_refused),
+            closing: &mut self.closing,
+            shutdown: &self.shutdown,
+        };
+        fastpath::h2::serve(io, &env, &self.proxy).await;
     }
 }
 

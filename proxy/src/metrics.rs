@@ -61,6 +61,11 @@ pub struct Metrics {
     /// Idempotent requests without a retry policy sent once more, to another endpoint,
     /// because their new connection broke before any of the answer came.
     pub broken_resends: AtomicU64,
+    /// HTTP/2 streams served by the fast path's HTTP/2 side (`fastpath::h2`): forwarded, or
+    /// answered 401 or 429 by the request layer.
+    pub http2_streams_fast_path: AtomicU64,
+    /// HTTP/2 streams handed to Pingora: every stream the fast path does not take.
+    pub http2_streams_pingora: AtomicU64,
     /// Requests sent again under their route's retry policy: an answer it retries, the
     /// backend request timeout, or a connection that broke before the answer.
     pub policy_retries: AtomicU64,
@@ -261,6 +266,16 @@ impl Metrics {
                 "coxswain_proxy_relay_idle_closed_total",
                 "Relayed TCP and TLS connections closed because no byte moved either way for the relay idle time.",
                 &self.relay_idle_closed,
+            ),
+            (
+                "coxswain_proxy_http2_streams_fast_path_total",
+                "HTTP/2 streams served by the fast path: forwarded (passthrough routes, bodies of known length up to 64 KiB) or answered 401/429.",
+                &self.http2_streams_fast_path,
+            ),
+            (
+                "coxswain_proxy_http2_streams_pingora_total",
+                "HTTP/2 streams served by Pingora: every stream the fast path does not take.",
+                &self.http2_streams_pingora,
             ),
             (
                 "coxswain_proxy_upstream_connect_retries_total",

@@ -606,8 +606,10 @@ pub mod pool {
     use std::time::{Duration, Instant};
     use tokio::net::TcpStream;
 
-    /// Idle upstream connections kept per backend address and worker.
-    const PER_ADDR: usize = 128;
+    /// Idle upstream connections kept per backend address and worker: as many as Pingora's
+    /// pool keeps, so the answers to one HTTP/2 client's hundreds of concurrent streams do
+    /// not close most of the connections they came on.
+    const PER_ADDR: usize = 1024;
     /// How often a worker's pool is swept of expired and closed connections, at most.
     const SWEEP: Duration = Duration::from_secs(5);
 

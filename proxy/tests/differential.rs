@@ -9,9 +9,13 @@
 
 mod support;
 
+use bytes::Bytes;
 use coxswain_proxy::forwarded::ClientAddress;
 use coxswain_proxy::limits::Limits;
 use coxswain_proxy::policy::AddressSet;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::time::Duration;
 use support::*;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -467,19 +471,198 @@ async fn read_response(
     ))
 }
 
+/// How the clients reach the two proxies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transport {
+    Cleartext,
+    Tls,
+    /// HTTP/2 over TLS (ALPN h2): every stream is a request.
+    H2,
+    /// HTTP/2 in clear, with prior knowledge.
+    H2c,
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_engines_answer_generated_requests_alike() {
-    run(false, 10_000).await;
+    run(Transport::Cleartext, 10_000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn both_engines_answer_generated_requests_alike_over_tls() {
-    run(true, 4_000).await;
+    run(Transport::Tls, 4_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_engines_answer_generated_requests_alike_over_http2() {
+    run(Transport::H2, 4_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn both_engines_answer_generated_requests_alike_over_h2c() {
+    run(Transport::H2c, 2_000).await;
+}
+
+/// An HTTP/2 client connection to one proxy, reopened when the proxy ends it.
+struct H2Client {
+    port: u16,
+    tls: bool,
+    sender: Option<hyper::client::conn::http2::SendRequest<Full<Bytes>>>,
+}
+
+/// A generated request as an HTTP/2 client sends it: its host as :authority, its body as
+/// DATA (a chunked one de-chunked), without the fields HTTP/2 forbids. None: it has no
+/// HTTP/2 form (no or several Host fields, a host no URI takes, a malformed head).
+fn as_h2(raw: &[u8], tls: bool) -> Option<Request<Full<Bytes>>> {
+    let mut fields = [httparse::EMPTY_HEADER; 64];
+    let mut parsed = httparse::Request::new(&mut fields);
+    let len = match parsed.parse(raw) {
+        Ok(httparse::Status::Complete(n)) => n,
+        _ => return None,
+    };
+    let mut hosts = parsed
+        .headers
+        .iter()
+        .filter(|h| h.name.eq_ignore_ascii_case("host"));
+    let host = std::str::from_utf8(hosts.next()?.value).ok()?;
+    if hosts.next().is_some() {
+        return None;
+    }
+    let scheme = if tls { "https" } else { "http" };
+    let uri: hyper::Uri = format!("{scheme}://{host}{}", parsed.path?).parse().ok()?;
+    let mut req = Request::builder().method(parsed.method?).uri(uri);
+    let mut chunked = false;
+    for h in parsed.headers.iter() {
+        let name = h.name.to_ascii_lowercase();
+        match name.as_str() {
+            "host" | "connection" | "keep-alive" | "proxy-connection" | "upgrade" | "te" => {}
+            "transfer-encoding" => chunked = true,
+            _ => req = req.header(name, h.value),
+        }
+    }
+    let rest = &raw[len..];
+    let body = if chunked {
+        // The generator's one chunked body: "2\r\nhi\r\n0\r\n\r\n".
+        let text = std::str::from_utf8(rest).ok()?;
+        let mut out = Vec::new();
+        let mut lines = text.split("\r\n");
+        while let Some(size) = lines.next() {
+            let size = usize::from_str_radix(size, 16).ok()?;
+            if size == 0 {
+                break;
+            }
+            out.extend_from_slice(lines.next()?.as_bytes().get(..size)?);
+        }
+        out
+    } else {
+        rest.to_vec()
+    };
+    req.body(Full::new(Bytes::from(body))).ok()
+}
+
+impl H2Client {
+    fn new(port: u16, tls: bool) -> Self {
+        Self {
+            port,
+            tls,
+            sender: None,
+        }
+    }
+
+    async fn connect(&self) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+        let tcp = TcpStream::connect(("127.0.0.1", self.port)).await.unwrap();
+        let io: Box<dyn Duplex> = if self.tls {
+            let name = rustls::pki_types::ServerName::try_from(SNI).unwrap();
+            Box::new(connector(&[b"h2"]).connect(name, tcp).await.unwrap())
+        } else {
+            Box::new(tcp)
+        };
+        let (sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        sender
+    }
+
+    async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<Seen, String> {
+        if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
+            self.sender = Some(self.connect().await);
+        }
+        let sender = self.sender.as_mut().unwrap();
+        let head_only = req.method() == hyper::Method::HEAD;
+        let answer = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req)).await;
+        let resp = match answer {
+            Err(_) => return Err("timed out".into()),
+            // A reset stream or a refused request: which error it was is the client's wording.
+            Ok(Err(_)) => return Err("stream failed".into()),
+            Ok(Ok(r)) => r,
+        };
+        let status = resp.status().as_u16();
+        let mut head = format!("HTTP/2 {status}\r\n");
+        for (name, value) in resp.headers() {
+            head.push_str(&format!(
+                "{name}: {}\r\n",
+                String::from_utf8_lossy(value.as_bytes())
+            ));
+        }
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).trim().to_owned())
+        };
+        let (location, challenge, retry_after) = (
+            header("location"),
+            header("www-authenticate"),
+            header("retry-after"),
+        );
+        let body =
+            match tokio::time::timeout(Duration::from_secs(10), resp.into_body().collect()).await {
+                Ok(Ok(b)) => b.to_bytes().to_vec(),
+                _ => return Err("body failed".into()),
+            };
+        if head_only && !body.is_empty() {
+            return Err("a body in answer to HEAD".into());
+        }
+        Ok(Seen {
+            status,
+            location,
+            challenge,
+            retry_after,
+            edited: edited_fields(&head),
+            body,
+        })
+    }
+}
+
+/// The two clients of a run: one per proxy.
+enum Clients {
+    Http1(Client, Client),
+    Http2(H2Client, H2Client, bool),
+}
+
+impl Clients {
+    /// Sends one generated request to both proxies; None when it has no form here.
+    async fn send(&mut self, req: &[u8]) -> Option<(Result<Seen, String>, Result<Seen, String>)> {
+        match self {
+            Self::Http1(fast, pingora) => {
+                let head_only = req.windows(5).take(3).any(|w| w == b"HEAD ");
+                Some((
+                    fast.send(req, head_only).await,
+                    pingora.send(req, head_only).await,
+                ))
+            }
+            Self::Http2(fast, pingora, tls) => {
+                let (a, b) = (as_h2(req, *tls)?, as_h2(req, *tls)?);
+                Some((fast.send(a).await, pingora.send(b).await))
+            }
+        }
+    }
 }
 
 /// Sends `default_count` generated requests (or `COXSWAIN_DIFF_REQUESTS`) through both
 /// engines and compares what each client saw.
-async fn run(tls: bool, default_count: usize) {
+async fn run(transport: Transport, default_count: usize) {
+    let tls = matches!(transport, Transport::Tls | Transport::H2);
     let seed: u64 = std::env::var("COXSWAIN_DIFF_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -493,7 +676,7 @@ async fn run(tls: bool, default_count: usize) {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default_count);
-    let over = if tls { "TLS" } else { "cleartext" };
+    let over = format!("{transport:?}");
     eprintln!(
         "differential ({over}): seed {seed} (COXSWAIN_DIFF_SEED={seed} replays it), {count} requests"
     );
@@ -531,17 +714,27 @@ async fn run(tls: bool, default_count: usize) {
         proxies.push(Proxy::start_with(&snap, limits).await);
         ports.push(port);
     }
-    let mut fast = Client::new(ports[0], tls);
-    let mut pingora = Client::new(ports[1], tls);
+    let http2 = matches!(transport, Transport::H2 | Transport::H2c);
+    let mut clients = if http2 {
+        Clients::Http2(
+            H2Client::new(ports[0], tls),
+            H2Client::new(ports[1], tls),
+            tls,
+        )
+    } else {
+        Clients::Http1(Client::new(ports[0], tls), Client::new(ports[1], tls))
+    };
     let mut rng = Rng(seed);
     let mut divergences = Vec::new();
     let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
     let mut edited = 0;
+    let mut sent = 0;
     for i in 0..count {
         let req = generate(&mut rng);
-        let head_only = req.windows(5).take(3).any(|w| w == b"HEAD ");
-        let a = fast.send(&req, head_only).await;
-        let b = pingora.send(&req, head_only).await;
+        let Some((a, b)) = clients.send(&req).await else {
+            continue;
+        };
+        sent += 1;
         if let Ok(s) = &a {
             *statuses.entry(s.status).or_default() += 1;
             edited += usize::from(s.edited.iter().any(|f| f == "x-served-by: edge"));
@@ -564,12 +757,31 @@ async fn run(tls: bool, default_count: usize) {
     );
     // The run exercised both answers and forwarding.
     assert!(
-        statuses.get(&200).is_some_and(|n| *n > count / 10),
+        sent > count / 2,
+        "only {sent} of {count} requests had a form here"
+    );
+    assert!(
+        statuses.get(&200).is_some_and(|n| *n > sent / 10),
         "{statuses:?}"
     );
     assert!(statuses.len() >= 6, "{statuses:?}");
     // And the route whose header modifiers the fast path applies itself.
-    assert!(edited > count / 100, "{edited} responses through /edit");
+    assert!(edited > sent / 100, "{edited} responses through /edit");
+    if http2 {
+        // Streams took the fast path on one proxy and never on the other.
+        let fast = proxies[0]
+            .metric("coxswain_proxy_http2_streams_fast_path_total")
+            .await;
+        let none = proxies[1]
+            .metric("coxswain_proxy_http2_streams_fast_path_total")
+            .await;
+        eprintln!("differential ({over}): {fast} of {sent} streams on the fast path");
+        assert!(
+            fast as usize > sent / 10,
+            "{fast} of {sent} streams on the fast path"
+        );
+        assert_eq!(none, 0);
+    }
     // Over TLS, requests for the other listener's names were told apart from the SNI's.
     if tls {
         assert!(statuses.contains_key(&421), "{statuses:?}");

@@ -5,6 +5,10 @@
 
 mod support;
 
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::net::SocketAddr;
 use std::time::Duration;
 use support::*;
@@ -59,9 +63,34 @@ async fn raw_backend() -> SocketAddr {
                     };
                     let head = String::from_utf8_lossy(&buf[..end]).to_string();
                     buf.drain(..end + 4);
+                    // A Content-Length body is read whole before the answer.
+                    let length: usize = head
+                        .to_ascii_lowercase()
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap_or(0));
+                    while buf.len() < length {
+                        let mut chunk = [0u8; 16384];
+                        match s.read(&mut chunk).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                        }
+                    }
+                    let body: Vec<u8> = buf.drain(..length).collect();
                     let line = head.lines().next().unwrap_or("").to_owned();
                     let path = line.split(' ').nth(1).unwrap_or("/");
+                    let counted;
                     let reply: &[u8] = match path {
+                        "/raw/count" => {
+                            let sum: u64 = body.iter().map(|b| u64::from(*b)).sum();
+                            let text = format!("{} bytes, sum {sum}", body.len());
+                            counted = format!(
+                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{text}",
+                                text.len()
+                            );
+                            counted.as_bytes()
+                        }
+                        "/raw/truncated" => b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
                         "/raw/chunked" => b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;x=1\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n",
                         "/raw/interim" => b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfinal",
                         "/raw/head" => b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\n",
@@ -71,7 +100,10 @@ async fn raw_backend() -> SocketAddr {
                     if s.write_all(reply).await.is_err() {
                         return;
                     }
-                    if path == "/raw/until-close" || path == "/raw/close-after" {
+                    if path == "/raw/until-close"
+                        || path == "/raw/close-after"
+                        || path == "/raw/truncated"
+                    {
                         return;
                     }
                 }
@@ -324,5 +356,124 @@ async fn backend_connections_closed_while_pooled_are_replaced_and_dead_backends_
     assert!(metrics.body.contains(
         r#"coxswain_proxy_requests_total{route="HTTPRoute/t/gone",rule="0",code="5xx"} 1"#
     ));
+    proxy.stop().await;
+}
+
+/// An HTTP/2 client (prior knowledge) on the proxy's port.
+async fn h2c(port: u16) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_streams_take_the_fast_path_and_get_every_framing_as_frames() {
+    let (proxy, port, _) = start().await;
+    let mut h2 = h2c(port).await;
+    let get = async |h2: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+                     method: &str,
+                     path: &str,
+                     body: Vec<u8>| {
+        let mut req = Request::builder()
+            .method(method)
+            .uri(format!("http://x{path}"));
+        if !body.is_empty() {
+            req = req.header("content-length", body.len());
+        }
+        let resp = h2
+            .send_request(req.body(Full::new(Bytes::from(body))).unwrap())
+            .await
+            .unwrap();
+        let (parts, body) = resp.into_parts();
+        let body = body.collect().await.map(|b| b.to_bytes().to_vec());
+        (parts.status.as_u16(), parts.headers, body)
+    };
+
+    // Chunked: the chunks' data as the body, no framing fields, the trailer dropped.
+    let (status, headers, body) = get(&mut h2, "GET", "/raw/chunked", Vec::new()).await;
+    assert_eq!(status, 200);
+    assert_eq!(body.unwrap(), b"hello world");
+    assert!(headers.get("transfer-encoding").is_none());
+    // An interim answer is not passed on (HTTP/2 has one response head per stream here, as on
+    // Pingora); the final one is.
+    let (status, _, body) = get(&mut h2, "GET", "/raw/interim", Vec::new()).await;
+    assert_eq!((status, body.unwrap().as_slice()), (200, &b"final"[..]));
+    // HEAD: the length, no body.
+    let (status, headers, body) = get(&mut h2, "HEAD", "/raw/head", Vec::new()).await;
+    assert_eq!(status, 200);
+    assert_eq!(headers.get("content-length").unwrap(), "5");
+    assert!(body.unwrap().is_empty());
+    let (status, headers, body) = get(&mut h2, "GET", "/raw/plain", Vec::new()).await;
+    assert_eq!((status, body.unwrap().as_slice()), (200, &b"ok"[..]));
+    assert_eq!(headers.get("x-raw").unwrap(), "yes");
+    // A body that ends when the backend closes has ended: the stream finishes normally.
+    let (status, _, body) = get(&mut h2, "GET", "/raw/until-close", Vec::new()).await;
+    assert_eq!(
+        (status, body.unwrap().as_slice()),
+        (200, &b"until the end"[..])
+    );
+    // A body cut short of its length: the stream is reset (before or after the client read
+    // the head), never finished as if whole.
+    let req = Request::get("http://x/raw/truncated")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let outcome = match h2.send_request(req).await {
+        Ok(resp) => resp.into_body().collect().await.map(|b| b.to_bytes()),
+        Err(e) => Err(e),
+    };
+    assert!(outcome.is_err(), "a truncated body must fail: {outcome:?}");
+    // A 64 KiB body (past HTTP/2's initial flow-control window) arrives whole.
+    let sent: Vec<u8> = (0..64 * 1024).map(|i| (i % 251) as u8).collect();
+    let sum: u64 = sent.iter().map(|b| u64::from(*b)).sum();
+    let (status, _, body) = get(&mut h2, "POST", "/raw/count", sent).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        String::from_utf8(body.unwrap()).unwrap(),
+        format!("65536 bytes, sum {sum}")
+    );
+    // Streams of one connection run at once: 50 in flight on one connection.
+    let mut all = Vec::new();
+    for _ in 0..50 {
+        let mut h2 = h2.clone();
+        all.push(tokio::spawn(async move {
+            let req = Request::get("http://x/raw/plain")
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            let resp = h2.send_request(req).await.unwrap();
+            resp.into_body().collect().await.unwrap().to_bytes()
+        }));
+    }
+    for one in all {
+        assert_eq!(one.await.unwrap().as_ref(), b"ok");
+    }
+    // Every one of them was forwarded by the fast path, none by Pingora.
+    assert_eq!(
+        proxy
+            .metric("coxswain_proxy_http2_streams_fast_path_total")
+            .await,
+        57
+    );
+    assert_eq!(
+        proxy
+            .metric("coxswain_proxy_http2_streams_pingora_total")
+            .await,
+        0
+    );
+    // A stream the fast path does not take (no route here) is Pingora's, on the same
+    // connection.
+    let (status, _, _) = get(&mut h2, "GET", "/nothing-routes-this", Vec::new()).await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        proxy
+            .metric("coxswain_proxy_http2_streams_pingora_total")
+            .await,
+        1
+    );
+    let (status, _, body) = get(&mut h2, "GET", "/raw/plain", Vec::new()).await;
+    assert_eq!((status, body.unwrap().as_slice()), (200, &b"ok"[..]));
     proxy.stop().await;
 }

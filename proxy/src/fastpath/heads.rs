@@ -1,18 +1,20 @@
 //! The heads the fast path sends on: the request head it writes upstream and, when header
 //! modifiers or framing ask for it, the response head it writes to the client.
 
-use super::{FastHead, MAX_RESPONSE_HEADERS};
+use super::MAX_RESPONSE_HEADERS;
 use crate::forwarded::Forwarded;
 use crate::request::Head;
 use coxswain_api::snapshot as snap;
 use std::borrow::Cow;
 
-/// The head sent upstream: the request line with the normalised target, the received
-/// fields less the forwarded ones, then the forwarded fields this proxy sets; then the
-/// route's and the backend's header modifiers, in that order, as Pingora applies them.
-pub(super) fn write_upstream_head<'m>(
+/// The head sent upstream: the request line with the normalised target, `host` as a Host
+/// field (an HTTP/2 request's :authority), the received fields less the forwarded ones, then
+/// the forwarded fields this proxy sets; then the route's and the backend's header
+/// modifiers, in that order, as Pingora applies them.
+pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
     out: &mut Vec<u8>,
-    head: &FastHead<'_, '_>,
+    head: &H,
+    host: Option<&str>,
     target: &str,
     forwarded: &Forwarded<'_>,
     edits: impl Iterator<Item = &'m snap::HeaderModifier>,
@@ -24,12 +26,15 @@ pub(super) fn write_upstream_head<'m>(
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let mut edits = edits.peekable();
     if edits.peek().is_some() {
-        let mut fields = Fields(Vec::with_capacity(head.0.headers.len() + 8));
-        for h in head.0.headers.iter() {
-            if !forwarded.replaces(h.name.as_bytes()) {
-                fields.0.push((h.name.as_bytes().into(), h.value.into()));
-            }
+        let mut fields = Fields(Vec::with_capacity(24));
+        if let Some(host) = host {
+            fields.0.push((b"host"[..].into(), host.as_bytes().into()));
         }
+        head.each_header(&mut |name, value| {
+            if !forwarded.replaces(name) {
+                fields.0.push((name.into(), value.into()));
+            }
+        });
         forwarded.each(&mut |name, parts| {
             fields
                 .0
@@ -42,16 +47,20 @@ pub(super) fn write_upstream_head<'m>(
         out.extend_from_slice(b"\r\n");
         return;
     }
-    for h in head.0.headers.iter() {
-        let name = h.name.as_bytes();
+    if let Some(host) = host {
+        out.extend_from_slice(b"host: ");
+        out.extend_from_slice(host.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    head.each_header(&mut |name, value| {
         if forwarded.replaces(name) {
-            continue;
+            return;
         }
         out.extend_from_slice(name);
         out.extend_from_slice(b": ");
-        out.extend_from_slice(h.value);
+        out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
-    }
+    });
     forwarded.each(&mut |name, parts| {
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(b": ");
