@@ -19,7 +19,9 @@
 # result. CPU per request is the proxy's own CPU time (every process of it, from /proc) over
 # the measured seconds, divided by the requests the load generator completed.
 # Settings: BENCH_SECONDS (default 10), BENCH_CONNECTIONS (default 50), COXSWAIN_BIN (a
-# binary to measure instead of building this tree's).
+# binary to measure instead of building this tree's), BENCH_PERF=DIR (record coxswain's CPU
+# profile of each measured load with perf into DIR/<scenario>-<workers>.data and print where
+# its CPU went; the sampling costs a little CPU of its own, so take figures from a run without).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -162,10 +164,21 @@ load() {
 # name, $3 workers, $4 pid.
 measure() {
   load "$1" 2 >/dev/null
-  local before after requests rps p99 notes cpu_us
+  local before after requests rps p99 notes cpu_us perf_pid=""
+  if [[ -n ${BENCH_PERF:-} && $2 == coxswain ]]; then
+    mkdir -p "$BENCH_PERF"
+    perf record -q -F 999 -g -p "$4" -o "$BENCH_PERF/$1-$3.data" -- sleep "$seconds" 2>/dev/null &
+    perf_pid=$!
+  fi
   before=$(cpu_ticks "$4")
   IFS=$'\t' read -r requests rps p99 notes < <(load "$1" "$seconds")
   after=$(cpu_ticks "$4")
+  if [[ -n $perf_pid ]]; then
+    wait "$perf_pid" || true
+    echo "where coxswain's CPU went ($1, $3 worker(s)), self time:" >&2
+    perf report -i "$BENCH_PERF/$1-$3.data" --no-children --stdio --sort dso,symbol \
+      --percent-limit 0.7 2>/dev/null | grep -E '^ +[0-9]' | head -45 >&2 || true
+  fi
   cpu_us=$(awk -v t=$((after - before)) -v hz="$clk_tck" -v n="$requests" \
     'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "n/a" }')
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$rps" "$p99" "$cpu_us" "$notes" >> "$work/results.tsv"

@@ -383,6 +383,55 @@ async fn every_wait_ends_at_its_deadline() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_connections_end_at_their_deadlines() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    let (backend, _seen, _) = raw_backend(|_| RawAnswer::Send(OK.to_vec())).await;
+    for fast_path in [true, false] {
+        let engine = if fast_path { "fast path" } else { "pingora" };
+        let s = setup(backend, short(fast_path)).await;
+        let wait = Duration::from_secs(5);
+
+        // The HTTP/2 preface, then no SETTINGS: closed at the head deadline, not held.
+        let started = Instant::now();
+        let (_, closed) = raw_exchange(s.port, b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", wait).await;
+        assert!(closed, "{engine}: a stalled HTTP/2 handshake is cut");
+        assert!(started.elapsed() < Duration::from_secs(3), "{engine}");
+
+        // A connection idle after its one request: closed after the idle time.
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", s.port))
+            .await
+            .unwrap();
+        let (mut sender, conn) =
+            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+                .await
+                .unwrap();
+        let conn = tokio::spawn(conn);
+        let req = hyper::Request::get("http://a/")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = sender.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200, "{engine}");
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body.as_ref(), b"ok", "{engine}");
+        let started = Instant::now();
+        let ended = tokio::time::timeout(wait, conn).await;
+        assert!(
+            ended.is_ok(),
+            "{engine}: an idle HTTP/2 connection is closed"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(700),
+            "{engine}: closed after {:?}, before the idle time",
+            started.elapsed()
+        );
+        assert!(sender.is_closed(), "{engine}");
+        s.proxy.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_cap_wait_and_are_counted() {
     let (backend, _seen, _) = raw_backend(|_| RawAnswer::Send(OK.to_vec())).await;
     let limits = Limits {

@@ -69,6 +69,14 @@ pub async fn serve<P: HttpServerApp + Send + Sync + 'static>(
     if draining {
         conn.graceful_shutdown();
     }
+    // Made once, not per turn of the loop: each `changed()` registers a waiter.
+    let stop = async {
+        tokio::select! {
+            _ = closing.changed() => {}
+            _ = shutdown.changed() => {}
+        }
+    };
+    tokio::pin!(stop);
     let mut streams = FuturesUnordered::new();
     let mut rejected = 0usize;
     let idle = tokio::time::sleep(env.limits.keepalive_idle);
@@ -77,11 +85,7 @@ pub async fn serve<P: HttpServerApp + Send + Sync + 'static>(
         let open = !streams.is_empty();
         tokio::select! {
             biased;
-            _ = closing.changed(), if !draining => {
-                conn.graceful_shutdown();
-                draining = true;
-            }
-            _ = shutdown.changed(), if !draining => {
+            () = &mut stop, if !draining => {
                 conn.graceful_shutdown();
                 draining = true;
             }
