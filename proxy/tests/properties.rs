@@ -113,11 +113,19 @@ proptest! {
         body.extend_from_slice(&tail);
         let at = split.index(body.len() + 1);
         let mut scanner = Chunked::default();
-        let found = match scanner.feed(&body[..at]).unwrap() {
+        // The data ranges it reports (what an HTTP/2 client gets) are the chunks, whole and
+        // in order, at any split, and nothing of the framing or the bytes after the end.
+        let mut data = Vec::new();
+        let first = &body[..at];
+        let found = match scanner.feed_data(first, &mut |r| data.extend_from_slice(&first[r])).unwrap() {
             Some(n) => n,
-            None => at + scanner.feed(&body[at..]).unwrap().unwrap(),
+            None => {
+                let rest = &body[at..];
+                at + scanner.feed_data(rest, &mut |r| data.extend_from_slice(&rest[r])).unwrap().unwrap()
+            }
         };
         prop_assert_eq!(found, end);
+        prop_assert_eq!(data, chunks.concat());
     }
 
     #[test]
@@ -125,7 +133,10 @@ proptest! {
         bytes in prop::collection::vec(any::<u8>(), 0..128),
         split in any::<prop::sample::Index>(),
     ) {
-        let whole = Chunked::default().feed(&bytes);
+        // Data ranges stay inside what was fed, whatever the bytes.
+        let mut inside = true;
+        let whole = Chunked::default().feed_data(&bytes, &mut |r| inside &= r.start < r.end && r.end <= bytes.len());
+        prop_assert!(inside);
         let at = split.index(bytes.len() + 1);
         let mut scanner = Chunked::default();
         let pieces = match scanner.feed(&bytes[..at]) {
