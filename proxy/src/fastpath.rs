@@ -564,10 +564,6 @@ async fn exchange(
         if !(100..200).contains(&h.status) {
             break h;
         }
-        // 101 answers an Upgrade, which this path never forwards.
-        if h.status == 101 {
-            return Err(502);
-        }
         // Pingora runs the response filters on interim heads too.
         let written = match &plan.response_edits {
             Some(edits) => match edited_response_head(&resp[..h.len], false, edits) {
@@ -581,11 +577,8 @@ async fn exchange(
         }
         resp.drain(..h.len);
     };
-    env.table.metrics().upstream_latency(sent.elapsed());
     let status = head.status;
-    // A 5xx answer counts toward the endpoint's ejection; anything else clears its streak.
-    plan.cluster
-        .record(plan.endpoint, status >= 500, &env.limits.outlier);
+    plan.answered(env, sent, status);
 
     // The head, then the body as it arrives: each read is flushed to the client at once,
     // so streamed responses (server-sent events, long polls) are not held back.
@@ -729,7 +722,8 @@ async fn send(
 }
 
 /// Reads until a whole response head (interim or final) starts `resp`. Err(502): the
-/// backend closed or sent something that is not a response head, counted against it.
+/// backend closed or sent something that is not a response head (counted against it), or
+/// a 101.
 async fn next_head(
     upstream: &mut tokio::net::TcpStream,
     resp: &mut Vec<u8>,
@@ -738,6 +732,8 @@ async fn next_head(
 ) -> Result<http1::ResponseHead, u16> {
     loop {
         match http1::parse_response(resp, plan.head_only, MAX_RESPONSE_HEADERS) {
+            // 101 answers an Upgrade, which the fast path never forwards.
+            Ok(Some(h)) if h.status == 101 => return Err(502),
             Ok(Some(h)) => return Ok(h),
             Ok(None) if resp.len() < MAX_RESPONSE_HEAD => {
                 if !matches!(read_more(upstream, resp).await, Ok(n) if n > 0) {

@@ -8,6 +8,15 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 impl Plan {
+    /// The backend's final answer came, `status`, for a request sent at `sent`: its latency
+    /// is observed, and a 5xx counts toward the endpoint's ejection (anything else clears
+    /// its streak).
+    pub(super) fn answered(&self, env: &Env<'_>, sent: std::time::Instant, status: u16) {
+        env.table.metrics().upstream_latency(sent.elapsed());
+        self.cluster
+            .record(self.endpoint, status >= 500, &env.limits.outlier);
+    }
+
     /// After an attempt on `endpoint` failed before any of the answer came, moves the request
     /// to an endpoint not in `tried` (which gains `endpoint`), picked from the cluster as the
     /// current table holds it ([`crate::upstream::ClusterState::newest`]). False when every

@@ -257,17 +257,12 @@ async fn exchange(
         if !(100..200).contains(&h.status) {
             break h;
         }
-        if h.status == 101 {
-            return Err(502);
-        }
         // An interim answer has no place in this stream's one HEADERS frame (Pingora drops
         // them on HTTP/2 too).
         resp.drain(..h.len);
     };
-    env.table.metrics().upstream_latency(sent.elapsed());
     let status = head.status;
-    plan.cluster
-        .record(plan.endpoint, status >= 500, &env.limits.outlier);
+    plan.answered(env, sent, status);
     let Some(mut header) = response_header(&resp[..head.len], head.drop_length) else {
         return Err(502);
     };
