@@ -22,30 +22,141 @@ impl Snapshot {
         if !self.version.is_empty() {
             prost::encoding::string::encode(1, &self.version, &mut field);
         }
-        let unsealed = match encoded.strip_prefix(field.as_slice()) {
-            Some(rest) => ring::digest::digest(&ring::digest::SHA256, rest),
+        match encoded.strip_prefix(field.as_slice()) {
+            Some(rest) => hex_digest(rest),
             None => {
                 let mut copy = self.clone();
                 copy.version.clear();
-                ring::digest::digest(&ring::digest::SHA256, &copy.encode_to_vec())
+                hex_digest(&copy.encode_to_vec())
             }
-        };
-        unsealed
-            .as_ref()
-            .iter()
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        }
     }
 
-    /// Stamps the content version.
-    pub fn seal(mut self) -> Self {
-        self.version = self.content_version();
-        self
+    /// Sets `version` to the content version.
+    pub fn seal(self) -> Sealed {
+        Sealed::new(self)
     }
 
     /// Whether `version` matches the content: a receiver checks this before swapping in.
     pub fn is_sealed(&self) -> bool {
         !self.version.is_empty() && self.version == self.content_version()
+    }
+}
+
+fn hex_digest(bytes: &[u8]) -> String {
+    let digest = ring::digest::digest(&ring::digest::SHA256, bytes);
+    let mut out = String::with_capacity(2 * digest.as_ref().len());
+    for b in digest.as_ref() {
+        out.push(char::from(HEX[usize::from(b >> 4)]));
+        out.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    out
+}
+
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Bytes before the rest of a sealed encoding: the tag of field 1 (`version`, length-delimited),
+/// its length, 64, and the 64 hex digits.
+const VERSION_FIELD: usize = 2 + 64;
+
+/// A snapshot whose `version` is known to be its content hash, with the encoding that hash was
+/// taken over. Routing tables are built only from one: the sender seals once
+/// ([`Sealed::new`]) and sends these bytes; the receiver checks them as they came
+/// ([`Sealed::decode`]). Neither side encodes the snapshot a second time to hash it, which at
+/// 20,000 routes was a third of a proxy's table build.
+#[derive(Debug, Clone)]
+pub struct Sealed {
+    snapshot: Snapshot,
+    encoded: bytes::Bytes,
+}
+
+/// Why bytes or a snapshot are not a sealed snapshot.
+#[derive(Debug, thiserror::Error)]
+pub enum SealError {
+    #[error("not a snapshot: {0}")]
+    Decode(#[from] prost::DecodeError),
+    #[error("the snapshot has no content version")]
+    Unversioned,
+    #[error("the snapshot's version {0:?} does not match its content")]
+    Mismatch(String),
+}
+
+impl Sealed {
+    /// Seals `snapshot` (any `version` it has is replaced), encoding it once.
+    pub fn new(mut snapshot: Snapshot) -> Self {
+        snapshot.version.clear();
+        // Room for the version field in front, so the hashed bytes are not copied behind it.
+        let mut buf = Vec::with_capacity(VERSION_FIELD + snapshot.encoded_len());
+        buf.resize(VERSION_FIELD, 0);
+        snapshot.encode_raw(&mut buf);
+        let version = hex_digest(&buf[VERSION_FIELD..]);
+        buf[0] = 0x0a; // field 1, wire type 2
+        buf[1] = 64; // one varint byte
+        buf[2..VERSION_FIELD].copy_from_slice(version.as_bytes());
+        snapshot.version = version;
+        Self {
+            snapshot,
+            encoded: buf.into(),
+        }
+    }
+
+    /// Decodes bytes a sender sealed, checking the hash over the bytes as received: a field
+    /// changed, dropped or added anywhere after the version fails the check.
+    pub fn decode(encoded: bytes::Bytes) -> Result<Self, SealError> {
+        let claimed = match encoded.get(..VERSION_FIELD) {
+            Some([0x0a, 64, hex @ ..]) => std::str::from_utf8(hex).ok(),
+            _ => None,
+        };
+        let Some(claimed) = claimed else {
+            // Not written by `Sealed::new`; an older sender's encoding is checked the slow way.
+            return Self::check(Snapshot::decode(encoded.as_ref())?);
+        };
+        if hex_digest(&encoded[VERSION_FIELD..]) != claimed {
+            return Err(SealError::Mismatch(claimed.to_owned()));
+        }
+        let snapshot = Snapshot::decode(encoded.as_ref())?;
+        // The field could come again further on, and the last one is what decodes.
+        if snapshot.version != claimed {
+            return Err(SealError::Mismatch(snapshot.version));
+        }
+        Ok(Self { snapshot, encoded })
+    }
+
+    /// Checks a snapshot that came without its encoding (a file written as JSON or YAML).
+    pub fn check(snapshot: Snapshot) -> Result<Self, SealError> {
+        if snapshot.version.is_empty() {
+            return Err(SealError::Unversioned);
+        }
+        let claimed = snapshot.version.clone();
+        let sealed = Self::new(snapshot);
+        if sealed.snapshot.version != claimed {
+            return Err(SealError::Mismatch(claimed));
+        }
+        Ok(sealed)
+    }
+
+    pub fn snapshot(&self) -> &Snapshot {
+        &self.snapshot
+    }
+
+    /// The sealed encoding: what goes on the wire and into a proxy's cache file.
+    pub fn encoded(&self) -> &bytes::Bytes {
+        &self.encoded
+    }
+
+    pub fn into_snapshot(self) -> Snapshot {
+        self.snapshot
+    }
+
+    pub fn into_parts(self) -> (Snapshot, bytes::Bytes) {
+        (self.snapshot, self.encoded)
+    }
+}
+
+impl std::ops::Deref for Sealed {
+    type Target = Snapshot;
+    fn deref(&self) -> &Snapshot {
+        &self.snapshot
     }
 }
 
@@ -158,9 +269,87 @@ mod tests {
         assert_eq!(a.version, b.version);
         assert_eq!(a.version.len(), 64);
         assert!(a.is_sealed());
-        let mut changed = a.clone();
+        assert_eq!(a.version, a.content_version());
+        let mut changed = a.clone().into_snapshot();
         changed.listeners[0].port = 8080;
         assert!(!changed.is_sealed());
+        assert!(matches!(
+            Sealed::check(changed),
+            Err(SealError::Mismatch(v)) if v == a.version
+        ));
+        assert!(matches!(
+            Sealed::check(sample()),
+            Err(SealError::Unversioned)
+        ));
+    }
+
+    #[test]
+    fn a_sealed_encoding_is_the_snapshot_encoded_and_decodes_back() {
+        let sealed = sample().seal();
+        assert_eq!(sealed.encoded().as_ref(), sealed.snapshot().encode_to_vec());
+        let back = Sealed::decode(sealed.encoded().clone()).unwrap();
+        assert_eq!(back.snapshot(), sealed.snapshot());
+        // Sealing again gives the same version whatever version the snapshot had.
+        let mut other = sealed.clone().into_snapshot();
+        other.version = "x".repeat(300);
+        assert_eq!(other.seal().version, sealed.version);
+    }
+
+    #[test]
+    fn bytes_changed_after_sealing_do_not_decode_as_sealed() {
+        let sealed = sample().seal();
+        let good = sealed.encoded().to_vec();
+        // Every single byte of the content flipped: the hash no longer matches (or the bytes
+        // no longer decode).
+        for i in VERSION_FIELD..good.len() {
+            let mut bad = good.clone();
+            bad[i] ^= 0x01;
+            assert!(Sealed::decode(bad.into()).is_err(), "byte {i} flipped");
+        }
+        // A field appended after the content, even one the hash cannot see a reason to refuse.
+        let mut appended = good.clone();
+        prost::encoding::uint32::encode(99, &7, &mut appended);
+        assert!(matches!(
+            Sealed::decode(appended.into()),
+            Err(SealError::Mismatch(_))
+        ));
+        // A second version field at the end, naming another content: the one that decodes is
+        // the last, which is not what was hashed.
+        let mut twice = good.clone();
+        prost::encoding::string::encode(1, &"0".repeat(64), &mut twice);
+        assert!(matches!(
+            Sealed::decode(twice.into()),
+            Err(SealError::Mismatch(_))
+        ));
+        // A version digit changed.
+        let mut claimed = good.clone();
+        claimed[2] = if claimed[2] == b'0' { b'1' } else { b'0' };
+        assert!(matches!(
+            Sealed::decode(claimed.into()),
+            Err(SealError::Mismatch(_))
+        ));
+        // No version at all.
+        assert!(matches!(
+            Sealed::decode(sample().encode_to_vec().into()),
+            Err(SealError::Unversioned)
+        ));
+        // Not a snapshot.
+        assert!(matches!(
+            Sealed::decode(bytes::Bytes::from_static(&[0xff, 0xff, 0xff])),
+            Err(SealError::Decode(_))
+        ));
+    }
+
+    #[test]
+    fn an_encoding_not_made_by_sealed_is_checked_by_its_content() {
+        // A sender that wrote fields in another order: the version field is not first.
+        let sealed = sample().seal();
+        let mut unversioned = sealed.snapshot().clone();
+        unversioned.version.clear();
+        let mut reordered = unversioned.encode_to_vec();
+        prost::encoding::string::encode(1, &sealed.version, &mut reordered);
+        let back = Sealed::decode(reordered.into()).unwrap();
+        assert_eq!(back.version, sealed.version);
     }
 
     #[test]
@@ -181,14 +370,18 @@ mod tests {
     #[test]
     fn json_names_enums_and_round_trips() {
         let s = sample().seal();
-        let json = serde_json::to_string(&s).unwrap();
+        let json = serde_json::to_string(s.snapshot()).unwrap();
         assert!(json.contains("\"PROTOCOL_HTTP\""), "{json}");
         assert!(json.contains("\"sharedPool\""), "{json}");
         let back: Snapshot = serde_json::from_str(&json).unwrap();
-        assert_eq!(back, s);
-        let yaml = to_yaml(&s).unwrap();
+        assert_eq!(&back, s.snapshot());
+        let yaml = to_yaml(s.snapshot()).unwrap();
         assert!(yaml.contains("sharedPool: {}"), "{yaml}");
-        assert_eq!(Snapshot::from_yaml(&yaml).unwrap(), s);
-        assert_eq!(Snapshot::from_yaml(&json).unwrap(), s, "JSON is YAML");
+        assert_eq!(&Snapshot::from_yaml(&yaml).unwrap(), s.snapshot());
+        assert_eq!(
+            &Snapshot::from_yaml(&json).unwrap(),
+            s.snapshot(),
+            "JSON is YAML"
+        );
     }
 }

@@ -70,7 +70,7 @@ fn bench(c: &mut Criterion) {
         let snapshot = &compile::compile(&store, &config).snapshots[&compile::ScopeKey::SharedPool];
         eprintln!(
             "{routes} routes: the shared pool's snapshot encodes to {} bytes",
-            prost::Message::encoded_len(snapshot)
+            snapshot.encoded().len()
         );
         let mut group = c.benchmark_group("compile");
         group.sample_size(10);

@@ -169,7 +169,7 @@ struct Pass {
     /// beside the cache's from after, until the next pass (up to 45 MiB at 20,000 routes,
     /// when one change rewrites every route's status).
     store: std::sync::Mutex<Arc<compile::Store>>,
-    /// Its snapshots hold their versions only: the snapshots themselves went to the hub.
+    /// Without its snapshots, which went to the hub; their versions stay.
     compiled: compile::Compiled,
     names: Arc<crate::provision::ProxyNames>,
 }
@@ -476,18 +476,10 @@ pub async fn run(
         });
         let publishing = pass.child("publish");
         // Each snapshot moves to the hub rather than being copied (tens of MB at 20,000
-        // routes); status needs only its version, which stays.
-        for (scope, snapshot) in &mut compiled.snapshots {
+        // routes); status needs only its version, in `compiled.versions`.
+        for (scope, snapshot) in std::mem::take(&mut compiled.snapshots) {
             tracing::debug!(?scope, version = %snapshot.version, "publishing snapshot");
-            let version = snapshot.version.clone();
-            let published = std::mem::replace(
-                snapshot,
-                coxswain_api::snapshot::Snapshot {
-                    version,
-                    ..Default::default()
-                },
-            );
-            hub.publish(scope.clone(), published);
+            hub.publish(scope, snapshot);
         }
         publishing.end();
         tracing::debug!(

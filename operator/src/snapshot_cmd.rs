@@ -2,7 +2,7 @@
 
 use crate::cli::{CompileSettings, MatchArgs, OutputFormat, SnapshotCommand};
 use crate::compile::{self, ScopeKey, Store, status::ObjectKey};
-use coxswain_api::snapshot::Snapshot;
+use coxswain_api::snapshot::{Sealed, Snapshot};
 use coxswain_proxy::router::{Request, Router};
 use std::io::Write;
 
@@ -30,7 +30,7 @@ pub fn run(command: &SnapshotCommand) -> Result<usize, SnapshotCmdError> {
         SnapshotCommand::Compile(args) => {
             let (compiled, skipped) = load_and_compile(&args.files, &args.compile);
             let snapshot = scope_snapshot(compiled, &args.compile.scope)?;
-            (encode(&snapshot, args.output)?, skipped)
+            (encode(snapshot.snapshot(), args.output)?, skipped)
         }
         SnapshotCommand::Status(args) => {
             let (compiled, skipped) = load_and_compile(&args.files, &args.compile);
@@ -44,6 +44,7 @@ pub fn run(command: &SnapshotCommand) -> Result<usize, SnapshotCmdError> {
                 };
                 let text = std::fs::read_to_string(path).map_err(|e| read_err(e.to_string()))?;
                 let snapshot = Snapshot::from_yaml(&text).map_err(|e| read_err(e.to_string()))?;
+                let snapshot = Sealed::check(snapshot).map_err(|e| read_err(e.to_string()))?;
                 (match_request(args, &snapshot)?, 0)
             }
             None => {
@@ -61,7 +62,7 @@ pub fn run(command: &SnapshotCommand) -> Result<usize, SnapshotCmdError> {
 fn scope_snapshot(
     mut compiled: compile::Compiled,
     scope: &str,
-) -> Result<Snapshot, SnapshotCmdError> {
+) -> Result<Sealed, SnapshotCmdError> {
     compiled
         .snapshots
         .remove(&parse_scope(scope)?)
@@ -90,7 +91,7 @@ fn load_and_compile(
 
 /// `snapshot match`: the proxy's routing decision for one request, from the same router code,
 /// with the access checks the route asks of it.
-fn match_request(args: &MatchArgs, snapshot: &Snapshot) -> Result<String, SnapshotCmdError> {
+fn match_request(args: &MatchArgs, snapshot: &Sealed) -> Result<String, SnapshotCmdError> {
     let read_err = |message: String| SnapshotCmdError::ReadSnapshot {
         path: args
             .snapshot

@@ -546,9 +546,9 @@ impl StatusWriter {
                 continue;
             };
             let version = compiled
-                .snapshots
+                .versions
                 .get(&decision.scope)
-                .map(|s| s.version.clone())
+                .cloned()
                 .unwrap_or_default();
             let current = ls
                 .status
@@ -813,11 +813,7 @@ impl StatusWriter {
             } else {
                 ScopeKey::SharedPool
             };
-            let version = compiled
-                .snapshots
-                .get(&scope)
-                .map(|s| s.version.clone())
-                .unwrap_or_default();
+            let version = compiled.versions.get(&scope).cloned().unwrap_or_default();
             let current = gw
                 .status
                 .as_ref()

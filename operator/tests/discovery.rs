@@ -8,7 +8,7 @@ use coxswain_api::discovery::{
     proxy_message,
 };
 use coxswain_api::names::SpiffeId;
-use coxswain_api::snapshot::{self as snap, Snapshot};
+use coxswain_api::snapshot::{self as snap, Sealed, Snapshot};
 use coxswain_operator::compile::ScopeKey;
 use coxswain_operator::compile::status::ObjectKey;
 use coxswain_operator::discovery::{DiscoveryService, Hub};
@@ -27,7 +27,7 @@ struct Controller {
     port: u16,
 }
 
-fn snapshot(port: u32) -> Snapshot {
+fn snapshot(port: u32) -> Sealed {
     Snapshot {
         scope: Some(snap::Scope {
             kind: Some(snap::scope::Kind::SharedPool(snap::SharedPool {})),

@@ -6,7 +6,7 @@
 
 mod support;
 
-use coxswain_api::snapshot::{self as snap, Snapshot};
+use coxswain_api::snapshot::{self as snap, Sealed};
 use coxswain_operator::compile::{self, ScopeKey, Store};
 use coxswain_operator::discovery::{DiscoveryService, Hub};
 use coxswain_operator::identity::server::{IdentityService, KubeTokenReviewer};
@@ -19,7 +19,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 use support::{backend, free_port, get, pod_token};
 
-fn compiled_snapshot(listen: u16, backend: u16) -> Snapshot {
+fn compiled_snapshot(listen: u16, backend: u16) -> Sealed {
     let yaml = support::app_manifests(listen, backend);
     let mut store = Store::default();
     let mut errors = Vec::new();
@@ -181,7 +181,7 @@ async fn a_proxy_bootstraps_subscribes_serves_and_survives_the_controller() {
     // 4. A snapshot past gRPC's default 4 MiB message limit (a cluster of some 25,000 routes)
     // is received and served too.
     let third_backend = backend("third", Duration::ZERO);
-    let mut large = compiled_snapshot(listen, third_backend);
+    let mut large = compiled_snapshot(listen, third_backend).into_snapshot();
     let padding: Vec<snap::VirtualHost> = (0..40_000)
         .map(|i| snap::VirtualHost {
             hostname: format!("pad{i}.{}.{}.example", "a".repeat(60), "b".repeat(60)),
@@ -190,7 +190,7 @@ async fn a_proxy_bootstraps_subscribes_serves_and_survives_the_controller() {
         .collect();
     large.listeners[0].virtual_hosts.extend(padding);
     let large = large.seal();
-    let size = prost::Message::encoded_len(&large);
+    let size = large.encoded().len();
     assert!(size > 4 << 20, "only {size} bytes");
     hub.publish(ScopeKey::SharedPool, large);
     let mut served = false;

@@ -203,7 +203,7 @@ async fn serve(yaml: &str, compat: bool) -> (u16, compile::Compiled, Running) {
     let snapshot = &compiled.snapshots[&compile::ScopeKey::SharedPool];
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("snapshot.json");
-    std::fs::write(&file, serde_json::to_vec(snapshot).unwrap()).unwrap();
+    std::fs::write(&file, serde_json::to_vec(snapshot.snapshot()).unwrap()).unwrap();
     let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let task = tokio::spawn(standalone::serve(

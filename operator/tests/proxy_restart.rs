@@ -12,7 +12,7 @@
 
 mod support;
 
-use coxswain_api::snapshot::{self as snap, Snapshot};
+use coxswain_api::snapshot::{self as snap, Sealed};
 use coxswain_operator::compile::{self, ScopeKey, Store};
 use coxswain_operator::discovery::{DiscoveryService, Hub};
 use coxswain_operator::identity::server::{IdentityService, Review, TokenReviewer};
@@ -54,7 +54,7 @@ fn shared_scope() -> snap::Scope {
     }
 }
 
-fn compiled_snapshot(listen: u16, backend: u16) -> Snapshot {
+fn compiled_snapshot(listen: u16, backend: u16) -> Sealed {
     let yaml = support::app_manifests(listen, backend);
     let mut store = Store::default();
     let mut errors = Vec::new();
@@ -65,7 +65,7 @@ fn compiled_snapshot(listen: u16, backend: u16) -> Snapshot {
 
 /// The bootstrap and discovery listeners of a controller that serves `snapshot` to the shared
 /// pool; returns their ports. They live as long as the test's runtime.
-async fn controller(ca: &Arc<Ca>, snapshot: Snapshot) -> (u16, u16) {
+async fn controller(ca: &Arc<Ca>, snapshot: Sealed) -> (u16, u16) {
     let now = time::OffsetDateTime::now_utc();
     let (cert, key) = ca
         .sign_server(&["localhost".into()], now, Duration::from_secs(3600))

@@ -6,7 +6,7 @@
 //! that host's routes. The printed ratio is lookup time at 100,000 routes over lookup time at
 //! 10; the host index makes it independent of the table's size.
 
-use coxswain_api::snapshot::{self as snap, Snapshot};
+use coxswain_api::snapshot::{self as snap, Sealed, Snapshot};
 use coxswain_proxy::router::{Request, Router};
 use criterion::{Criterion, criterion_group, criterion_main};
 use std::hint::black_box;
@@ -15,7 +15,7 @@ use std::time::Instant;
 const ROUTES_PER_HOST: usize = 10;
 
 /// A sealed snapshot of `routes` routes on port 80, 10 per hostname.
-fn snapshot(routes: usize) -> Snapshot {
+fn snapshot(routes: usize) -> Sealed {
     let hosts = routes.div_ceil(ROUTES_PER_HOST);
     let mut virtual_hosts = Vec::with_capacity(hosts);
     for h in 0..hosts {

@@ -175,7 +175,7 @@ fn snapshot(routes: usize, http: u16, https: u16) -> Snapshot {
 /// Seals `snapshot`, replaces `file` with it atomically (the proxy may read at any moment),
 /// and returns its version and size in bytes.
 fn write(file: &Path, snapshot: Snapshot) -> (String, usize) {
-    let sealed = snapshot.seal();
+    let sealed = snapshot.seal().into_snapshot();
     let bytes = serde_json::to_vec(&sealed).unwrap();
     let tmp = file.with_extension("tmp");
     std::fs::write(&tmp, &bytes).unwrap();

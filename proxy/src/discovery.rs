@@ -15,7 +15,7 @@ use coxswain_api::discovery::{
     Ack, BootstrapRequest, BoundListener, Nack, NodeStatus, ProxyMessage, Subscribe, WIRE_VERSION,
     controller_message, proxy_message,
 };
-use coxswain_api::snapshot::{Scope, Snapshot};
+use coxswain_api::snapshot::{Scope, Sealed};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -190,15 +190,18 @@ async fn session(
         if push.snapshot.is_empty() {
             continue;
         }
-        let snapshot = match <Snapshot as prost::Message>::decode(push.snapshot) {
+        // Checked over the bytes as they came: the table is built from exactly what the
+        // controller sealed, and the cache gets those bytes, never a second encoding.
+        let received = std::time::Instant::now();
+        let snapshot = match Sealed::decode(push.snapshot) {
             Ok(s) => s,
             Err(e) => {
-                tracing::error!(error = %e, "snapshot does not decode; still serving the previous one");
+                tracing::error!(error = %e, "snapshot refused; still serving the previous one");
                 let _ = tx
                     .send(send(proxy_message::Kind::Nack(Nack {
                         version: String::new(),
                         nonce: push.nonce,
-                        error: format!("the snapshot does not decode: {e}"),
+                        error: format!("the snapshot is not sealed: {e}"),
                     })))
                     .await;
                 continue;
@@ -207,6 +210,7 @@ async fn session(
         let version = snapshot.version.clone();
         tracing::debug!(%version, "snapshot received");
         let started = std::time::Instant::now();
+        let decode_us = started.duration_since(received).as_micros();
         // All or nothing: a snapshot that does not build leaves the current table serving.
         match table.build(&snapshot) {
             Ok(t) => {
@@ -217,9 +221,6 @@ async fn session(
                     tracing::error!(error = %e, "listener not bound");
                 }
                 table.mark_applied();
-                if let Some(cache) = cache {
-                    persist(cache, &snapshot);
-                }
                 let _ = tx
                     .send(send(proxy_message::Kind::Ack(Ack {
                         version: version.clone(),
@@ -247,7 +248,12 @@ async fn session(
                         listeners: bound,
                     })))
                     .await;
-                tracing::info!(%version, build_us, ports = ?listeners.ports(), "snapshot applied");
+                tracing::info!(%version, decode_us, build_us, ports = ?listeners.ports(), "snapshot applied");
+                // After the ack: the controller learns the proxy serves it without waiting for
+                // a disk write.
+                if let Some(cache) = cache {
+                    persist(cache, &snapshot);
+                }
             }
             Err(e) => {
                 tracing::error!(%version, error = %e, "snapshot refused; still serving the previous one");
@@ -266,7 +272,7 @@ async fn session(
 
 /// Writes an applied snapshot to the cache. A failure costs only the next restart's head
 /// start, so it is logged, not fatal.
-fn persist(cache: &SnapshotCache, snapshot: &Snapshot) {
+fn persist(cache: &SnapshotCache, snapshot: &Sealed) {
     match cache.store(snapshot) {
         Ok(()) => {
             tracing::debug!(version = %snapshot.version, path = %cache.path().display(), "snapshot cached");

@@ -7,7 +7,7 @@
 //! unless the Host header has upper-case letters.
 
 use crate::upstream::ClusterState;
-use coxswain_api::snapshot::{self as snap, Snapshot};
+use coxswain_api::snapshot::{self as snap, Sealed};
 use regex::Regex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -17,8 +17,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// Why a snapshot cannot be turned into a routing table. The proxy then keeps the table it has.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
-    #[error("snapshot version {0:?} does not match its content")]
-    Unsealed(String),
     #[error("listener port {0} is out of range")]
     Port(u32),
     #[error("route {route}: invalid {what} regular expression {pattern:?}: {source}")]
@@ -364,15 +362,16 @@ pub struct Request<'a, H: Headers + ?Sized> {
 }
 
 impl Router {
-    /// Builds the table. Fails on an unsealed snapshot or a regex that does not compile (the
-    /// compiler checks regexes too; this guards against a snapshot from elsewhere).
-    pub fn build(snapshot: &Snapshot) -> Result<Self, BuildError> {
+    /// Builds the table. Fails on a regex that does not compile (the compiler checks regexes
+    /// too; this guards against a snapshot from elsewhere). Only a sealed snapshot is built:
+    /// its version names exactly what is served.
+    pub fn build(snapshot: &Sealed) -> Result<Self, BuildError> {
         Self::build_with_metrics(snapshot, &crate::metrics::Metrics::default())
     }
 
     /// Builds the table, taking each rule's counters from `metrics`.
     pub fn build_with_metrics(
-        snapshot: &Snapshot,
+        snapshot: &Sealed,
         metrics: &crate::metrics::Metrics,
     ) -> Result<Self, BuildError> {
         Self::build_after(snapshot, metrics, &Self::default())
@@ -385,13 +384,11 @@ impl Router {
     /// table still held its own and freed with it one swap later, they left the allocator's
     /// pages part-used, and the proxy's resident size grew with every swap.
     pub fn build_after(
-        snapshot: &Snapshot,
+        snapshot: &Sealed,
         metrics: &crate::metrics::Metrics,
         previous: &Self,
     ) -> Result<Self, BuildError> {
-        if !snapshot.is_sealed() {
-            return Err(BuildError::Unsealed(snapshot.version.clone()));
-        }
+        let snapshot = snapshot.snapshot();
         metrics.forget_unused();
         let client_certs = crate::upstream::client_certs(snapshot);
         let clusters: HashMap<Box<str>, Arc<ClusterState>> = snapshot

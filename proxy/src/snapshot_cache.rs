@@ -2,12 +2,11 @@
 //! restarted while the controller is unreachable serves at once instead of answering nothing.
 //!
 //! The file is the snapshot's protobuf encoding, the same bytes its content hash is taken over,
-//! so a file is trusted only when `Snapshot::is_sealed` holds for what it decodes to: a torn,
+//! so a file is trusted only when it is sealed (`Sealed::decode`): a torn,
 //! truncated or edited file is refused, never served. Writes go to a temporary file in the same
 //! directory and are renamed over the old one, so a crash leaves the old file or the new one.
 
-use coxswain_api::snapshot::{Scope, Snapshot, scope};
-use prost::Message;
+use coxswain_api::snapshot::{Scope, SealError, Sealed, scope};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -25,8 +24,12 @@ pub enum CacheError {
         #[source]
         source: prost::DecodeError,
     },
-    #[error("{path} does not match its content hash (version {version:?}): corrupt or edited")]
-    Unsealed { path: PathBuf, version: String },
+    #[error("{path} does not match its content hash: corrupt or edited ({source})")]
+    Unsealed {
+        path: PathBuf,
+        #[source]
+        source: SealError,
+    },
     #[error("{path} holds a snapshot of another scope ({found:?})")]
     OtherScope { path: PathBuf, found: Option<Scope> },
     #[error("writing {path}: {source}")]
@@ -47,7 +50,7 @@ pub struct SnapshotCache {
 /// A snapshot read back from the cache, with how old the file is (for the log).
 #[derive(Debug)]
 pub struct Cached {
-    pub snapshot: Snapshot,
+    pub snapshot: Sealed,
     pub age: Option<std::time::Duration>,
 }
 
@@ -84,20 +87,20 @@ impl SnapshotCache {
                 });
             }
         };
-        let snapshot = Snapshot::decode(bytes.as_slice()).map_err(|source| CacheError::Decode {
-            path: self.path.clone(),
-            source,
-        })?;
-        if !snapshot.is_sealed() {
-            return Err(CacheError::Unsealed {
+        let snapshot = Sealed::decode(bytes.into()).map_err(|e| match e {
+            SealError::Decode(source) => CacheError::Decode {
                 path: self.path.clone(),
-                version: snapshot.version,
-            });
-        }
+                source,
+            },
+            source => CacheError::Unsealed {
+                path: self.path.clone(),
+                source,
+            },
+        })?;
         if snapshot.scope.as_ref() != Some(&self.scope) {
             return Err(CacheError::OtherScope {
                 path: self.path.clone(),
-                found: snapshot.scope,
+                found: snapshot.scope.clone(),
             });
         }
         let age = std::fs::metadata(&self.path)
@@ -109,7 +112,7 @@ impl SnapshotCache {
 
     /// Replaces the cached snapshot atomically. The file holds the served certificates' private
     /// keys, so it is readable by this user only.
-    pub fn store(&self, snapshot: &Snapshot) -> Result<(), CacheError> {
+    pub fn store(&self, snapshot: &Sealed) -> Result<(), CacheError> {
         let err = |source| CacheError::Write {
             path: self.path.clone(),
             source,
@@ -129,7 +132,8 @@ impl SnapshotCache {
             #[cfg(unix)]
             std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
             let mut file = options.open(&tmp)?;
-            file.write_all(&snapshot.encode_to_vec())?;
+            // The bytes the version was checked over, not an encoding made again.
+            file.write_all(snapshot.encoded())?;
             // Durable before the rename: otherwise a crash could leave the new name on an
             // empty file (refused on load, but the previous good one would be gone).
             file.sync_all()?;
@@ -159,7 +163,8 @@ fn safe(name: &str) -> String {
 mod tests {
     #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
     use super::*;
-    use coxswain_api::snapshot::{ObjectRef, SharedPool};
+    use coxswain_api::snapshot::{ObjectRef, SharedPool, Snapshot};
+    use prost::Message;
 
     fn shared() -> Scope {
         Scope {
@@ -167,7 +172,7 @@ mod tests {
         }
     }
 
-    fn snapshot(scope: Scope) -> Snapshot {
+    fn snapshot(scope: Scope) -> Sealed {
         Snapshot {
             scope: Some(scope),
             requires: vec!["x".into()],
@@ -184,7 +189,10 @@ mod tests {
         assert!(cache.load().unwrap().is_none());
         let s = snapshot(shared());
         cache.store(&s).unwrap();
-        assert_eq!(cache.load().unwrap().unwrap().snapshot, s);
+        assert_eq!(
+            cache.load().unwrap().unwrap().snapshot.snapshot(),
+            s.snapshot()
+        );
         // Only the file itself remains: the temporary one was renamed.
         assert_eq!(std::fs::read_dir(&sub).unwrap().count(), 1);
     }

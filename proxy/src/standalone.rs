@@ -6,7 +6,7 @@ use crate::admin;
 use crate::listeners::Listeners;
 use crate::table::SharedTable;
 use crate::workers::Workers;
-use coxswain_api::snapshot::Snapshot;
+use coxswain_api::snapshot::{Sealed, Snapshot};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
@@ -83,7 +83,7 @@ pub async fn serve(
         tokio::select! {
             _ = tick.tick() => {
                 if let Some(result) = watcher.poll() {
-                    match result.and_then(|s| table.build(&s).map_err(|e| e.to_string()).map(|t| (s.version, t))) {
+                    match result.and_then(|s| table.build(&s).map_err(|e| e.to_string()).map(|t| (s.version.clone(), t))) {
                         Ok((version, t)) => {
                             table.store(t);
                             for e in listeners.sync().await {
@@ -160,7 +160,7 @@ impl FileWatch {
     }
 
     /// Some(snapshot or error) when there is something new to load.
-    fn poll(&mut self) -> Option<Result<Snapshot, String>> {
+    fn poll(&mut self) -> Option<Result<Sealed, String>> {
         let meta = match std::fs::metadata(&self.path) {
             Ok(m) => m,
             Err(e) => {
@@ -178,7 +178,8 @@ impl FileWatch {
         self.seen = Some(stamp);
         let result = std::fs::read_to_string(&self.path)
             .map_err(|e| e.to_string())
-            .and_then(|text| parse(&text));
+            .and_then(|text| parse(&text))
+            .and_then(|s| Sealed::check(s).map_err(|e| e.to_string()));
         self.failed = result.is_err();
         Some(result)
     }
@@ -239,7 +240,8 @@ mod tests {
             }],
             ..Default::default()
         }
-        .seal();
+        .seal()
+        .into_snapshot();
         let json = serde_json::to_string_pretty(&snapshot).expect("serializable");
         let parsed = parse(&json).expect("valid JSON");
         assert_eq!(parsed, snapshot);

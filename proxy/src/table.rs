@@ -6,7 +6,7 @@ use crate::router::{BuildError, Router};
 use crate::tls::{CertError, TlsStore};
 use crate::upstream::ClusterState;
 use arc_swap::ArcSwap;
-use coxswain_api::snapshot::{Snapshot, feature};
+use coxswain_api::snapshot::{Sealed, feature};
 use std::sync::Arc;
 
 #[derive(Debug)]
@@ -43,7 +43,7 @@ pub enum TableError {
 impl Table {
     /// Builds everything a request needs, off the request path.
     /// A snapshot that cannot be built is counted in `coxswain_proxy_snapshots_rejected_total`.
-    pub fn build(snapshot: &Snapshot, metrics: &Metrics) -> Result<Self, TableError> {
+    pub fn build(snapshot: &Sealed, metrics: &Metrics) -> Result<Self, TableError> {
         let built = Self::build_from(snapshot, metrics, &Router::default());
         if built.is_err() {
             Metrics::count(&metrics.snapshots_rejected);
@@ -54,7 +54,7 @@ impl Table {
     /// Builds the table that is to replace `previous`, sharing what it can with it
     /// ([`Router::build_after`]). Rejections are counted as in [`Table::build`].
     pub fn build_after(
-        snapshot: &Snapshot,
+        snapshot: &Sealed,
         metrics: &Metrics,
         previous: &Table,
     ) -> Result<Self, TableError> {
@@ -66,7 +66,7 @@ impl Table {
     }
 
     fn build_from(
-        snapshot: &Snapshot,
+        snapshot: &Sealed,
         metrics: &Metrics,
         previous: &Router,
     ) -> Result<Self, TableError> {
@@ -131,7 +131,7 @@ impl SharedTable {
 
     /// Builds the table to swap in for the current one, sharing the routes they have in
     /// common ([`Table::build_after`]).
-    pub fn build(&self, snapshot: &Snapshot) -> Result<Table, TableError> {
+    pub fn build(&self, snapshot: &Sealed) -> Result<Table, TableError> {
         Table::build_after(snapshot, &self.metrics, &self.inner.load_full())
     }
 
@@ -172,10 +172,10 @@ impl SharedTable {
 mod tests {
     #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
     use super::*;
-    use coxswain_api::snapshot as snap;
+    use coxswain_api::snapshot::{self as snap, Snapshot};
 
     /// One HTTPRoute per name on port 8080, each to a cluster of its own, path `/{name}`.
-    fn snapshot(names: &[&str]) -> Snapshot {
+    fn snapshot(names: &[&str]) -> Sealed {
         let route = |name: &&str| snap::Route {
             source: Some(snap::RouteSource {
                 kind: "HTTPRoute".into(),

@@ -311,7 +311,7 @@ async fn a_snapshot_requiring_an_unknown_feature_is_refused_and_the_last_one_kep
         }
     }
     next.requires.push("quantum-auth".into());
-    let next = next.seal();
+    let next = next.seal().into_snapshot();
     s.proxy.update(&next);
     let refusals = s
         .proxy

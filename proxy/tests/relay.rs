@@ -684,7 +684,7 @@ async fn a_full_udp_flow_table_drops_new_clients_until_a_flow_is_idle() {
     let port = socket.local_addr().unwrap().port();
     let table = SharedTable::default();
     let to_a = udp_snapshot(port, a, b, r#"[{cluster: "t/a:53", weight: 1}]"#);
-    table.store(Table::build(&to_a, table.metrics()).unwrap());
+    table.store(Table::build(&to_a.seal(), table.metrics()).unwrap());
     let idle = Duration::from_millis(300);
     let relay = tokio::spawn(coxswain_proxy::relay::udp::serve_with(
         socket,
@@ -702,7 +702,7 @@ async fn a_full_udp_flow_table_drops_new_clients_until_a_flow_is_idle() {
     );
     // The route moves to b; the one flow there is stays on a.
     let to_b = udp_snapshot(port, a, b, r#"[{cluster: "t/b:53", weight: 1}]"#);
-    table.store(Table::build(&to_b, table.metrics()).unwrap());
+    table.store(Table::build(&to_b.seal(), table.metrics()).unwrap());
     assert_eq!(
         udp_ask(&first, port, "again", wait).await.as_deref(),
         Some("a again")

@@ -43,7 +43,7 @@ pub mod store;
 mod tests;
 
 use coxswain_api::names;
-use coxswain_api::snapshot::{self as snap, Snapshot};
+use coxswain_api::snapshot::{self as snap, Sealed, Snapshot};
 use entries::Entry;
 use proxies::{ProxyAccounts, ProxyNames};
 pub use status::ScopeKey;
@@ -95,9 +95,13 @@ impl Default for Config {
 /// The compiler's output.
 #[derive(Debug, Clone, Default)]
 pub struct Compiled {
-    /// One sealed snapshot per scope. The shared pool always has one (possibly empty), so
-    /// shared proxies have something to serve.
-    pub snapshots: BTreeMap<ScopeKey, Snapshot>,
+    /// One sealed snapshot per scope, with the encoding its version was taken over (what the
+    /// discovery hub sends). The shared pool always has one (possibly empty), so shared
+    /// proxies have something to serve.
+    pub snapshots: BTreeMap<ScopeKey, Sealed>,
+    /// Each snapshot's version, which stays when the controller hands the snapshots to the
+    /// hub: status waits for the proxies to serve it.
+    pub versions: BTreeMap<ScopeKey, String>,
     pub status: StatusDecisions,
     /// The dedicated Gateways' proxies' names, assigned over all of them at once.
     pub proxy_names: ProxyNames,
@@ -299,8 +303,13 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         status.gateways.get(key).is_some_and(|s| s.dedicated)
     });
     let proxy_accounts = ProxyAccounts::new(config.shared_proxy_account.clone(), &proxy_names);
+    let versions = snapshots
+        .iter()
+        .map(|(scope, s)| (scope.clone(), s.version.clone()))
+        .collect();
     Compiled {
         snapshots,
+        versions,
         status,
         proxy_names,
         proxy_accounts,
@@ -384,7 +393,7 @@ fn assemble(
     certificates: &BTreeMap<String, (String, String)>,
     served: &BTreeMap<ObjectKey, gateway::ServedGateway>,
     backend_clients: &BTreeMap<ScopeKey, String>,
-) -> BTreeMap<ScopeKey, Snapshot> {
+) -> BTreeMap<ScopeKey, Sealed> {
     let cluster_by_name: BTreeMap<String, snap::Cluster> =
         clusters.into_iter().map(|c| (c.name.clone(), c)).collect();
     let mut scopes: BTreeSet<ScopeKey> = served.values().map(|g| g.scope.clone()).collect();

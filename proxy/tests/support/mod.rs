@@ -283,7 +283,7 @@ pub fn snapshot(yaml: &str, vars: &[(&str, String)]) -> Snapshot {
     for (k, v) in vars {
         text = text.replace(&format!("{{{k}}}"), v);
     }
-    Snapshot::from_yaml(&text).unwrap().seal()
+    Snapshot::from_yaml(&text).unwrap().seal().into_snapshot()
 }
 
 /// What a recording backend received.

@@ -42,7 +42,7 @@ fn render(c: &Compiled) -> String {
         snapshots: c
             .snapshots
             .iter()
-            .map(|(k, s)| (scope_name(k), s))
+            .map(|(k, s)| (scope_name(k), s.snapshot()))
             .collect(),
         status: &c.status,
         proxy_names: c
