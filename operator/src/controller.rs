@@ -135,8 +135,10 @@ fn describe_compile(
     span.set("coxswain.routes", routes);
 }
 
-/// A change is compiled once no other has come for this long: the objects of one
-/// `kubectl apply` arrive a few milliseconds apart, a lone edit waits no more than this.
+/// A change that comes while passes follow each other (the rest of a `kubectl apply`, whose
+/// objects arrive a few milliseconds apart, or an EndpointSlice storm) is compiled once no
+/// other has come for this long. One that comes after a quiet spell as long is compiled at
+/// once: a lone edit waits for nothing.
 const QUIET: Duration = Duration::from_millis(3);
 /// A stream of changes (an EndpointSlice storm) is compiled at least this often.
 const COALESCE_AT_MOST: Duration = Duration::from_millis(50);
@@ -401,6 +403,7 @@ pub async fn run(
     };
     let jwks = crate::jwks::Fetcher::new(config.jwks.clone(), admin.clone());
     let mut version_checked: Option<std::time::Instant> = None;
+    let mut last_pass = tokio::time::Instant::now();
     // Status is written by a task of its own, from the newest pass, so API round trips never
     // hold back the next compile.
     let (passes, passes_rx) = tokio::sync::watch::channel(None);
@@ -424,11 +427,14 @@ pub async fn run(
             () = &mut stop => break,
         }
         let woke = std::time::Instant::now();
-        coalesce(&reflector.changed).await;
+        if last_pass.elapsed() < QUIET {
+            coalesce(&reflector.changed).await;
+        }
         let unsynced = reflector.unsynced();
         if !unsynced.is_empty() {
             tracing::debug!(waiting_for = ?unsynced, "caches still listing; not compiling yet");
             admin.set_unsynced(unsynced);
+            last_pass = tokio::time::Instant::now();
             continue;
         }
         admin.set_unsynced(Vec::new());
@@ -502,6 +508,7 @@ pub async fn run(
             compiled,
             names,
         })));
+        last_pass = tokio::time::Instant::now();
     }
     // The status task ends when it sees the sender gone, after the write in progress.
     drop(passes);
