@@ -399,14 +399,22 @@ fn assemble(
     let mut scopes: BTreeSet<ScopeKey> = served.values().map(|g| g.scope.clone()).collect();
     scopes.insert(ScopeKey::SharedPool);
 
+    let mut entries = entries;
+    // How many virtual hosts list each entry: its route is copied into all but the last,
+    // which takes it (a route is most of an entry, and most entries serve one host).
+    let mut uses = vec![0usize; entries.len()];
     let mut out = BTreeMap::new();
     for scope in scopes {
         let scope_slots: Vec<&Slot> = slots.iter().filter(|s| s.scope == scope).collect();
-        let scope_entries: Vec<&Entry> = entries
+        // Entries with their index in `entries`, for the routes to be moved in at the end.
+        let scope_entries: Vec<(usize, &Entry)> = entries
             .iter()
             .map(|e| &**e)
-            .filter(|e| e.scope == scope)
+            .enumerate()
+            .filter(|(_, e)| e.scope == scope)
             .collect();
+        // (listener, virtual host, entries in order), filled once the scope is assembled.
+        let mut fills: Vec<(usize, usize, Vec<usize>)> = Vec::new();
         let ports: BTreeSet<u32> = scope_slots.iter().map(|s| s.port).collect();
         let mut listeners = Vec::new();
         let mut used_clusters = BTreeSet::new();
@@ -424,27 +432,27 @@ fn assemble(
                 .into_iter()
                 .filter(|s| s.protocol == protocol)
                 .collect();
-            let port_entries: Vec<&Entry> = scope_entries
+            let port_entries: Vec<(usize, &Entry)> = scope_entries
                 .iter()
                 .copied()
-                .filter(|e| e.port == port && e.protocol == protocol)
+                .filter(|(_, e)| e.port == port && e.protocol == protocol)
                 .collect();
 
             // Entries by (listener hostname, entry hostname), so each virtual host looks up
             // only the names that can cover it instead of scanning every entry.
             // Hashed, not ordered: lookups are by exact name, and at thousands of hosts the
             // string comparisons of an ordered map were most of a compile.
-            let mut by_host: HashMap<(&str, &str), Vec<&Entry>> =
+            let mut by_host: HashMap<(&str, &str), Vec<(usize, &Entry)>> =
                 HashMap::with_capacity(port_entries.len());
-            for e in &port_entries {
+            for &(i, e) in &port_entries {
                 let owner = e.listener_hostname.as_deref().unwrap_or_default();
                 by_host
                     .entry((owner, e.vhost.as_str()))
                     .or_default()
-                    .push(e);
+                    .push((i, e));
             }
             let mut vhost_names: BTreeSet<&str> =
-                port_entries.iter().map(|e| e.vhost.as_str()).collect();
+                port_entries.iter().map(|(_, e)| e.vhost.as_str()).collect();
             vhost_names.extend(
                 port_slots
                     .iter()
@@ -481,8 +489,8 @@ fn assemble(
                 // (without, deeper hosts fall through to what covers them), then the
                 // single-label one for hosts one label above the suffix.
                 let variants: &[bool] =
-                    if is_wildcard && own.is_some_and(|l| l.iter().any(|e| e.single_label)) {
-                        if own.is_some_and(|l| l.iter().any(|e| !e.single_label)) {
+                    if is_wildcard && own.is_some_and(|l| l.iter().any(|(_, e)| e.single_label)) {
+                        if own.is_some_and(|l| l.iter().any(|(_, e)| !e.single_label)) {
                             &[false, true]
                         } else {
                             &[true]
@@ -491,7 +499,7 @@ fn assemble(
                         &[false]
                     };
                 for &single_label in variants {
-                    let mut chosen: Vec<&Entry> = Vec::new();
+                    let mut chosen: Vec<(usize, &Entry)> = Vec::new();
                     for (i, name) in covering_names(vhost).iter().enumerate() {
                         // A single-label entry on "*.P" covers only hosts one label above P:
                         // an exact host's first covering wildcard, or a single-label virtual
@@ -505,13 +513,12 @@ fn assemble(
                             chosen.extend(
                                 list.iter()
                                     .copied()
-                                    .filter(|e| !e.single_label || one_label_above),
+                                    .filter(|(_, e)| !e.single_label || one_label_above),
                             );
                         }
                     }
-                    chosen.sort_by(|a, b| a.key.cmp(&b.key));
-                    let routes: Vec<snap::Route> = chosen.iter().map(|e| e.route.clone()).collect();
-                    for r in &routes {
+                    chosen.sort_by(|a, b| a.1.key.cmp(&b.1.key));
+                    for r in chosen.iter().map(|(_, e)| &e.route) {
                         for b in &r.backends {
                             if !used_clusters.contains(&b.cluster) {
                                 used_clusters.insert(b.cluster.clone());
@@ -532,9 +539,17 @@ fn assemble(
                             collect_filter_clusters(&b.filters, &mut used_clusters);
                         }
                     }
+                    for &(i, _) in &chosen {
+                        uses[i] += 1;
+                    }
+                    fills.push((
+                        listeners.len(),
+                        virtual_hosts.len(),
+                        chosen.iter().map(|&(i, _)| i).collect(),
+                    ));
                     virtual_hosts.push(snap::VirtualHost {
                         hostname: vhost.to_owned(),
-                        routes,
+                        routes: Vec::new(),
                         single_label,
                         terminate_tls: protocol == snap::Protocol::Tls
                             && terminating.contains(owner),
@@ -592,6 +607,18 @@ fn assemble(
                 // An internal port belongs to one Gateway's one listener port.
                 public_port: port_slots[0].public_port,
             });
+        }
+        for (listener, vhost, chosen) in fills {
+            let routes = &mut listeners[listener].virtual_hosts[vhost].routes;
+            routes.reserve_exact(chosen.len());
+            for i in chosen {
+                uses[i] -= 1;
+                let route = match (uses[i], Arc::get_mut(&mut entries[i])) {
+                    (0, Some(entry)) => std::mem::take(&mut entry.route),
+                    _ => entries[i].route.clone(),
+                };
+                routes.push(route);
+            }
         }
         let requires = requirements(&listeners);
         // The Gateway's client certificate goes to every TLS backend of its scope: its proxy
