@@ -32,6 +32,8 @@ pub struct ClusterState {
     ids: Vec<u64>,
     /// BackendTLSPolicy: verified TLS to this cluster.
     pub backend_tls: Option<Arc<BackendTls>>,
+    /// What it was built from, to tell whether the next snapshot's cluster is the same.
+    source: snap::Cluster,
 }
 
 /// TLS to a backend as a BackendTLSPolicy asks: certificates verified for `hostname`, or for
@@ -387,7 +389,18 @@ impl ClusterState {
                 .tls
                 .as_ref()
                 .map(|t| Arc::new(BackendTls::new(t, clients))),
+            source: c.clone(),
         }
+    }
+
+    /// Whether this state serves `c` as one built from it would: the same cluster, and no
+    /// client certificate, which lives outside the cluster and may have changed. A table
+    /// keeps such a state, with its rotation and the routes that send to it.
+    pub(crate) fn serves(&self, c: &snap::Cluster) -> bool {
+        self.source == *c
+            && c.tls
+                .as_ref()
+                .is_none_or(|t| t.client_certificate.is_empty())
     }
 
     /// Ready endpoints, else serving ones.

@@ -24,6 +24,46 @@ pub(super) fn reusable<'t>(
     rest.get(skip)
 }
 
+/// Whether a host compiled for the previous table serves `routes` exactly as compiling them
+/// again would: the same routes in the same order, each sending to the clusters this table
+/// has (shared states, so the same), and none reaching another service through a policy
+/// (external authorization, a global rate limit), whose client `compile_route` builds anew.
+pub(super) fn unchanged(
+    host: &[CompiledRoute],
+    routes: &[snap::Route],
+    clusters: &HashMap<Box<str>, Arc<ClusterState>>,
+) -> bool {
+    let same_cluster =
+        |held: Option<&Arc<ClusterState>>, name: &str| match (held, clusters.get(name)) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (None, None) => true,
+            _ => false,
+        };
+    host.len() == routes.len()
+        && host.iter().zip(routes).all(|(c, r)| {
+            *c.route == *r
+                && c.policy.external_auth.is_none()
+                && c.policy.global_limit.is_none()
+                && c.backends.len() == r.backends.len()
+                && c.backends
+                    .iter()
+                    .zip(&r.backends)
+                    .all(|(b, s)| same_cluster(b.cluster.as_ref(), &s.cluster))
+                && c.mirrors
+                    .iter()
+                    .zip(mirror_clusters(r))
+                    .all(|(m, name)| same_cluster(m.cluster.as_ref(), name))
+        })
+}
+
+/// The clusters of a route's request mirrors, in the order `compile_route` makes them.
+fn mirror_clusters(r: &snap::Route) -> impl Iterator<Item = &str> {
+    r.filters.iter().filter_map(|f| match &f.kind {
+        Some(snap::filter::Kind::RequestMirror(m)) => Some(m.cluster.as_str()),
+        _ => None,
+    })
+}
+
 /// Compiles `r`; `same` is a route of the previous table with the same content, whose copy of
 /// it, counters and policy this one shares.
 pub(super) fn compile_route(

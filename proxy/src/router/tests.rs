@@ -585,3 +585,173 @@ fn a_rebuild_shares_the_routes_that_did_not_change() {
         );
     }
 }
+
+const THREE_HOSTS: &str = r#"
+listeners:
+- port: 80
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: a.test
+    routes:
+    - source: {kind: HTTPRoute, namespace: web, name: a, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /}}
+      backends: [{cluster: web/a:80, weight: 1}]
+  - hostname: b.test
+    routes:
+    - source: {kind: HTTPRoute, namespace: web, name: b, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /}}
+      backends: [{cluster: web/b:80, weight: 1}]
+  - hostname: c.test
+    routes:
+    - source: {kind: HTTPRoute, namespace: web, name: c, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /}}
+      filters: [{kind: {requestMirror: {cluster: web/a:80, numerator: 1, denominator: 1}}}]
+      backends: [{cluster: web/c:80, weight: 1}]
+clusters:
+- name: web/a:80
+  endpoints: [{address: 10.0.0.1, port: 80, ready: true, serving: true}]
+- name: web/b:80
+  endpoints: [{address: 10.0.0.2, port: 80, ready: true, serving: true}]
+- name: web/c:80
+  endpoints: [{address: 10.0.0.3, port: 80, ready: true, serving: true}]
+"#;
+
+fn host_at(r: &Router, host: &str) -> Arc<[CompiledRoute]> {
+    let port = r.port(80).unwrap();
+    Arc::clone(&port.hosts[port.host_index(host).unwrap()])
+}
+
+#[test]
+fn a_rebuild_keeps_the_hosts_and_clusters_that_did_not_change() {
+    let metrics = crate::metrics::Metrics::default();
+    let snapshot = Snapshot::from_yaml(THREE_HOSTS).unwrap();
+    let before = Router::build_with_metrics(&snapshot.clone().seal(), &metrics).unwrap();
+
+    // The same snapshot again: every host and cluster is the previous table's.
+    let same = Router::build_after(&snapshot.clone().seal(), &metrics, &before).unwrap();
+    for host in ["a.test", "b.test", "c.test"] {
+        assert!(
+            Arc::ptr_eq(&host_at(&before, host), &host_at(&same, host)),
+            "{host}"
+        );
+    }
+    for c in ["web/a:80", "web/b:80", "web/c:80"] {
+        assert!(
+            Arc::ptr_eq(before.cluster(c).unwrap(), same.cluster(c).unwrap()),
+            "{c}"
+        );
+    }
+
+    // Cluster a gets another endpoint: a new state for it, and new hosts for what sends to it
+    // (a.test's backend, c.test's mirror); b.test stays as it was.
+    let mut moved = snapshot.clone();
+    moved.clusters[0].endpoints[0].address = "10.0.0.9".into();
+    let after = Router::build_after(&moved.clone().seal(), &metrics, &same).unwrap();
+    assert!(!Arc::ptr_eq(
+        same.cluster("web/a:80").unwrap(),
+        after.cluster("web/a:80").unwrap()
+    ));
+    assert!(Arc::ptr_eq(
+        same.cluster("web/b:80").unwrap(),
+        after.cluster("web/b:80").unwrap()
+    ));
+    assert!(Arc::ptr_eq(
+        &host_at(&same, "b.test"),
+        &host_at(&after, "b.test")
+    ));
+    for host in ["a.test", "c.test"] {
+        assert!(
+            !Arc::ptr_eq(&host_at(&same, host), &host_at(&after, host)),
+            "{host}"
+        );
+    }
+    let a = after.cluster("web/a:80").unwrap();
+    assert_eq!(a.pick(), Some("10.0.0.9:80".parse().unwrap()));
+    let routed = host_at(&after, "a.test");
+    assert!(Arc::ptr_eq(
+        routed[0].backends[0].cluster.as_ref().unwrap(),
+        a
+    ));
+    let mirrored = host_at(&after, "c.test");
+    assert!(Arc::ptr_eq(
+        mirrored[0].mirrors[0].cluster.as_ref().unwrap(),
+        a
+    ));
+    // The route itself did not change: its copy, counters and policy are still shared.
+    assert!(Arc::ptr_eq(
+        &host_at(&same, "a.test")[0].route,
+        &routed[0].route
+    ));
+
+    // A route of b.test changes: only b.test is compiled again.
+    let mut edited = moved.clone();
+    edited.listeners[0].virtual_hosts[1].routes[0]
+        .r#match
+        .as_mut()
+        .unwrap()
+        .method = "PUT".into();
+    let last = Router::build_after(&edited.clone().seal(), &metrics, &after).unwrap();
+    assert!(!Arc::ptr_eq(
+        &host_at(&after, "b.test"),
+        &host_at(&last, "b.test")
+    ));
+    for host in ["a.test", "c.test"] {
+        assert!(
+            Arc::ptr_eq(&host_at(&after, host), &host_at(&last, host)),
+            "{host}"
+        );
+    }
+
+    // And the table routes as one built afresh from its snapshot.
+    let fresh = Router::build(&edited.seal()).unwrap();
+    for (host, method) in [
+        ("a.test", "GET"),
+        ("b.test", "PUT"),
+        ("b.test", "GET"),
+        ("c.test", "GET"),
+    ] {
+        let endpoint = |r: &Router| {
+            let no_headers: &[(String, String)] = &[];
+            let req = Request {
+                host,
+                path_and_query: "/x",
+                method,
+                headers: no_headers,
+            };
+            r.route(80, &req)
+                .and_then(|c| c.backends[0].cluster.as_ref()?.pick())
+        };
+        assert_eq!(
+            lookup(&last, 80, host, "/x", method, &[]),
+            lookup(&fresh, 80, host, "/x", method, &[]),
+            "{method} {host}"
+        );
+        assert_eq!(endpoint(&last), endpoint(&fresh), "{method} {host}");
+    }
+}
+
+#[test]
+fn a_cluster_with_a_client_certificate_is_built_again_every_time() {
+    // The certificate lives outside the cluster: an unchanged cluster may present a changed one.
+    let mut snapshot = Snapshot::from_yaml(THREE_HOSTS).unwrap();
+    snapshot.clusters[1].tls = Some(snap::BackendTls {
+        hostname: "b.web.svc".into(),
+        client_certificate: "client".into(),
+        ..Default::default()
+    });
+    let metrics = crate::metrics::Metrics::default();
+    let before = Router::build_with_metrics(&snapshot.clone().seal(), &metrics).unwrap();
+    let after = Router::build_after(&snapshot.seal(), &metrics, &before).unwrap();
+    assert!(!Arc::ptr_eq(
+        before.cluster("web/b:80").unwrap(),
+        after.cluster("web/b:80").unwrap()
+    ));
+    assert!(!Arc::ptr_eq(
+        &host_at(&before, "b.test"),
+        &host_at(&after, "b.test")
+    ));
+    assert!(Arc::ptr_eq(
+        before.cluster("web/a:80").unwrap(),
+        after.cluster("web/a:80").unwrap()
+    ));
+}
