@@ -76,6 +76,10 @@ impl Running {
     /// close; requests in flight finish. A UDP port's flows end at once.
     async fn stop(self) {
         self.accept.abort();
+        // The socket closes when the aborted task is dropped, which the runtime does later:
+        // wait for it, or a snapshot that gives the port back at once (a Gateway's internal
+        // port freed and allocated again) finds it still in use and cannot bind it.
+        let _ = self.accept.await;
         let _ = self.closing.send(true);
         if let Some(proxy) = self.proxy {
             proxy.cleanup().await;
@@ -585,5 +589,52 @@ impl ResolvesServerCert for SniResolver {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         let table = self.table.load();
         table.tls.port(self.port)?.resolve(hello.server_name())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+    use super::*;
+    use crate::table::Table;
+    use coxswain_api::snapshot::{Listener, Snapshot};
+
+    fn table_with(table: &SharedTable, ports: &[u16]) {
+        let snapshot = Snapshot {
+            listeners: ports
+                .iter()
+                .map(|&p| Listener {
+                    port: u32::from(p),
+                    protocol: snap::Protocol::Http as i32,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+        .seal();
+        table.store(Table::build(&snapshot, table.metrics()).unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_port_dropped_and_asked_for_again_at_once_is_bound_again() {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let (_stop, shutdown) = watch::channel(false);
+        let table = SharedTable::default();
+        let mut listeners = Listeners::new(table.clone(), [127, 0, 0, 1].into(), shutdown);
+        table_with(&table, &[port]);
+        assert!(listeners.sync().await.is_empty());
+        table_with(&table, &[]);
+        assert!(listeners.sync().await.is_empty());
+        assert!(listeners.ports().is_empty());
+        table_with(&table, &[port]);
+        let errors = listeners.sync().await;
+        assert!(errors.is_empty(), "{errors:?}");
+        assert_eq!(listeners.ports(), vec![port]);
+        tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
     }
 }
