@@ -1,0 +1,55 @@
+#!/usr/bin/env python3
+"""Where the time of each create went in a `make bench-propagation` run: medians and p90 of
+the controller's pass (woken -> snapshots published, and the compile within it) and of the
+shared proxy's decode and table build, over the create phase.
+
+Run the bench with its trace and the controller's debug log, keeping its stderr:
+
+  COXSWAIN_BENCH_TRACE=1 COXSWAIN_BENCH_CONTROLLER_LOG=coxswain_operator=debug \
+    make bench-propagation ROUTES=3000 2> bench.err
+  hack/bench/propagation-split.py bench.err
+
+It reads the log directory the bench names on stderr ("controller and proxy logs in DIR") and
+the `snapshots published since_woken_us compile_us` and `snapshot applied decode_us build_us`
+lines logged between the first and the last create.
+"""
+import re
+import statistics
+import sys
+
+
+def main(bench_err):
+    text = open(bench_err).read()
+    logs = re.search(r"controller and proxy logs in (\S+)", text)
+    sent = re.findall(r"^create n\d+: sent at (\S+) (\S+)", text, re.M)
+    if not logs or not sent:
+        sys.exit(f"{bench_err}: no log directory or no traced creates (COXSWAIN_BENCH_TRACE=1?)")
+    # "2026-12-05 21:31:17.993475675" -> "2026-12-05T21:31:17.993475", as the logs write time.
+    stamp = lambda d, t: f"{d}T{t[:15]}"
+    first, last = stamp(*sent[0]), stamp(*sent[-1])
+    rows = [
+        ("controller.err", "snapshots published", "since_woken_us", "controller, woken -> published"),
+        ("controller.err", "snapshots published", "compile_us", "controller, compile and publish"),
+        ("proxy.err", "snapshot applied", "decode_us", "proxy, decode"),
+        ("proxy.err", "snapshot applied", "build_us", "proxy, table build"),
+    ]
+    for file, message, field, label in rows:
+        values = []
+        for line in open(f"{logs.group(1)}/{file}"):
+            if message not in line or not first <= line[:26] <= last + "9":
+                continue
+            m = re.search(field + r"=(\d+)", line)
+            if m:
+                values.append(int(m.group(1)) / 1000)
+        if not values:
+            print(f"{label}: no {field} lines in the create phase")
+            continue
+        values.sort()
+        p90 = values[min(len(values) - 1, int(len(values) * 0.9))]
+        print(f"{label}: median {statistics.median(values):.2f} ms, p90 {p90:.2f} ms (n={len(values)})")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    main(sys.argv[1])
