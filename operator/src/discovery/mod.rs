@@ -78,22 +78,19 @@ impl Hub {
     /// kept encoded, as sealed: every stream sends the same bytes, and the controller does not
     /// hold the decoded snapshot (at 20,000 routes, tens of MB against 3.5 MB encoded).
     pub fn publish(&self, scope: ScopeKey, snapshot: Sealed) {
+        // The decoded snapshot is dropped here, before the lock that every stream reads
+        // through is taken: freeing 20,000 routes takes milliseconds.
+        let (snapshot, encoded) = snapshot.into_parts();
+        let version = snapshot.version.clone();
+        drop(snapshot);
         let mut scopes = self.scopes.write().unwrap_or_else(|p| p.into_inner());
         let tx = scopes
             .entry(scope)
             .or_insert_with(|| watch::channel(None).0);
-        if tx
-            .borrow()
-            .as_ref()
-            .is_some_and(|c| c.version == snapshot.version)
-        {
+        if tx.borrow().as_ref().is_some_and(|c| c.version == version) {
             return;
         }
-        let (snapshot, encoded) = snapshot.into_parts();
-        tx.send_replace(Some(Arc::new(Published {
-            version: snapshot.version,
-            encoded,
-        })));
+        tx.send_replace(Some(Arc::new(Published { version, encoded })));
     }
 
     /// Which ServiceAccount may subscribe to `scope`.
