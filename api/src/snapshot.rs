@@ -14,7 +14,7 @@ impl Snapshot {
     pub fn content_version(&self) -> String {
         // Only tests and checks off the data path ask this of a decoded snapshot: one way to
         // hash (`Sealed::new`'s), at the cost of a copy.
-        Sealed::new(self.clone()).snapshot.version
+        Sealed::new(self.clone()).version
     }
 
     /// Sets `version` to the content version.
@@ -52,7 +52,11 @@ const VERSION_FIELD: usize = 2 + 64;
 /// 20,000 routes was a third of a proxy's table build.
 #[derive(Debug, Clone)]
 pub struct Sealed {
-    snapshot: Snapshot,
+    version: String,
+    /// Decoded on first use when the snapshot was sealed from its encoding
+    /// ([`Sealed::from_encoding`]): the controller writes the bytes directly and never reads
+    /// them back, while tests and the snapshot command do.
+    snapshot: std::sync::OnceLock<Snapshot>,
     encoded: bytes::Bytes,
 }
 
@@ -79,11 +83,36 @@ impl Sealed {
         buf[0] = 0x0a; // field 1, wire type 2
         buf[1] = 64; // one varint byte
         buf[2..VERSION_FIELD].copy_from_slice(version.as_bytes());
-        snapshot.version = version;
+        snapshot.version = version.clone();
         Self {
-            snapshot,
+            version,
+            snapshot: snapshot.into(),
             encoded: buf.into(),
         }
+    }
+
+    /// The encoding of a snapshot with no version field in front of it (`VERSION_FIELD`
+    /// bytes of room instead, see [`Sealed::ROOM`]), sealed. The caller wrote the encoding
+    /// itself; it is decoded only if someone reads the snapshot.
+    pub fn from_encoding(mut buf: Vec<u8>) -> Self {
+        debug_assert!(buf.len() >= VERSION_FIELD);
+        let version = hex_digest(&buf[VERSION_FIELD..]);
+        buf[0] = 0x0a; // field 1, wire type 2
+        buf[1] = 64;
+        buf[2..VERSION_FIELD].copy_from_slice(version.as_bytes());
+        Self {
+            version,
+            snapshot: std::sync::OnceLock::new(),
+            encoded: buf.into(),
+        }
+    }
+
+    /// How many bytes [`Sealed::from_encoding`] expects in front of the encoding.
+    pub const ROOM: usize = VERSION_FIELD;
+
+    /// The content version (the same as the snapshot's `version`, without decoding it).
+    pub fn version(&self) -> &str {
+        &self.version
     }
 
     /// Decodes bytes a sender sealed, checking the hash over the bytes as received: a field
@@ -105,7 +134,11 @@ impl Sealed {
         if snapshot.version != claimed {
             return Err(SealError::Mismatch(snapshot.version));
         }
-        Ok(Self { snapshot, encoded })
+        Ok(Self {
+            version: snapshot.version.clone(),
+            snapshot: snapshot.into(),
+            encoded,
+        })
     }
 
     /// Checks a snapshot that came without its encoding (a file written as JSON or YAML).
@@ -115,14 +148,18 @@ impl Sealed {
         }
         let claimed = snapshot.version.clone();
         let sealed = Self::new(snapshot);
-        if sealed.snapshot.version != claimed {
+        if sealed.version != claimed {
             return Err(SealError::Mismatch(claimed));
         }
         Ok(sealed)
     }
 
     pub fn snapshot(&self) -> &Snapshot {
-        &self.snapshot
+        self.snapshot.get_or_init(|| {
+            // Only `from_encoding` leaves the cell empty, with bytes its caller encoded from a
+            // snapshot: they decode unless that writer is wrong, which tests would show.
+            Snapshot::decode(&self.encoded[..]).expect("a snapshot sealed from its own encoding")
+        })
     }
 
     /// The sealed encoding: what goes on the wire and into a proxy's cache file.
@@ -131,18 +168,20 @@ impl Sealed {
     }
 
     pub fn into_snapshot(self) -> Snapshot {
-        self.snapshot
+        self.snapshot();
+        self.snapshot.into_inner().unwrap_or_default()
     }
 
-    pub fn into_parts(self) -> (Snapshot, bytes::Bytes) {
-        (self.snapshot, self.encoded)
+    /// The decoded snapshot when there is one, and the encoding.
+    pub fn into_parts(self) -> (Option<Snapshot>, bytes::Bytes) {
+        (self.snapshot.into_inner(), self.encoded)
     }
 }
 
 impl std::ops::Deref for Sealed {
     type Target = Snapshot;
     fn deref(&self) -> &Snapshot {
-        &self.snapshot
+        self.snapshot()
     }
 }
 

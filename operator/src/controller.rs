@@ -124,15 +124,8 @@ fn describe_compile(
     for (kind, key) in INPUTS {
         span.set(key, counts.get(kind).copied().unwrap_or(0));
     }
-    let routes: usize = compiled
-        .snapshots
-        .values()
-        .flat_map(|s| &s.listeners)
-        .flat_map(|l| &l.virtual_hosts)
-        .map(|v| v.routes.len())
-        .sum();
     span.set("coxswain.snapshots", compiled.snapshots.len());
-    span.set("coxswain.routes", routes);
+    span.set("coxswain.routes", compiled.routes);
 }
 
 /// A change that comes while passes follow each other (the rest of a `kubectl apply`, whose
@@ -484,7 +477,7 @@ pub async fn run(
         // Each snapshot moves to the hub rather than being copied (tens of MB at 20,000
         // routes); status needs only its version, in `compiled.versions`.
         for (scope, snapshot) in std::mem::take(&mut compiled.snapshots) {
-            tracing::debug!(?scope, version = %snapshot.version, "publishing snapshot");
+            tracing::debug!(?scope, version = snapshot.version(), "publishing snapshot");
             hub.publish(scope, snapshot);
         }
         publishing.end();

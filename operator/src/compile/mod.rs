@@ -18,6 +18,7 @@ pub mod backend_clients;
 pub mod backendpolicy;
 pub mod backendtls;
 pub mod clusters;
+pub mod encode;
 pub mod entries;
 pub mod filters;
 pub mod gateway;
@@ -43,7 +44,7 @@ pub mod store;
 mod tests;
 
 use coxswain_api::names;
-use coxswain_api::snapshot::{self as snap, Sealed, Snapshot};
+use coxswain_api::snapshot::{self as snap, Sealed};
 use entries::Entry;
 use proxies::{ProxyAccounts, ProxyNames};
 pub use status::ScopeKey;
@@ -102,6 +103,8 @@ pub struct Compiled {
     /// Each snapshot's version, which stays when the controller hands the snapshots to the
     /// hub: status waits for the proxies to serve it.
     pub versions: BTreeMap<ScopeKey, String>,
+    /// How many routes the snapshots list in all (a route under two hosts counts twice).
+    pub routes: usize,
     pub status: StatusDecisions,
     /// The dedicated Gateways' proxies' names, assigned over all of them at once.
     pub proxy_names: ProxyNames,
@@ -289,7 +292,7 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         &mut clusters,
         &gateways.shared_backend_clients,
     );
-    let snapshots = assemble(
+    let assembled = assemble(
         slots,
         entries,
         clusters,
@@ -303,12 +306,14 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         status.gateways.get(key).is_some_and(|s| s.dedicated)
     });
     let proxy_accounts = ProxyAccounts::new(config.shared_proxy_account.clone(), &proxy_names);
-    let versions = snapshots
+    let versions = assembled
+        .snapshots
         .iter()
-        .map(|(scope, s)| (scope.clone(), s.version.clone()))
+        .map(|(scope, s)| (scope.clone(), s.version().to_owned()))
         .collect();
     Compiled {
-        snapshots,
+        snapshots: assembled.snapshots,
+        routes: assembled.routes,
         versions,
         status,
         proxy_names,
@@ -393,32 +398,30 @@ fn assemble(
     certificates: &BTreeMap<String, (String, String)>,
     served: &BTreeMap<ObjectKey, gateway::ServedGateway>,
     backend_clients: &BTreeMap<ScopeKey, String>,
-) -> BTreeMap<ScopeKey, Sealed> {
+) -> Assembled {
     let cluster_by_name: BTreeMap<String, snap::Cluster> =
         clusters.into_iter().map(|c| (c.name.clone(), c)).collect();
     let mut scopes: BTreeSet<ScopeKey> = served.values().map(|g| g.scope.clone()).collect();
     scopes.insert(ScopeKey::SharedPool);
 
-    let mut entries = entries;
-    // How many virtual hosts list each entry: its route is copied into all but the last,
-    // which takes it (a route is most of an entry, and most entries serve one host).
-    let mut uses = vec![0usize; entries.len()];
-    let mut out = BTreeMap::new();
+    // Each entry's route, encoded once when a virtual host first lists it: an entry listed by
+    // several hosts (a wildcard's routes under each exact host it covers) is copied as bytes.
+    let mut encoded: Vec<Option<encode::EncodedRoute>> = vec![None; entries.len()];
+    let mut out = Assembled::default();
     for scope in scopes {
         let scope_slots: Vec<&Slot> = slots.iter().filter(|s| s.scope == scope).collect();
-        // Entries with their index in `entries`, for the routes to be moved in at the end.
+        // Entries with their index in `entries`.
         let scope_entries: Vec<(usize, &Entry)> = entries
             .iter()
             .map(|e| &**e)
             .enumerate()
             .filter(|(_, e)| e.scope == scope)
             .collect();
-        // (listener, virtual host, entries in order), filled once the scope is assembled.
-        let mut fills: Vec<(usize, usize, Vec<usize>)> = Vec::new();
         let ports: BTreeSet<u32> = scope_slots.iter().map(|s| s.port).collect();
         let mut listeners = Vec::new();
-        let mut used_clusters = BTreeSet::new();
+        let mut used_clusters: BTreeSet<&str> = BTreeSet::new();
         let mut used_certs = BTreeSet::new();
+        let mut features = encode::Features::default();
         for port in ports {
             let port_slots: Vec<&Slot> = scope_slots
                 .iter()
@@ -518,38 +521,14 @@ fn assemble(
                         }
                     }
                     chosen.sort_by(|a, b| a.1.key.cmp(&b.1.key));
-                    for r in chosen.iter().map(|(_, e)| &e.route) {
-                        for b in &r.backends {
-                            if !used_clusters.contains(&b.cluster) {
-                                used_clusters.insert(b.cluster.clone());
-                            }
-                        }
-                        collect_filter_clusters(&r.filters, &mut used_clusters);
-                        if let Some(auth) = &r.external_auth
-                            && !auth.cluster.is_empty()
-                        {
-                            used_clusters.insert(auth.cluster.clone());
-                        }
-                        if let Some(global) = &r.global_rate_limit
-                            && !global.cluster.is_empty()
-                        {
-                            used_clusters.insert(global.cluster.clone());
-                        }
-                        for b in &r.backends {
-                            collect_filter_clusters(&b.filters, &mut used_clusters);
-                        }
+                    for &(i, e) in &chosen {
+                        let route =
+                            encoded[i].get_or_insert_with(|| encode::EncodedRoute::new(&e.route));
+                        features = features.union(route.features);
                     }
-                    for &(i, _) in &chosen {
-                        uses[i] += 1;
-                    }
-                    fills.push((
-                        listeners.len(),
-                        virtual_hosts.len(),
-                        chosen.iter().map(|&(i, _)| i).collect(),
-                    ));
-                    virtual_hosts.push(snap::VirtualHost {
+                    virtual_hosts.push(encode::VirtualHost {
                         hostname: vhost.to_owned(),
-                        routes: Vec::new(),
+                        routes: chosen.iter().map(|&(i, _)| i).collect(),
                         single_label,
                         terminate_tls: protocol == snap::Protocol::Tls
                             && terminating.contains(owner),
@@ -596,9 +575,9 @@ fn assemble(
             } else {
                 None
             };
-            listeners.push(snap::Listener {
+            listeners.push(encode::Listener {
                 port,
-                protocol: protocol as i32,
+                protocol,
                 sources,
                 virtual_hosts,
                 certificates: sni,
@@ -608,25 +587,21 @@ fn assemble(
                 public_port: port_slots[0].public_port,
             });
         }
-        for (listener, vhost, chosen) in fills {
-            let routes = &mut listeners[listener].virtual_hosts[vhost].routes;
-            routes.reserve_exact(chosen.len());
-            for i in chosen {
-                uses[i] -= 1;
-                let route = match (uses[i], Arc::get_mut(&mut entries[i])) {
-                    (0, Some(entry)) => std::mem::take(&mut entry.route),
-                    _ => entries[i].route.clone(),
-                };
-                routes.push(route);
+        for v in listeners.iter().flat_map(|l| &l.virtual_hosts) {
+            out.routes += v.routes.len();
+            for &i in &v.routes {
+                if let Some(route) = &encoded[i] {
+                    used_clusters.extend(route.clusters.iter().map(String::as_str));
+                }
             }
         }
-        let requires = requirements(&listeners);
+        let requires = requirements(&listeners, features);
         // The Gateway's client certificate goes to every TLS backend of its scope: its proxy
         // serves no other Gateway's routes.
         let backend_client = backend_clients.get(&scope);
         let clusters: Vec<snap::Cluster> = used_clusters
             .iter()
-            .filter_map(|c| cluster_by_name.get(c).cloned())
+            .filter_map(|c| cluster_by_name.get(*c).cloned())
             .map(|mut c| {
                 if let (Some(tls), Some(name)) = (c.tls.as_mut(), backend_client) {
                     tls.client_certificate = name.clone();
@@ -643,9 +618,8 @@ fn assemble(
                 .filter(|t| !t.client_certificate.is_empty())
                 .map(|t| t.client_certificate.clone()),
         );
-        let snapshot = Snapshot {
-            version: String::new(),
-            scope: Some(snap::Scope {
+        let sealed = encode::Parts {
+            scope: snap::Scope {
                 kind: Some(match &scope {
                     ScopeKey::SharedPool => snap::scope::Kind::SharedPool(snap::SharedPool {}),
                     ScopeKey::Gateway(k) => snap::scope::Kind::Gateway(snap::ObjectRef {
@@ -653,8 +627,9 @@ fn assemble(
                         name: k.name.clone(),
                     }),
                 }),
-            }),
+            },
             listeners,
+            routes: &encoded,
             clusters,
             certificates: used_certs
                 .iter()
@@ -671,9 +646,16 @@ fn assemble(
             requires,
         }
         .seal();
-        out.insert(scope, snapshot);
+        out.snapshots.insert(scope, sealed);
     }
     out
+}
+
+/// The sealed snapshots and how many routes they list in all.
+#[derive(Default)]
+struct Assembled {
+    snapshots: BTreeMap<ScopeKey, Sealed>,
+    routes: usize,
 }
 
 /// The names whose entries can serve `host`: itself, every wildcard above it, and "".
@@ -693,37 +675,23 @@ fn covering_names(host: &str) -> Vec<String> {
     names
 }
 
-fn collect_filter_clusters(filters: &[snap::Filter], used: &mut BTreeSet<String>) {
-    for f in filters {
-        if let Some(snap::filter::Kind::RequestMirror(m)) = &f.kind {
-            used.insert(m.cluster.clone());
-        }
-    }
-}
-
 /// What a proxy must implement to serve these listeners safely: a proxy that does not know a
 /// protecting field refuses the snapshot instead of serving without it.
-fn requirements(listeners: &[snap::Listener]) -> Vec<String> {
-    let routes = || {
-        listeners
-            .iter()
-            .flat_map(|l| &l.virtual_hosts)
-            .flat_map(|v| &v.routes)
-    };
+fn requirements(listeners: &[encode::Listener], routes: encode::Features) -> Vec<String> {
     let mut out = Vec::new();
-    if routes().any(|r| r.basic_auth.is_some()) {
+    if routes.basic_auth {
         out.push(snap::feature::BASIC_AUTH.to_owned());
     }
-    if routes().any(|r| !r.rate_limits.is_empty()) {
+    if routes.rate_limit {
         out.push(snap::feature::RATE_LIMIT.to_owned());
     }
-    if routes().any(|r| r.external_auth.is_some()) {
+    if routes.external_auth {
         out.push(snap::feature::EXTERNAL_AUTH.to_owned());
     }
-    if routes().any(|r| r.jwt.is_some()) {
+    if routes.jwt {
         out.push(snap::feature::JWT.to_owned());
     }
-    if routes().any(|r| r.global_rate_limit.is_some()) {
+    if routes.global_rate_limit {
         out.push(snap::feature::GLOBAL_RATE_LIMIT.to_owned());
     }
     if listeners.iter().any(|l| l.client_validation.is_some()) {

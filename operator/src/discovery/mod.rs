@@ -80,8 +80,8 @@ impl Hub {
     pub fn publish(&self, scope: ScopeKey, snapshot: Sealed) {
         // The decoded snapshot is dropped here, before the lock that every stream reads
         // through is taken: freeing 20,000 routes takes milliseconds.
+        let version = snapshot.version().to_owned();
         let (snapshot, encoded) = snapshot.into_parts();
-        let version = snapshot.version.clone();
         drop(snapshot);
         let mut scopes = self.scopes.write().unwrap_or_else(|p| p.into_inner());
         let tx = scopes
