@@ -10,10 +10,12 @@
 //! can check (or whose JWT providers have no key the proxy can use, or only a URL not fetched
 //! yet), still holds its targets, and their rules answer 503 until it is fixed.
 
+use super::encode::EncodedRoute;
 use super::entries::Entry;
 use super::global_limit;
 use super::htpasswd;
 use super::refs::Index;
+use super::route::RouteKind;
 use super::status::{
     AncestorRef, Condition, ObjectKey, PolicyAncestorStatus, Problem, Verdict, reason,
 };
@@ -380,28 +382,22 @@ pub fn apply(out: &mut Output, entries: &mut [Arc<Entry>]) {
         return;
     }
     for entry in entries.iter_mut() {
-        let Some(source) = entry.route.source.clone() else {
+        let Some((kind @ (RouteKind::Http | RouteKind::Grpc), rule_name)) = &entry.origin else {
             continue;
         };
-        if source.kind != "HTTPRoute" && source.kind != "GRPCRoute" {
-            continue;
-        }
-        let ns = source.namespace.clone();
+        let kind = kind.name().to_owned();
+        let route_key = entry.key.route();
+        let ns = route_key.namespace.clone();
         let mut candidates: Vec<Target> = Vec::with_capacity(4);
-        if !source.rule_name.is_empty() {
+        if !rule_name.is_empty() {
             candidates.push((
                 ns.clone(),
-                source.kind.clone(),
-                source.name.clone(),
-                source.rule_name.clone(),
+                kind.clone(),
+                route_key.name.clone(),
+                rule_name.clone(),
             ));
         }
-        candidates.push((
-            ns.clone(),
-            source.kind.clone(),
-            source.name.clone(),
-            String::new(),
-        ));
+        candidates.push((ns.clone(), kind, route_key.name.clone(), String::new()));
         if let Some((gateway, listener)) = &entry.parent
             && gateway.namespace == ns
         {
@@ -439,7 +435,8 @@ pub fn apply(out: &mut Output, entries: &mut [Arc<Entry>]) {
                 d.gateways.insert(gateway.clone());
             }
         }
-        let route = &mut entry.route;
+        let mut route = entry.route.decode();
+        let route = &mut route;
         if let Some(limit) = limit.and_then(|h| h.rate_limit.clone()) {
             route.rate_limits.retain(|l| l.id != limit.id);
             route.rate_limits.push(limit);
@@ -470,6 +467,7 @@ pub fn apply(out: &mut Output, entries: &mut [Arc<Entry>]) {
             }
             _ => {}
         }
+        entry.route = EncodedRoute::new(route);
     }
 }
 

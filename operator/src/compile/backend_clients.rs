@@ -7,6 +7,7 @@
 //! its routes use: the same endpoints and TLS settings under another name, with its
 //! certificate, and so a connection pool of their own.
 
+use super::encode::EncodedRoute;
 use super::entries::Entry;
 use super::status::{ObjectKey, ScopeKey};
 use coxswain_api::snapshot::{self as snap, filter::Kind};
@@ -39,6 +40,9 @@ pub fn give_own_clusters(
         let Some(certificate) = certificates.get(&gateway) else {
             continue;
         };
+        if !e.route.clusters.iter().any(|c| tls.contains_key(c)) {
+            continue;
+        }
         let mut rename = |name: &mut String| {
             let Some(base) = tls.get(name.as_str()) else {
                 return;
@@ -57,7 +61,7 @@ pub fn give_own_clusters(
             *name = variant;
         };
         // Shared with the incremental compiler's last pass: copied only for such a Gateway.
-        let route = &mut Arc::make_mut(e).route;
+        let mut route = e.route.decode();
         for b in &mut route.backends {
             rename(&mut b.cluster);
             for f in &mut b.filters {
@@ -71,6 +75,7 @@ pub fn give_own_clusters(
                 rename(&mut m.cluster);
             }
         }
+        Arc::make_mut(e).route = EncodedRoute::new(&route);
     }
     clusters.extend(own.into_values());
 }

@@ -78,7 +78,16 @@ impl EncodedRoute {
     }
 }
 
-/// A virtual host whose routes are indexes into the scope's encoded routes.
+impl EncodedRoute {
+    /// The route again, for the passes that change a compiled route (access policies, a
+    /// Gateway's own backend clusters).
+    pub fn decode(&self) -> snap::Route {
+        // Bytes `new` encoded from a route in this process.
+        snap::Route::decode(&self.bytes[..]).expect("an encoded route decodes")
+    }
+}
+
+/// A virtual host whose routes are indexes into the compile's entries.
 #[derive(Debug, Clone)]
 pub struct VirtualHost {
     pub hostname: String,
@@ -104,7 +113,8 @@ pub struct Listener {
 pub struct Parts<'a> {
     pub scope: snap::Scope,
     pub listeners: Vec<Listener>,
-    pub routes: &'a [Option<EncodedRoute>],
+    /// What the virtual hosts' route indexes point into.
+    pub entries: &'a [std::sync::Arc<super::entries::Entry>],
     pub clusters: Vec<snap::Cluster>,
     pub certificates: Vec<snap::Certificate>,
     pub requires: Vec<String>,
@@ -121,8 +131,7 @@ fn write_delimited_header(tag: u32, len: usize, buf: &mut Vec<u8>) {
 
 impl Parts<'_> {
     fn route(&self, i: usize) -> &[u8] {
-        // The assembler encodes every route it lists before writing.
-        self.routes[i].as_ref().map_or(&[], |r| &r.bytes)
+        &self.entries[i].route.bytes
     }
 
     fn virtual_host_len(&self, v: &VirtualHost) -> usize {

@@ -1,8 +1,10 @@
 //! Route entries and the order they are tried in.
 
+use super::encode::EncodedRoute;
 use super::hostname;
+use super::route::RouteKind;
 use super::status::{ObjectKey, ScopeKey};
-use coxswain_api::snapshot::{self as snap, Protocol, RouteMatch, path_match};
+use coxswain_api::snapshot::{Protocol, RouteMatch, path_match};
 use std::cmp::{Ordering, Reverse};
 
 /// One (route, rule, match) on one listener hostname, before virtual hosts are assembled.
@@ -19,7 +21,13 @@ pub struct Entry {
     /// more (Gateway API hostnames).
     pub single_label: bool,
     pub key: PrecedenceKey,
-    pub route: snap::Route,
+    /// The route, encoded once where it was compiled: entries are kept between passes
+    /// ([`super::incremental`]) at a fraction of a decoded route's size, and the assembler
+    /// copies the bytes into the snapshot.
+    pub route: EncodedRoute,
+    /// The Gateway API route kind and rule name the entry came from (None: Ingress), which
+    /// access policies target.
+    pub origin: Option<(RouteKind, String)>,
     /// The Gateway and listener name a Gateway API route attached through (None: Ingress), for
     /// policies attached to Gateways.
     pub parent: Option<(super::status::ObjectKey, String)>,
@@ -50,6 +58,11 @@ pub struct PrecedenceKey {
 }
 
 impl PrecedenceKey {
+    /// The route the entry came from.
+    pub fn route(&self) -> &ObjectKey {
+        &self.route
+    }
+
     pub fn new(
         vhost: &str,
         m: &RouteMatch,

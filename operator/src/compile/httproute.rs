@@ -6,6 +6,7 @@
 
 use super::Config;
 use super::backend::Referrer;
+use super::encode::EncodedRoute;
 use super::entries::{Entry, PrecedenceKey};
 use super::gateway::ServedGateway;
 use super::hostname;
@@ -407,7 +408,7 @@ fn compile_route(
                                         k
                                     }
                                 },
-                                route: snap::Route {
+                                route: EncodedRoute::new(&snap::Route {
                                     source: Some(RouteSource {
                                         kind: kind.name().into(),
                                         namespace: key.namespace.clone(),
@@ -424,7 +425,8 @@ fn compile_route(
                                     direct_status: rule.direct_status,
                                     external_auth: rule.external_auth.clone(),
                                     ..Default::default()
-                                },
+                                }),
+                                origin: Some((kind, rule.name.clone())),
                                 // A ListenerSet's listener is not one of the Gateway's own
                                 // (section) names.
                                 parent: Some((

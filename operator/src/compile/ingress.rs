@@ -10,6 +10,7 @@
 //! CoxswainBackendPolicy on the Service port decides over every annotation.
 
 use super::annotations::{self, Canary, IngressAnnotations};
+use super::encode::EncodedRoute;
 use super::entries::{Entry, PrecedenceKey};
 use super::gateway::ScopeKey;
 use super::refs::{self, Index};
@@ -474,7 +475,8 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
                         // Ingress: "a wildcard host matches exactly one DNS label".
                         single_label: path.host.starts_with("*."),
                         key: PrecedenceKey::new(&path.host, &m, created, &key, path.rule, 0),
-                        route,
+                        route: EncodedRoute::new(&route),
+                        origin: None,
                         parent: None,
                     }));
                 }

@@ -404,9 +404,6 @@ fn assemble(
     let mut scopes: BTreeSet<ScopeKey> = served.values().map(|g| g.scope.clone()).collect();
     scopes.insert(ScopeKey::SharedPool);
 
-    // Each entry's route, encoded once when a virtual host first lists it: an entry listed by
-    // several hosts (a wildcard's routes under each exact host it covers) is copied as bytes.
-    let mut encoded: Vec<Option<encode::EncodedRoute>> = vec![None; entries.len()];
     let mut out = Assembled::default();
     for scope in scopes {
         let scope_slots: Vec<&Slot> = slots.iter().filter(|s| s.scope == scope).collect();
@@ -521,10 +518,8 @@ fn assemble(
                         }
                     }
                     chosen.sort_by(|a, b| a.1.key.cmp(&b.1.key));
-                    for &(i, e) in &chosen {
-                        let route =
-                            encoded[i].get_or_insert_with(|| encode::EncodedRoute::new(&e.route));
-                        features = features.union(route.features);
+                    for (_, e) in &chosen {
+                        features = features.union(e.route.features);
                     }
                     virtual_hosts.push(encode::VirtualHost {
                         hostname: vhost.to_owned(),
@@ -590,9 +585,7 @@ fn assemble(
         for v in listeners.iter().flat_map(|l| &l.virtual_hosts) {
             out.routes += v.routes.len();
             for &i in &v.routes {
-                if let Some(route) = &encoded[i] {
-                    used_clusters.extend(route.clusters.iter().map(String::as_str));
-                }
+                used_clusters.extend(entries[i].route.clusters.iter().map(String::as_str));
             }
         }
         let requires = requirements(&listeners, features);
@@ -629,7 +622,7 @@ fn assemble(
                 }),
             },
             listeners,
-            routes: &encoded,
+            entries: &entries,
             clusters,
             certificates: used_certs
                 .iter()
