@@ -26,6 +26,9 @@ pub struct State {
     compiles: AtomicU64,
     compile_micros: AtomicU64,
     compile_buckets: [AtomicU64; COMPILE_BUCKETS.len()],
+    /// Routes compiled again and routes whose last output was reused, over all passes.
+    routes_compiled: AtomicU64,
+    routes_reused: AtomicU64,
     /// (kind, outcome) -> count.
     status_writes: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     /// Event type -> count.
@@ -65,6 +68,12 @@ impl State {
 
     pub fn set_unsynced(&self, kinds: Vec<String>) {
         *lock(&self.unsynced) = kinds;
+    }
+
+    /// The incremental compiler's totals so far.
+    pub fn route_reuse(&self, compiled: u64, reused: u64) {
+        self.routes_compiled.store(compiled, Ordering::Relaxed);
+        self.routes_reused.store(reused, Ordering::Relaxed);
     }
 
     pub fn compiled(&self, took: Duration, objects: BTreeMap<&'static str, usize>) {
@@ -194,6 +203,22 @@ impl State {
             "{name}_bucket{{le=\"+Inf\"}} {count}\n{name}_sum {sum}\n{name}_count {count}"
         );
 
+        let name = "coxswain_controller_routes_compiled_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Routes taken by compile passes: compiled again (compiled), or their last output reused because nothing they read changed (reused).\n# TYPE {name} counter"
+        );
+        for (outcome, n) in [
+            ("compiled", &self.routes_compiled),
+            ("reused", &self.routes_reused),
+        ] {
+            let _ = writeln!(
+                out,
+                "{name}{{outcome=\"{outcome}\"}} {}",
+                n.load(Ordering::Relaxed)
+            );
+        }
+
         let name = "coxswain_controller_status_writes_total";
         let _ = writeln!(
             out,
@@ -322,6 +347,7 @@ mod tests {
         state.jwks_fetched(true);
         state.jwks_fetched(false);
         state.jwks_fetched(false);
+        state.route_reuse(3, 40);
         let text = state.render();
         for line in [
             "coxswain_controller_leader 1",
@@ -330,6 +356,8 @@ mod tests {
             "coxswain_controller_compile_duration_seconds_bucket{le=\"+Inf\"} 2",
             "coxswain_controller_compile_duration_seconds_count 2",
             "coxswain_controller_compile_duration_seconds_sum 0.33",
+            "coxswain_controller_routes_compiled_total{outcome=\"compiled\"} 3",
+            "coxswain_controller_routes_compiled_total{outcome=\"reused\"} 40",
             "coxswain_controller_status_writes_total{kind=\"Gateway\",outcome=\"ok\"} 2",
             "coxswain_controller_status_writes_total{kind=\"HTTPRoute\",outcome=\"conflict\"} 1",
             "coxswain_controller_events_total{type=\"Warning\"} 1",

@@ -396,6 +396,9 @@ pub async fn run(
     };
     let jwks = crate::jwks::Fetcher::new(config.jwks.clone(), admin.clone());
     let mut version_checked: Option<std::time::Instant> = None;
+    // Keeps each route's compiled part between passes: a pass compiles again only the routes
+    // whose input changed.
+    let mut compiler = compile::Compiler::default();
     let mut last_pass = tokio::time::Instant::now();
     // Status is written by a task of its own, from the newest pass, so API round trips never
     // hold back the next compile.
@@ -446,7 +449,9 @@ pub async fn run(
         store.remote_jwks = jwks.documents();
         let mut compiling = pass.child("compile");
         let started = std::time::Instant::now();
-        let mut compiled = compile::compile(&store, &compile_config);
+        let mut compiled = compiler.compile(&store, &compile_config);
+        let reuse = compiler.reuse();
+        admin.route_reuse(reuse.compiled, reuse.reused);
         let counts = store.counts();
         describe_compile(&mut compiling, &counts, &compiled);
         compiling.end();

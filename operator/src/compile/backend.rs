@@ -1,6 +1,7 @@
 //! backendRefs to Services: the typed view every backendRef shape reads as, and its resolution
 //! to a cluster.
 
+use super::incremental::Read;
 use super::refs::{self, GATEWAY_GROUP, Index};
 use super::route::RouteKind;
 use super::status::{ObjectKey, Problem, reason};
@@ -10,6 +11,7 @@ use gateway_api::apis::experimental::httproutes::{
     HttpRouteRulesBackendRefs, HttpRouteRulesFiltersExternalAuthBackendRef,
     HttpRouteRulesFiltersRequestMirrorBackendRef,
 };
+use std::cell::RefCell;
 
 /// A backendRef as resolution reads it, whichever generated type it came from: a rule's
 /// backendRef or a request mirror's.
@@ -66,6 +68,9 @@ pub struct Referrer<'a> {
     pub index: &'a Index<'a>,
     pub kind: RouteKind,
     pub route: &'a ObjectKey,
+    /// Where an incremental compile records what resolution read, to tell at the next pass
+    /// whether the route's output still holds.
+    pub reads: Option<&'a RefCell<Vec<Read>>>,
 }
 
 impl Referrer<'_> {
@@ -87,6 +92,7 @@ impl Referrer<'_> {
             index,
             kind: route_kind,
             route,
+            reads,
         } = *self;
         let group = group.unwrap_or("");
         let kind = kind.unwrap_or("Service");
@@ -97,7 +103,7 @@ impl Referrer<'_> {
             ));
         }
         let ns = namespace.unwrap_or(&route.namespace);
-        if !refs::permitted(
+        let permitted = refs::permitted(
             store,
             GATEWAY_GROUP,
             route_kind.name(),
@@ -106,7 +112,17 @@ impl Referrer<'_> {
             "Service",
             ns,
             name,
-        ) {
+        );
+        if let Some(reads) = reads
+            && ns != route.namespace
+        {
+            reads.borrow_mut().push(Read::Grant {
+                to_namespace: ns.to_owned(),
+                to_name: name.to_owned(),
+                permitted,
+            });
+        }
+        if !permitted {
             return Err(Problem::new(
                 reason::REF_NOT_PERMITTED,
                 format!(
@@ -122,6 +138,11 @@ impl Referrer<'_> {
                 format!("backendRef to Service {ns}/{name} needs a port"),
             ));
         };
+        if let Some(reads) = reads {
+            reads
+                .borrow_mut()
+                .push(Read::service(index, ns, name, port));
+        }
         if index.service(ns, name).is_none() {
             return Err(Problem::new(
                 reason::BACKEND_NOT_FOUND,

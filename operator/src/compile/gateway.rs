@@ -19,14 +19,14 @@ pub use super::status::ScopeKey;
 
 /// The listener names and ports of one accepted ListenerSet, so a parentRef's sectionName or
 /// port can be told apart from one that does not exist.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ListenerNames {
     pub names: BTreeSet<String>,
     pub ports: BTreeSet<u32>,
 }
 
 /// A Gateway this controller serves.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ServedGateway {
     pub key: ObjectKey,
     pub scope: ScopeKey,

@@ -141,7 +141,7 @@ impl GatewayService {
 }
 
 /// What the allocation decided.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Allocation {
     pub services: BTreeMap<ObjectKey, GatewayService>,
     /// Gateways with a listener port that got no internal port (the range is full), and why.

@@ -10,6 +10,7 @@ use super::encode::EncodedRoute;
 use super::entries::{Entry, PrecedenceKey};
 use super::gateway::ServedGateway;
 use super::hostname;
+use super::incremental::Read;
 use super::listeners::AcceptedListener;
 use super::refs::{GATEWAY_GROUP, Index};
 use super::route::{RouteForm, RouteKind};
@@ -18,7 +19,8 @@ use super::status::{Condition, ObjectKey, ParentRef, Problem, RouteParentStatus,
 use super::store::Store;
 use coxswain_api::snapshot::{self as snap, RouteSource};
 use gateway_api::apis::experimental::httproutes::{HttpRoute, HttpRouteParentRefs};
-use std::collections::BTreeMap;
+use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 pub struct RouteOutput {
@@ -66,22 +68,37 @@ impl RouteOutput {
         }
     }
 
-    /// Adds one route's part.
-    fn add(&mut self, kind: RouteKind, key: ObjectKey, part: RoutePart) {
-        self.count(&part.attached, &part.service_gateways);
-        // A cluster is the same whichever route resolved it: the first copy is kept.
-        for c in part.clusters {
-            if !self.cluster_names.contains(&c.name) {
-                self.cluster_names.insert(c.name.clone());
-                self.clusters.push(c);
+    /// Adds one route's part, taking it whole or copying what the memo keeps.
+    fn add(&mut self, kind: RouteKind, key: ObjectKey, part: PartRef<'_>) {
+        let (entries, parents) = match part {
+            PartRef::Owned(p) => {
+                self.count(&p.attached, &p.service_gateways);
+                // A cluster is the same whichever route resolved it: the first copy is kept.
+                for c in p.clusters {
+                    if !self.cluster_names.contains(&c.name) {
+                        self.cluster_names.insert(c.name.clone());
+                        self.clusters.push(c);
+                    }
+                }
+                (p.entries, p.parents)
             }
-        }
+            PartRef::Kept(p) => {
+                self.count(&p.attached, &p.service_gateways);
+                for c in &p.clusters {
+                    if !self.cluster_names.contains(&c.name) {
+                        self.cluster_names.insert(c.name.clone());
+                        self.clusters.push(c.clone());
+                    }
+                }
+                (p.entries.clone(), p.parents.clone())
+            }
+        };
         // The parents outlive the pass (its status decisions, kept until the next pass): a
         // Vec grown by push holds room for four, 700 bytes where one parent takes 176, which
         // at 20,000 routes was 11 MiB for nothing.
-        let mut parents = part.parents;
+        let mut parents = parents;
         parents.shrink_to_fit();
-        self.entries.extend(part.entries);
+        self.entries.extend(entries);
         let status = match kind {
             RouteKind::Http => &mut self.status,
             RouteKind::Grpc => &mut self.grpc_status,
@@ -123,6 +140,11 @@ impl RouteOutput {
     }
 }
 
+enum PartRef<'a> {
+    Owned(RoutePart),
+    Kept(&'a RoutePart),
+}
+
 /// What every route's compilation reads.
 struct Inputs<'a> {
     store: &'a Store,
@@ -131,12 +153,17 @@ struct Inputs<'a> {
     config: &'a Config,
 }
 
+/// Compiles every route. With `memo`, a route whose stored object, the listeners it was turned
+/// away from and resolved references are the same as at the last pass is not compiled again:
+/// its last part is added instead (the caller clears `memo` when the Gateways or the
+/// configuration changed).
 pub fn compile(
     routes: &[RouteForm<'_>],
     store: &Store,
     index: &Index<'_>,
     served: &BTreeMap<ObjectKey, ServedGateway>,
     config: &Config,
+    memo: Option<&mut RouteMemo>,
 ) -> RouteOutput {
     let mut out = RouteOutput::new();
     let inputs = Inputs {
@@ -146,10 +173,127 @@ pub fn compile(
         config,
     };
     let rejected = cross_kind_conflicts(&inputs, routes);
-    for form in routes {
-        if let Some(part) = compile_route(&inputs, form, &rejected) {
-            out.add(form.kind, form.key(), part);
+    let Some(memo) = memo else {
+        for form in routes {
+            if let Some(part) = compile_route(&inputs, form, &rejected, None) {
+                out.add(form.kind, form.key(), PartRef::Owned(part));
+            }
         }
+        return out;
+    };
+    let turned_away = rejected_by_route(&rejected);
+    memo.pass += 1;
+    let pass = memo.pass;
+    let mut seen = 0;
+    for form in routes {
+        let Some(stored) = &form.stored else {
+            // Not read from a store: nothing tells its next version apart.
+            if let Some(part) = compile_route(&inputs, form, &rejected, None) {
+                out.add(form.kind, form.key(), PartRef::Owned(part));
+            }
+            continue;
+        };
+        let id = (form.kind, form.key());
+        let turned = turned_away.get(&id).map_or(&[][..], Vec::as_slice);
+        let reusable = memo.entries.get_mut(&id).filter(|m| {
+            stored.same(&m.stored)
+                && m.turned_away == turned
+                && m.reads
+                    .iter()
+                    .all(|r| r.unchanged(store, index, form.kind, &id.1.namespace))
+        });
+        let kept = match reusable {
+            Some(m) => {
+                memo.reused += 1;
+                m
+            }
+            None => {
+                memo.compiled += 1;
+                let reads = RefCell::new(Vec::new());
+                let part = compile_route(&inputs, form, &rejected, Some(&reads));
+                let mut reads = reads.into_inner();
+                reads.shrink_to_fit();
+                let fresh = Kept {
+                    stored: stored.clone(),
+                    turned_away: turned.to_vec(),
+                    reads,
+                    part,
+                    // Marked seen below, with the reused ones.
+                    pass: 0,
+                };
+                match memo.entries.entry(id.clone()) {
+                    std::collections::hash_map::Entry::Occupied(mut o) => {
+                        o.insert(fresh);
+                        o.into_mut()
+                    }
+                    std::collections::hash_map::Entry::Vacant(v) => v.insert(fresh),
+                }
+            }
+        };
+        if kept.pass != pass {
+            kept.pass = pass;
+            seen += 1;
+        }
+        if let Some(part) = &kept.part {
+            out.add(id.0, id.1, PartRef::Kept(part));
+        }
+    }
+    // Routes gone from the store are dropped with what they held.
+    if memo.entries.len() != seen {
+        memo.entries.retain(|_, m| m.pass == pass);
+    }
+    out
+}
+
+/// Each route's compiled part, kept between passes by an incremental compile.
+#[derive(Debug, Default)]
+pub struct RouteMemo {
+    entries: HashMap<(RouteKind, ObjectKey), Kept>,
+    /// Passes made: a route not seen in the latest is gone.
+    pass: u64,
+    /// Routes compiled and reused over the memo's life: what the passes saved.
+    pub compiled: u64,
+    pub reused: u64,
+}
+
+impl RouteMemo {
+    pub fn clear(&mut self) {
+        self.entries.clear();
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[derive(Debug)]
+struct Kept {
+    stored: super::route::Stored,
+    turned_away: Vec<Rejection>,
+    reads: Vec<Read>,
+    /// None: the route names no parent of ours.
+    part: Option<RoutePart>,
+    /// The last pass that saw the route.
+    pass: u64,
+}
+
+/// A listener a route was turned away from: (Gateway, ListenerSet, listener) and the route
+/// that keeps it.
+type Rejection = (ObjectKey, Option<ObjectKey>, String, String);
+
+fn rejected_by_route(rejected: &Rejections) -> HashMap<(RouteKind, ObjectKey), Vec<Rejection>> {
+    let mut out: HashMap<_, Vec<_>> = HashMap::new();
+    for ((kind, route, gw, owner, listener), other) in rejected {
+        out.entry((*kind, route.clone())).or_default().push((
+            gw.clone(),
+            owner.clone(),
+            listener.clone(),
+            other.clone(),
+        ));
     }
     out
 }
@@ -266,6 +410,7 @@ fn compile_route(
     inputs: &Inputs<'_>,
     form: &RouteForm<'_>,
     rejected: &Rejections,
+    reads: Option<&RefCell<Vec<Read>>>,
 ) -> Option<RoutePart> {
     let Inputs {
         store,
@@ -288,6 +433,7 @@ fn compile_route(
         index,
         kind,
         route: &key,
+        reads,
     };
     let (rules, resolved, rules_problem) = compile_rules(&from, route, &mut out.clusters);
     let route_problem = problem.or(rules_problem);

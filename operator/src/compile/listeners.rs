@@ -13,7 +13,7 @@ use gateway_api::apis::standard::gateways::{
 use std::collections::{BTreeMap, BTreeSet};
 
 /// A listener that passed validation, as routes see it.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct AcceptedListener {
     pub name: String,
     /// The listener's port, as clients and parentRefs name it.
@@ -50,7 +50,7 @@ impl AcceptedListener {
     }
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum AllowedNamespaces {
     Same,
     All,

@@ -29,6 +29,7 @@ pub mod grpcroute;
 pub mod hostname;
 pub mod htpasswd;
 pub mod httproute;
+pub mod incremental;
 pub mod ingress;
 pub mod jwks;
 pub mod l4route;
@@ -46,6 +47,7 @@ mod tests;
 use coxswain_api::names;
 use coxswain_api::snapshot::{self as snap, Sealed};
 use entries::Entry;
+pub use incremental::Compiler;
 use proxies::{ProxyAccounts, ProxyNames};
 pub use status::ScopeKey;
 use status::{ObjectKey, StatusDecisions};
@@ -54,7 +56,7 @@ use std::sync::Arc;
 pub use store::{JwksSource, Store};
 
 /// What the compiler needs besides the objects.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Config {
     /// GatewayClass / IngressClass `spec.controller` this controller serves.
     pub controller_name: String,
@@ -119,23 +121,37 @@ pub struct Compiled {
 /// Every route of every kind in the shared form. The conversions run here, at the root, so the
 /// route compiler and the converters depend on the shared form and not on each other.
 fn route_forms(store: &Store) -> Vec<route::RouteForm<'_>> {
-    store
+    use route::RouteForm;
+    let http = store
         .http_routes
         .iter()
-        .map(|r| route::RouteForm::http(r))
-        .chain(
-            store
-                .grpc_routes
-                .iter()
-                .map(|r| grpcroute::as_route_form(r)),
-        )
-        .chain(store.tls_routes.iter().map(|r| l4route::tls_route_form(r)))
-        .chain(store.tcp_routes.iter().map(|r| l4route::tcp_route_form(r)))
-        .chain(store.udp_routes.iter().map(|r| l4route::udp_route_form(r)))
-        .collect()
+        .map(|r| RouteForm::http(r).read_from(r));
+    let grpc = store
+        .grpc_routes
+        .iter()
+        .map(|r| grpcroute::as_route_form(r).read_from(r));
+    let tls = store
+        .tls_routes
+        .iter()
+        .map(|r| l4route::tls_route_form(r).read_from(r));
+    let tcp = store
+        .tcp_routes
+        .iter()
+        .map(|r| l4route::tcp_route_form(r).read_from(r));
+    let udp = store
+        .udp_routes
+        .iter()
+        .map(|r| l4route::udp_route_form(r).read_from(r));
+    http.chain(grpc).chain(tls).chain(tcp).chain(udp).collect()
 }
 
+/// Compiles everything from scratch. [`Compiler`] gives the same output, compiling again only
+/// the routes whose input changed since its last pass.
 pub fn compile(store: &Store, config: &Config) -> Compiled {
+    compile_with(store, config, None)
+}
+
+fn compile_with(store: &Store, config: &Config, kept: Option<&mut Compiler>) -> Compiled {
     let index = refs::Index::new(store);
     let mut gateways = gateway::compile(store, &index, config);
     let gateway_services = match config.shared_gateway_ports {
@@ -172,7 +188,15 @@ pub fn compile(store: &Store, config: &Config) -> Compiled {
         }
         None => gateway_services::Allocation::default(),
     };
-    let routes = httproute::compile(&route_forms(store), store, &index, &gateways.served, config);
+    let memo = kept.map(|k| k.routes_for(&gateways.served, config));
+    let routes = httproute::compile(
+        &route_forms(store),
+        store,
+        &index,
+        &gateways.served,
+        config,
+        memo,
+    );
     let ingresses = ingress::compile(store, &index, config);
 
     let backend_tls_policies = index

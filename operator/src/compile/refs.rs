@@ -3,10 +3,11 @@
 // Re-exported where the route compilers have always found them.
 pub use super::clusters::{H2C_CLUSTER_SUFFIX, cluster_name};
 use super::store::Store;
-use coxswain_api::snapshot::{AppProtocol, Cluster, Endpoint};
+use coxswain_api::snapshot::{AppProtocol, BackendTls, Cluster, Endpoint};
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::HashMap;
+use std::sync::Arc;
 
 pub const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";
 
@@ -45,9 +46,10 @@ pub fn permitted(
 /// Indexes built once per compile so lookups are not linear scans per reference (hashed: they
 /// are looked up by exact name only).
 pub struct Index<'a> {
-    services: HashMap<(&'a str, &'a str), &'a Service>,
+    /// The store's `Arc`s: an incremental compile tells an unchanged object by its identity.
+    services: HashMap<(&'a str, &'a str), &'a Arc<Service>>,
     /// (namespace, service name) -> slices
-    slices: HashMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
+    slices: HashMap<(&'a str, &'a str), Vec<&'a Arc<EndpointSlice>>>,
     secrets: HashMap<(&'a str, &'a str), &'a Secret>,
     /// BackendTLSPolicies, decided once: every cluster of a Service port they hold gets TLS.
     pub backend_tls: super::backendtls::Output,
@@ -74,13 +76,13 @@ impl<'a> Index<'a> {
                 continue;
             };
             let ns = slice.metadata.namespace.as_deref().unwrap_or("default");
-            slices.entry((ns, svc.as_str())).or_default().push(&**slice);
+            slices.entry((ns, svc.as_str())).or_default().push(slice);
         }
         Self {
             services: store
                 .services
                 .iter()
-                .map(|s| (key(&s.metadata), &**s))
+                .map(|s| (key(&s.metadata), s))
                 .collect(),
             slices,
             secrets: store
@@ -94,7 +96,37 @@ impl<'a> Index<'a> {
     }
 
     pub fn service(&self, namespace: &str, name: &str) -> Option<&'a Service> {
-        self.services.get(&(namespace, name)).copied()
+        self.services.get(&(namespace, name)).map(|s| &***s)
+    }
+
+    /// The Service and its EndpointSlices as stored: what [`Self::cluster`] reads of them.
+    pub fn service_objects<'s>(
+        &'s self,
+        namespace: &'s str,
+        name: &'s str,
+    ) -> (Option<&'a Arc<Service>>, &'s [&'a Arc<EndpointSlice>]) {
+        (
+            self.services.get(&(namespace, name)).copied(),
+            self.slices
+                .get(&(namespace, name))
+                .map_or(&[][..], Vec::as_slice),
+        )
+    }
+
+    /// The BackendTLSPolicy settings [`Self::cluster`] gives the Service port.
+    pub fn port_tls(&self, namespace: &str, name: &str, port: i32) -> Option<&BackendTls> {
+        let port_name = self
+            .service(namespace, name)?
+            .spec
+            .as_ref()?
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| p.port == port)?
+            .name
+            .as_deref()
+            .unwrap_or_default();
+        self.backend_tls.for_port(namespace, name, port_name)
     }
 
     pub fn secret(&self, namespace: &str, name: &str) -> Option<&'a Secret> {

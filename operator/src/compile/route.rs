@@ -9,10 +9,34 @@
 use super::status::{ObjectKey, Problem};
 use gateway_api::apis::experimental::httproutes::{HttpRoute, HttpRouteSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use std::any::Any;
 use std::borrow::Cow;
+use std::sync::Arc;
+
+/// The stored object a route form was read from, kept alive: while it is held no other object
+/// can take its address, so the same address at the next pass means the same, unchanged
+/// object (the store shares the reflector's `Arc`s; a changed object is a new one).
+#[derive(Clone)]
+pub struct Stored(Arc<dyn Any + Send + Sync>);
+
+impl Stored {
+    pub fn new<T: Any + Send + Sync>(object: &Arc<T>) -> Self {
+        Self(object.clone())
+    }
+
+    pub fn same(&self, other: &Self) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.0), Arc::as_ptr(&other.0))
+    }
+}
+
+impl std::fmt::Debug for Stored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Stored({:p})", Arc::as_ptr(&self.0))
+    }
+}
 
 /// The route kinds compiled here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RouteKind {
     Http,
     Grpc,
@@ -54,6 +78,8 @@ pub struct RouteForm<'a> {
     /// with no HTTPRoute equivalent). The route keeps what did convert, so it still gets
     /// status.
     pub problem: Option<Problem>,
+    /// The object this form was read from, when it came from a store (see [`Stored`]).
+    pub stored: Option<Stored>,
 }
 
 impl<'a> RouteForm<'a> {
@@ -62,6 +88,15 @@ impl<'a> RouteForm<'a> {
             kind: RouteKind::Http,
             route: Cow::Borrowed(route),
             problem: None,
+            stored: None,
+        }
+    }
+
+    /// This form, read from `object`.
+    pub fn read_from<T: Any + Send + Sync>(self, object: &Arc<T>) -> Self {
+        Self {
+            stored: Some(Stored::new(object)),
+            ..self
         }
     }
 
@@ -81,6 +116,7 @@ impl<'a> RouteForm<'a> {
                 status: None,
             }),
             problem,
+            stored: None,
         }
     }
 

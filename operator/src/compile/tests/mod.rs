@@ -11,6 +11,7 @@ mod gateway_tls;
 mod golden;
 mod grpc;
 mod httproute;
+mod incremental;
 mod ingress;
 mod ingress_access;
 mod ingress_annotations;
