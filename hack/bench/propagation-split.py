@@ -24,8 +24,9 @@ def main(bench_err):
     sent = re.findall(r"^create n\d+: sent at (\S+) (\S+)", text, re.M)
     if not logs or not sent:
         sys.exit(f"{bench_err}: no log directory or no traced creates (COXSWAIN_BENCH_TRACE=1?)")
-    # "2026-12-05 21:31:17.993475675" -> "2026-12-05T21:31:17.993475", as the logs write time.
-    stamp = lambda d, t: f"{d}T{t[:15]}"
+    # "2026-12-05 21:31:17.993475675" -> "2026-12-05T21:31:17.993475", as the logs write time
+    # (the bench writes the hour without a leading zero: "1:21:50" is 01:21:50).
+    stamp = lambda d, t: f"{d}T{t.zfill(len(t) + 1) if t.index(':') == 1 else t}"[:26]
     first, last = stamp(*sent[0]), stamp(*sent[-1])
     rows = [
         ("controller.err", "snapshots published", "since_woken_us", "controller, woken -> published"),

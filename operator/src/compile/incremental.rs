@@ -7,7 +7,7 @@
 //! ReferenceGrants, the Service, its EndpointSlices and the BackendTLSPolicy of the port. The
 //! first three are compared directly; the reads are recorded while the route compiles
 //! ([`Read`]) and looked up again. Objects are compared by identity: the store shares the
-//! reflector's `Arc`s, and an object that changed is a new `Arc`.
+//! reflector's `Arc`s, and an object that changed is a new `Arc`; the memo holds them weakly.
 //!
 //! What a route keeps is small: its entries hold their routes encoded ([`super::encode`]), so
 //! the memo costs about what the published snapshot does, not a second decoded copy of it.
@@ -25,7 +25,7 @@ use coxswain_api::snapshot as snap;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// Compiles like [`super::compile`], keeping each route's part for the next pass.
 #[derive(Debug, Default)]
@@ -99,8 +99,9 @@ pub enum Read {
         namespace: String,
         name: String,
         port: i32,
-        service: Option<Arc<Service>>,
-        slices: Vec<Arc<EndpointSlice>>,
+        /// Weak, as [`super::route::Stored`]: identity without keeping replaced objects.
+        service: Option<Weak<Service>>,
+        slices: Vec<Weak<EndpointSlice>>,
         tls: Option<snap::BackendTls>,
     },
 }
@@ -112,8 +113,8 @@ impl Read {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
             port,
-            service: service.cloned(),
-            slices: slices.iter().map(|s| Arc::clone(s)).collect(),
+            service: service.map(Arc::downgrade),
+            slices: slices.iter().map(|s| Arc::downgrade(s)).collect(),
             tls: index.port_tls(namespace, name, port).cloned(),
         }
     }
@@ -153,7 +154,7 @@ impl Read {
             } => {
                 let (now, now_slices) = index.service_objects(namespace, name);
                 let same_service = match (service, now) {
-                    (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+                    (Some(a), Some(b)) => std::ptr::eq(a.as_ptr(), Arc::as_ptr(b)),
                     (None, None) => true,
                     _ => false,
                 };
@@ -162,7 +163,7 @@ impl Read {
                     && slices
                         .iter()
                         .zip(now_slices)
-                        .all(|(a, b)| Arc::ptr_eq(a, b))
+                        .all(|(a, b)| std::ptr::eq(a.as_ptr(), Arc::as_ptr(b)))
                     && index.port_tls(namespace, name, *port) == tls.as_ref()
             }
         }

@@ -11,27 +11,31 @@ use gateway_api::apis::experimental::httproutes::{HttpRoute, HttpRouteSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::any::Any;
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
-/// The stored object a route form was read from, kept alive: while it is held no other object
-/// can take its address, so the same address at the next pass means the same, unchanged
-/// object (the store shares the reflector's `Arc`s; a changed object is a new one).
+/// The stored object a route form was read from, by identity. The store shares the
+/// reflector's `Arc`s and a changed object is a new `Arc`, so the same allocation at the next
+/// pass means the same, unchanged object. Held weakly: the allocation stays reserved (no other
+/// object can take its address while this is held) but its contents are freed with the last
+/// strong reference. A strong reference kept every route the status writer had replaced
+/// since the last pass, 2.9 KB each: 58 MiB at 20,000 routes after a bulk create.
 #[derive(Clone)]
-pub struct Stored(Arc<dyn Any + Send + Sync>);
+pub struct Stored(Weak<dyn Any + Send + Sync>);
 
 impl Stored {
     pub fn new<T: Any + Send + Sync>(object: &Arc<T>) -> Self {
-        Self(object.clone())
+        let object: Arc<dyn Any + Send + Sync> = object.clone();
+        Self(Arc::downgrade(&object))
     }
 
     pub fn same(&self, other: &Self) -> bool {
-        std::ptr::addr_eq(Arc::as_ptr(&self.0), Arc::as_ptr(&other.0))
+        std::ptr::addr_eq(self.0.as_ptr(), other.0.as_ptr())
     }
 }
 
 impl std::fmt::Debug for Stored {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Stored({:p})", Arc::as_ptr(&self.0))
+        write!(f, "Stored({:p})", self.0.as_ptr())
     }
 }
 
