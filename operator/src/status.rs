@@ -633,11 +633,11 @@ impl StatusWriter {
     /// `status.parents` of routes (`status.ancestors` of policies): our entries as decided,
     /// other controllers' entries as they are. An object we have nothing to say about any
     /// more (its parentRefs no longer name a Gateway of ours) loses the entries we wrote.
-    async fn route_parents<K: SharedStatus, D: ParentDecision>(
+    async fn route_parents<K: SharedStatus, D: ParentDecision, V: AsRef<[D]>>(
         &self,
         next: &mut Reported,
         routes: &[Arc<K>],
-        decisions: &BTreeMap<ObjectKey, Vec<D>>,
+        decisions: &BTreeMap<ObjectKey, V>,
         now: &str,
     ) {
         let (kind, (list, reference)) = (K::KIND, K::FIELDS);
@@ -650,7 +650,7 @@ impl StatusWriter {
             };
             let current_parents = route.entries();
             let ours = match decisions.get(&ObjectKey::new(ns, name)) {
-                Some(ours) => ours.as_slice(),
+                Some(ours) => ours.as_ref(),
                 None if current_parents
                     .iter()
                     .any(|p| p["controllerName"] == controller_name) =>

@@ -258,6 +258,10 @@ pub struct AnnotationWarning {
     pub fail_closed: bool,
 }
 
+/// A route's `status.parents` entries this controller owns, shared between a pass's decisions
+/// and the incremental compiler's memo of the route.
+pub type Parents = std::sync::Arc<[RouteParentStatus]>;
+
 /// Every status the controller should write, keyed by object.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -267,15 +271,15 @@ pub struct StatusDecisions {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub listener_sets: BTreeMap<ObjectKey, ListenerSetStatus>,
     /// Only the parents this controller is responsible for.
-    pub http_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    pub http_routes: BTreeMap<ObjectKey, Parents>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub grpc_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    pub grpc_routes: BTreeMap<ObjectKey, Parents>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub tls_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    pub tls_routes: BTreeMap<ObjectKey, Parents>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub tcp_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    pub tcp_routes: BTreeMap<ObjectKey, Parents>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub udp_routes: BTreeMap<ObjectKey, Vec<RouteParentStatus>>,
+    pub udp_routes: BTreeMap<ObjectKey, Parents>,
     /// BackendTLSPolicy -> one entry per Gateway whose routes use a Service it targets
     /// (`status.ancestors`; the entry's parent_ref is the ancestorRef).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]

@@ -272,7 +272,7 @@ spec:
         "[www.example.com]",
     );
     let c = compile_yaml(&[BASE, GATEWAY, &grpc, &wild, &other]);
-    let accepted = |map: &BTreeMap<ObjectKey, Vec<status::RouteParentStatus>>, name: &str| {
+    let accepted = |map: &BTreeMap<ObjectKey, status::Parents>, name: &str| {
         let cond = find(&map[&key("web", name)][0].conditions, "Accepted");
         (cond.status, cond.reason, cond.message.clone())
     };
