@@ -10,7 +10,7 @@ use super::encode::EncodedRoute;
 use super::entries::{Entry, PrecedenceKey};
 use super::gateway::ServedGateway;
 use super::hostname;
-use super::incremental::Read;
+use super::incremental::{Pool, Read};
 use super::listeners::AcceptedListener;
 use super::refs::{GATEWAY_GROUP, Index};
 use super::route::{RouteForm, RouteKind};
@@ -179,6 +179,7 @@ pub fn compile(
         return out;
     };
     let turned_away = rejected_by_route(&rejected);
+    let mut reads_unchanged: HashMap<usize, bool> = HashMap::new();
     memo.pass += 1;
     let pass = memo.pass;
     let mut seen = 0;
@@ -193,11 +194,22 @@ pub fn compile(
         let id = (form.kind, form.key());
         let turned = turned_away.get(&id).map_or(&[][..], Vec::as_slice);
         let reusable = memo.entries.get_mut(&id).filter(|m| {
-            stored.same(&m.stored)
-                && m.turned_away == turned
-                && m.reads
+            if !stored.same(&m.stored) || m.turned_away != turned {
+                return false;
+            }
+            let look = || {
+                m.reads
                     .iter()
                     .all(|r| r.unchanged(store, index, form.kind, &id.1.namespace))
+            };
+            // Routes that read the same share one copy of their reads: looked up once per
+            // pass, unless a ReferenceGrant's answer depends on the route's own namespace.
+            if m.reads.iter().any(|r| matches!(r, Read::Grant { .. })) {
+                return look();
+            }
+            *reads_unchanged
+                .entry(Arc::as_ptr(&m.reads) as usize)
+                .or_insert_with(look)
         });
         let kept = match reusable {
             Some(m) => {
@@ -211,6 +223,7 @@ pub fn compile(
                     compile_route(&inputs, form, &rejected, Some(&reads)).map(|p| memo.keep(p));
                 let mut reads = reads.into_inner();
                 reads.shrink_to_fit();
+                let reads = memo.reads.share(reads);
                 let fresh = Kept {
                     stored: stored.clone(),
                     turned_away: turned.to_vec(),
@@ -251,6 +264,11 @@ pub struct RouteMemo {
     /// Clusters of kept parts, one copy per name and content: ten routes to one Service share
     /// its cluster instead of keeping ten.
     clusters: HashMap<String, Arc<snap::Cluster>>,
+    /// Reads, listeners attached to and Services sent to, one copy each for the routes that
+    /// have the same.
+    reads: Pool<Vec<Read>>,
+    attached: Pool<Vec<Attachment>>,
+    service_gateways: Pool<Vec<ServiceGateway>>,
     /// Passes made: a route not seen in the latest is gone.
     pass: u64,
     /// Routes compiled and reused over the memo's life: what the passes saved.
@@ -269,10 +287,15 @@ const COMPACT_AT_LEAST: usize = if cfg!(test) { 1 } else { 1_000 };
 pub struct KeptPart {
     entries: Box<[Arc<Entry>]>,
     parents: Parents,
-    attached: Vec<(ObjectKey, Option<ObjectKey>, String)>,
-    service_gateways: Vec<((String, String), ObjectKey)>,
+    attached: Arc<Vec<Attachment>>,
+    service_gateways: Arc<Vec<ServiceGateway>>,
     clusters: Box<[Arc<snap::Cluster>]>,
 }
+
+/// (Gateway, owning ListenerSet, listener name): a listener a route is attached to.
+type Attachment = (ObjectKey, Option<ObjectKey>, String);
+/// ((namespace, Service), Gateway): a Service a route attached to the Gateway sends to.
+type ServiceGateway = ((String, String), ObjectKey);
 
 impl KeptPart {
     /// The same part in new allocations.
@@ -284,8 +307,8 @@ impl KeptPart {
                 .map(|e| Arc::new((**e).clone()))
                 .collect(),
             parents: self.parents.iter().cloned().collect(),
-            attached: self.attached.clone(),
-            service_gateways: self.service_gateways.clone(),
+            attached: Arc::clone(&self.attached),
+            service_gateways: Arc::clone(&self.service_gateways),
             clusters: self.clusters.clone(),
         }
     }
@@ -295,6 +318,9 @@ impl RouteMemo {
     pub fn clear(&mut self) {
         self.entries.clear();
         self.clusters.clear();
+        self.reads.clear();
+        self.attached.clear();
+        self.service_gateways.clear();
     }
 
     fn keep(&mut self, part: RoutePart) -> KeptPart {
@@ -325,8 +351,8 @@ impl RouteMemo {
         KeptPart {
             entries: entries.into(),
             parents: parents.into(),
-            attached,
-            service_gateways,
+            attached: self.attached.share(attached),
+            service_gateways: self.service_gateways.share(service_gateways),
             clusters,
         }
     }
@@ -341,6 +367,9 @@ impl RouteMemo {
             return;
         }
         self.clusters.retain(|_, c| Arc::strong_count(c) > 1);
+        self.reads.tidy();
+        self.attached.tidy();
+        self.service_gateways.tidy();
         if self.compiled_since_compact < self.entries.len().max(COMPACT_AT_LEAST) {
             return;
         }
@@ -352,7 +381,7 @@ impl RouteMemo {
                 let copy = Kept {
                     stored: kept.stored.clone(),
                     turned_away: kept.turned_away.clone(),
-                    reads: kept.reads.clone(),
+                    reads: Arc::clone(&kept.reads),
                     part: kept.part.as_ref().map(KeptPart::copy),
                     pass: kept.pass,
                 };
@@ -375,7 +404,7 @@ impl RouteMemo {
 struct Kept {
     stored: super::route::Stored,
     turned_away: Vec<Rejection>,
-    reads: Vec<Read>,
+    reads: Arc<Vec<Read>>,
     /// None: the route names no parent of ours.
     part: Option<KeptPart>,
     /// The last pass that saw the route.

@@ -106,6 +106,116 @@ pub enum Read {
     },
 }
 
+/// Reads are equal when they read the same objects (by identity) and got the same answers: the
+/// memo keeps one copy of a route's reads for every route that read the same.
+impl PartialEq for Read {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (
+                Self::Grant {
+                    to_namespace: a_ns,
+                    to_name: a_name,
+                    permitted: a,
+                },
+                Self::Grant {
+                    to_namespace: b_ns,
+                    to_name: b_name,
+                    permitted: b,
+                },
+            ) => a_ns == b_ns && a_name == b_name && a == b,
+            (
+                Self::Service {
+                    namespace: a_ns,
+                    name: a_name,
+                    port: a_port,
+                    service: a_service,
+                    slices: a_slices,
+                    tls: a_tls,
+                },
+                Self::Service {
+                    namespace: b_ns,
+                    name: b_name,
+                    port: b_port,
+                    service: b_service,
+                    slices: b_slices,
+                    tls: b_tls,
+                },
+            ) => {
+                a_ns == b_ns
+                    && a_name == b_name
+                    && a_port == b_port
+                    && a_service.as_ref().map(Weak::as_ptr) == b_service.as_ref().map(Weak::as_ptr)
+                    && a_slices.len() == b_slices.len()
+                    && a_slices
+                        .iter()
+                        .zip(b_slices)
+                        .all(|(a, b)| std::ptr::eq(a.as_ptr(), b.as_ptr()))
+                    && a_tls == b_tls
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Eq for Read {}
+
+impl std::hash::Hash for Read {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        match self {
+            Self::Grant {
+                to_namespace,
+                to_name,
+                permitted,
+            } => (0u8, to_namespace, to_name, permitted).hash(state),
+            Self::Service {
+                namespace,
+                name,
+                port,
+                service,
+                ..
+            } => (
+                1u8,
+                namespace,
+                name,
+                port,
+                service.as_ref().map(Weak::as_ptr),
+            )
+                .hash(state),
+        }
+    }
+}
+
+/// One shared copy of equal values: what many kept routes hold alike (the listener they
+/// attached to, the Service they read) is kept once.
+#[derive(Debug)]
+pub struct Pool<T>(std::collections::HashSet<Arc<T>>);
+
+impl<T> Default for Pool<T> {
+    fn default() -> Self {
+        Self(std::collections::HashSet::new())
+    }
+}
+
+impl<T: std::hash::Hash + Eq> Pool<T> {
+    pub fn share(&mut self, value: T) -> Arc<T> {
+        if let Some(kept) = self.0.get(&value) {
+            return Arc::clone(kept);
+        }
+        let value = Arc::new(value);
+        self.0.insert(Arc::clone(&value));
+        value
+    }
+
+    /// Drops the values only the pool holds.
+    pub fn tidy(&mut self) {
+        self.0.retain(|v| Arc::strong_count(v) > 1);
+    }
+
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
 impl Read {
     pub fn service(index: &Index<'_>, namespace: &str, name: &str, port: i32) -> Self {
         let (service, slices) = index.service_objects(namespace, name);
