@@ -1,7 +1,7 @@
 //! backendRefs to Services: the typed view every backendRef shape reads as, and its resolution
 //! to a cluster.
 
-use super::incremental::Read;
+use super::memo::Read;
 use super::refs::{self, GATEWAY_GROUP, Index};
 use super::route::RouteKind;
 use super::status::{ObjectKey, Problem, reason};

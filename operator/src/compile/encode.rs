@@ -109,12 +109,17 @@ pub struct Listener {
     pub public_port: u32,
 }
 
+/// What the virtual hosts' route indexes point into: anything holding an encoded route.
+pub trait HasRoute {
+    fn route(&self) -> &EncodedRoute;
+}
+
 /// Everything in a scope's snapshot but its version.
-pub struct Parts<'a> {
+pub struct Parts<'a, E: HasRoute> {
     pub scope: snap::Scope,
     pub listeners: Vec<Listener>,
     /// What the virtual hosts' route indexes point into.
-    pub entries: &'a [std::sync::Arc<super::entries::Entry>],
+    pub entries: &'a [std::sync::Arc<E>],
     pub clusters: Vec<snap::Cluster>,
     pub certificates: Vec<snap::Certificate>,
     pub requires: Vec<String>,
@@ -129,9 +134,9 @@ fn write_delimited_header(tag: u32, len: usize, buf: &mut Vec<u8>) {
     encode_varint(len as u64, buf);
 }
 
-impl Parts<'_> {
+impl<E: HasRoute> Parts<'_, E> {
     fn route(&self, i: usize) -> &[u8] {
-        &self.entries[i].route.bytes
+        &self.entries[i].route().bytes
     }
 
     fn virtual_host_len(&self, v: &VirtualHost) -> usize {

@@ -1,6 +1,6 @@
 //! Route entries and the order they are tried in.
 
-use super::encode::EncodedRoute;
+use super::encode::{EncodedRoute, HasRoute};
 use super::hostname;
 use super::route::RouteKind;
 use super::status::{ObjectKey, ScopeKey};
@@ -31,6 +31,12 @@ pub struct Entry {
     /// The Gateway and listener name a Gateway API route attached through (None: Ingress), for
     /// policies attached to Gateways.
     pub parent: Option<(super::status::ObjectKey, String)>,
+}
+
+impl HasRoute for Entry {
+    fn route(&self) -> &EncodedRoute {
+        &self.route
+    }
 }
 
 /// Gateway API HTTPRoute precedence (HTTPRouteRule "matches" documentation), in order:

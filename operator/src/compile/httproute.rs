@@ -10,8 +10,8 @@ use super::encode::EncodedRoute;
 use super::entries::{Entry, PrecedenceKey};
 use super::gateway::ServedGateway;
 use super::hostname;
-use super::incremental::{Pool, Read};
 use super::listeners::AcceptedListener;
+use super::memo::{Kept, KeptPart, Read, Rejection, RouteMemo, RoutePart};
 use super::refs::{GATEWAY_GROUP, Index};
 use super::route::{RouteForm, RouteKind};
 use super::rules::compile_rules;
@@ -38,18 +38,6 @@ pub struct RouteOutput {
     /// One per cluster name.
     pub clusters: Vec<snap::Cluster>,
     cluster_names: std::collections::HashSet<String>,
-}
-
-/// What one route contributes to a pass.
-#[derive(Debug, Clone, Default)]
-pub struct RoutePart {
-    pub entries: Vec<Arc<Entry>>,
-    /// `status.parents` this controller owns.
-    pub parents: Vec<RouteParentStatus>,
-    /// One per listener the route is attached to (see [`RouteOutput::attached`]).
-    pub attached: Vec<(ObjectKey, Option<ObjectKey>, String)>,
-    pub service_gateways: Vec<((String, String), ObjectKey)>,
-    pub clusters: Vec<snap::Cluster>,
 }
 
 impl RouteOutput {
@@ -256,164 +244,6 @@ pub fn compile(
     memo.tidy();
     out
 }
-
-/// Each route's compiled part, kept between passes by an incremental compile.
-#[derive(Debug, Default)]
-pub struct RouteMemo {
-    entries: HashMap<(RouteKind, ObjectKey), Kept>,
-    /// Clusters of kept parts, one copy per name and content: ten routes to one Service share
-    /// its cluster instead of keeping ten.
-    clusters: HashMap<String, Arc<snap::Cluster>>,
-    /// Reads, listeners attached to and Services sent to, one copy each for the routes that
-    /// have the same.
-    reads: Pool<Vec<Read>>,
-    attached: Pool<Vec<Attachment>>,
-    service_gateways: Pool<Vec<ServiceGateway>>,
-    /// Passes made: a route not seen in the latest is gone.
-    pass: u64,
-    /// Routes compiled and reused over the memo's life: what the passes saved.
-    pub compiled: u64,
-    pub reused: u64,
-    /// Routes compiled since the kept parts were last copied together ([`Self::tidy`]).
-    compiled_since_compact: usize,
-}
-
-/// The fewest compiled routes worth copying the memo for; tests copy at every chance, so the
-/// equality tests run over copied parts too.
-const COMPACT_AT_LEAST: usize = if cfg!(test) { 1 } else { 1_000 };
-
-/// A route's part as the memo keeps it: exactly sized, clusters shared.
-#[derive(Debug)]
-pub struct KeptPart {
-    entries: Box<[Arc<Entry>]>,
-    parents: Parents,
-    attached: Arc<Vec<Attachment>>,
-    service_gateways: Arc<Vec<ServiceGateway>>,
-    clusters: Box<[Arc<snap::Cluster>]>,
-}
-
-/// (Gateway, owning ListenerSet, listener name): a listener a route is attached to.
-type Attachment = (ObjectKey, Option<ObjectKey>, String);
-/// ((namespace, Service), Gateway): a Service a route attached to the Gateway sends to.
-type ServiceGateway = ((String, String), ObjectKey);
-
-impl KeptPart {
-    /// The same part in new allocations.
-    fn copy(&self) -> Self {
-        Self {
-            entries: self
-                .entries
-                .iter()
-                .map(|e| Arc::new((**e).clone()))
-                .collect(),
-            parents: self.parents.iter().cloned().collect(),
-            attached: Arc::clone(&self.attached),
-            service_gateways: Arc::clone(&self.service_gateways),
-            clusters: self.clusters.clone(),
-        }
-    }
-}
-
-impl RouteMemo {
-    pub fn clear(&mut self) {
-        self.entries.clear();
-        self.clusters.clear();
-        self.reads.clear();
-        self.attached.clear();
-        self.service_gateways.clear();
-    }
-
-    fn keep(&mut self, part: RoutePart) -> KeptPart {
-        self.compiled_since_compact += 1;
-        let RoutePart {
-            entries,
-            mut parents,
-            mut attached,
-            mut service_gateways,
-            clusters,
-        } = part;
-        for p in &mut parents {
-            p.conditions.shrink_to_fit();
-        }
-        attached.shrink_to_fit();
-        service_gateways.shrink_to_fit();
-        let clusters = clusters
-            .into_iter()
-            .map(|c| match self.clusters.get(&c.name) {
-                Some(kept) if **kept == c => Arc::clone(kept),
-                _ => {
-                    let c = Arc::new(c);
-                    self.clusters.insert(c.name.clone(), Arc::clone(&c));
-                    c
-                }
-            })
-            .collect();
-        KeptPart {
-            entries: entries.into(),
-            parents: parents.into(),
-            attached: self.attached.share(attached),
-            service_gateways: self.service_gateways.share(service_gateways),
-            clusters,
-        }
-    }
-
-    /// After a pass: drops clusters no kept part holds, and copies the kept parts together
-    /// once as many routes were compiled since the last copy as are kept. A pass's own
-    /// allocations come and go between those of the parts it compiles, which then pin
-    /// half-empty pages: at 20,000 routes compiled in one pass the kept parts took 57 MiB
-    /// and pinned 50 MiB more. Copying costs a few of these passes, once per doubling.
-    fn tidy(&mut self) {
-        if self.compiled_since_compact == 0 {
-            return;
-        }
-        self.clusters.retain(|_, c| Arc::strong_count(c) > 1);
-        self.reads.tidy();
-        self.attached.tidy();
-        self.service_gateways.tidy();
-        if self.compiled_since_compact < self.entries.len().max(COMPACT_AT_LEAST) {
-            return;
-        }
-        self.compiled_since_compact = 0;
-        let copied: HashMap<(RouteKind, ObjectKey), Kept> = self
-            .entries
-            .iter()
-            .map(|(id, kept)| {
-                let copy = Kept {
-                    stored: kept.stored.clone(),
-                    turned_away: kept.turned_away.clone(),
-                    reads: Arc::clone(&kept.reads),
-                    part: kept.part.as_ref().map(KeptPart::copy),
-                    pass: kept.pass,
-                };
-                (id.clone(), copy)
-            })
-            .collect();
-        self.entries = copied;
-    }
-
-    pub fn len(&self) -> usize {
-        self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
-    }
-}
-
-#[derive(Debug)]
-struct Kept {
-    stored: super::route::Stored,
-    turned_away: Vec<Rejection>,
-    reads: Arc<Vec<Read>>,
-    /// None: the route names no parent of ours.
-    part: Option<KeptPart>,
-    /// The last pass that saw the route.
-    pass: u64,
-}
-
-/// A listener a route was turned away from: (Gateway, ListenerSet, listener) and the route
-/// that keeps it.
-type Rejection = (ObjectKey, Option<ObjectKey>, String, String);
 
 fn rejected_by_route(rejected: &Rejections) -> HashMap<(RouteKind, ObjectKey), Vec<Rejection>> {
     let mut out: HashMap<_, Vec<_>> = HashMap::new();

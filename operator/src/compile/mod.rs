@@ -35,6 +35,7 @@ pub mod jwks;
 pub mod l4route;
 pub mod listener_set;
 pub mod listeners;
+pub mod memo;
 pub mod proxies;
 pub mod refs;
 pub mod route;
