@@ -13,29 +13,56 @@ use std::any::Any;
 use std::borrow::Cow;
 use std::sync::{Arc, Weak};
 
-/// The stored object a route form was read from, by identity. The store shares the
-/// reflector's `Arc`s and a changed object is a new `Arc`, so the same allocation at the next
-/// pass means the same, unchanged object. Held weakly: the allocation stays reserved (no other
-/// object can take its address while this is held) but its contents are freed with the last
-/// strong reference. A strong reference kept every route the status writer had replaced
-/// since the last pass, 2.9 KB each: 58 MiB at 20,000 routes after a bulk create.
+/// Which stored object, in which version, a route form was read from: what tells at the next
+/// pass whether the route changed.
 #[derive(Clone)]
-pub struct Stored(Weak<dyn Any + Send + Sync>);
+pub enum Stored {
+    /// An object the API server keeps: its uid and generation. The generation changes with
+    /// the spec (the Gateway API kinds have a status subresource), not with status writes:
+    /// the controller writes a route's status after compiling it, which must not make the
+    /// next pass compile the route again. The compiler reads no label or annotation of a
+    /// route (the reflector drops them).
+    Version { uid: Box<str>, generation: i64 },
+    /// An object without both (read from files): by identity. The store shares the
+    /// reflector's `Arc`s and a changed object is a new `Arc`. Held weakly: the allocation
+    /// stays reserved, so no other object takes its address, and its contents are freed with
+    /// the last strong reference.
+    Object(Weak<dyn Any + Send + Sync>),
+}
 
 impl Stored {
-    pub fn new<T: Any + Send + Sync>(object: &Arc<T>) -> Self {
+    pub fn new<T: Any + Send + Sync>(metadata: &ObjectMeta, object: &Arc<T>) -> Self {
+        if let (Some(uid), Some(generation)) = (&metadata.uid, metadata.generation) {
+            return Self::Version {
+                uid: uid.as_str().into(),
+                generation,
+            };
+        }
         let object: Arc<dyn Any + Send + Sync> = object.clone();
-        Self(Arc::downgrade(&object))
+        Self::Object(Arc::downgrade(&object))
     }
 
     pub fn same(&self, other: &Self) -> bool {
-        std::ptr::addr_eq(self.0.as_ptr(), other.0.as_ptr())
+        match (self, other) {
+            (
+                Self::Version { uid, generation },
+                Self::Version {
+                    uid: other_uid,
+                    generation: other_generation,
+                },
+            ) => uid == other_uid && generation == other_generation,
+            (Self::Object(a), Self::Object(b)) => std::ptr::addr_eq(a.as_ptr(), b.as_ptr()),
+            _ => false,
+        }
     }
 }
 
 impl std::fmt::Debug for Stored {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Stored({:p})", self.0.as_ptr())
+        match self {
+            Self::Version { uid, generation } => write!(f, "Stored({uid}, {generation})"),
+            Self::Object(o) => write!(f, "Stored({:p})", o.as_ptr()),
+        }
     }
 }
 
@@ -98,8 +125,9 @@ impl<'a> RouteForm<'a> {
 
     /// This form, read from `object`.
     pub fn read_from<T: Any + Send + Sync>(self, object: &Arc<T>) -> Self {
+        let stored = Stored::new(&self.route.metadata, object);
         Self {
-            stored: Some(Stored::new(object)),
+            stored: Some(stored),
             ..self
         }
     }

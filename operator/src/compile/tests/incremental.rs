@@ -6,15 +6,41 @@
 use super::fixtures::*;
 use crate::compile::*;
 use proptest::prelude::*;
+use std::cell::Cell;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Replaces the objects of `into` named like those of `from`, adds the others.
-fn splice<T: kube::Resource>(into: &mut Vec<Arc<T>>, from: Vec<Arc<T>>) {
-    for object in from {
+thread_local! {
+    /// Whether objects get a uid and a generation as the API server gives them (the
+    /// controller's case) or come without, as from files (compared by identity then).
+    static VERSIONED: Cell<bool> = const { Cell::new(false) };
+}
+static NEXT_UID: AtomicU64 = AtomicU64::new(1);
+
+/// Replaces the objects of `into` named like those of `from`, adds the others. Versioned, a
+/// replaced object keeps its uid and goes one generation up (every change here is to the
+/// spec); a new one gets a new uid.
+fn splice<T: kube::Resource + Clone>(into: &mut Vec<Arc<T>>, from: Vec<Arc<T>>) {
+    for mut object in from {
         let named = |o: &Arc<T>| {
             o.meta().namespace == object.meta().namespace && o.meta().name == object.meta().name
         };
-        match into.iter_mut().find(|o| named(o)) {
+        let slot = into.iter_mut().find(|o| named(o));
+        if VERSIONED.get() {
+            let meta = Arc::make_mut(&mut object).meta_mut();
+            match &slot {
+                Some(old) => {
+                    meta.uid = old.meta().uid.clone();
+                    meta.generation = Some(old.meta().generation.unwrap_or(0) + 1);
+                }
+                None => {
+                    let n = NEXT_UID.fetch_add(1, Ordering::Relaxed);
+                    meta.uid = Some(format!("uid-{n}"));
+                    meta.generation = Some(1);
+                }
+            }
+        }
+        match slot {
             Some(slot) => *slot = object,
             None => into.push(object),
         }
@@ -284,7 +310,9 @@ proptest! {
     fn incremental_compiles_equal_full_compiles(
         changes in prop::collection::vec(change(), 1..30),
         internal_ports in any::<bool>(),
+        versioned in any::<bool>(),
     ) {
+        VERSIONED.set(versioned);
         // With internal ports, shared Gateways' listeners move before routes attach to them.
         let config = Config {
             shared_gateway_ports: internal_ports
@@ -374,4 +402,48 @@ fn a_pass_compiles_again_only_the_routes_whose_input_changed() {
         3,
         "the deleted route's part is dropped"
     );
+}
+
+/// The controller writes a route's status after compiling it, and the cache then holds a new
+/// object with the same uid and generation: the next pass keeps the route as compiled. A
+/// route from a file (no uid) is told by identity, so the new object is compiled again.
+#[test]
+fn a_status_write_compiles_nothing_again() {
+    let config = Config::default();
+    for (versioned, compiled_again) in [(true, 0), (false, 1)] {
+        VERSIONED.set(versioned);
+        let mut store = start();
+        apply(
+            &mut store,
+            &Change::Route {
+                n: 0,
+                grpc: false,
+                spec: Some((
+                    false,
+                    vec![0],
+                    vec![Backend {
+                        service: 0,
+                        port: 8080,
+                    }],
+                    0,
+                )),
+            },
+        );
+        let mut compiler = Compiler::default();
+        compiler.compile(&store, &config);
+        let before = compiler.reuse();
+        // The same route with a status, as the watch brings it back.
+        let route = &mut store.http_routes[0];
+        let mut written = (**route).clone();
+        written.status = Some(Default::default());
+        *route = Arc::new(written);
+        let incremental = compiler.compile(&store, &config);
+        assert_same(&incremental, &compile(&store, &config), &[]);
+        assert_eq!(
+            compiler.reuse().compiled - before.compiled,
+            compiled_again,
+            "versioned: {versioned}"
+        );
+    }
+    VERSIONED.set(false);
 }
