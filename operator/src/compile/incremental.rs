@@ -6,11 +6,13 @@
 //! a route of the other kind took from it, and what resolving its backendRefs read:
 //! ReferenceGrants, the Service, its EndpointSlices and the BackendTLSPolicy of the port. The
 //! first three are compared directly; the reads are recorded while the route compiles
-//! ([`super::memo::Read`]) and looked up again. Objects are compared by identity: the store shares the
-//! reflector's `Arc`s, and an object that changed is a new `Arc`; the memo holds them weakly.
+//! ([`super::memo::Read`]) and looked up again. A route is told by its uid and generation
+//! ([`super::route::Stored`]), so a status write changes nothing; Services and EndpointSlices
+//! by identity (the store shares the reflector's `Arc`s; the memo holds them weakly).
 //!
-//! What a route keeps is small: its entries hold their routes encoded ([`super::encode`]), so
-//! the memo costs about what the published snapshot does, not a second decoded copy of it.
+//! What a route keeps is small ([`super::memo`]): its entries hold their routes encoded
+//! ([`super::encode`]), and what routes share (clusters, reads, listeners, status parents)
+//! is kept once.
 //! Everything else (Gateways, Ingresses, policies, assembling the snapshots) is compiled in
 //! full each pass; a change to the Gateways or the configuration drops every kept route.
 
