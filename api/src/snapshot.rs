@@ -7,6 +7,8 @@
 
 include!(concat!(env!("OUT_DIR"), "/coxswain.snapshot.v1.rs"));
 
+pub mod outline;
+
 use prost::Message;
 
 impl Snapshot {
@@ -44,6 +46,22 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 /// Bytes before the rest of a sealed encoding: the tag of field 1 (`version`, length-delimited),
 /// its length, 64, and the 64 hex digits.
 const VERSION_FIELD: usize = 2 + 64;
+
+/// The version a sealed encoding claims in front, if it starts as `Sealed::new` writes.
+fn claimed_version(encoded: &[u8]) -> Option<&str> {
+    match encoded.get(..VERSION_FIELD) {
+        Some([0x0a, 64, hex @ ..]) => std::str::from_utf8(hex).ok(),
+        _ => None,
+    }
+}
+
+/// Whether the bytes after the version field hash to `claimed`.
+fn check_hash(encoded: &[u8], claimed: &str) -> Result<(), SealError> {
+    match encoded.get(VERSION_FIELD..) {
+        Some(rest) if hex_digest(rest) == claimed => Ok(()),
+        _ => Err(SealError::Mismatch(claimed.to_owned())),
+    }
+}
 
 /// A snapshot whose `version` is known to be its content hash, with the encoding that hash was
 /// taken over. Routing tables are built only from one: the sender seals once
@@ -118,17 +136,11 @@ impl Sealed {
     /// Decodes bytes a sender sealed, checking the hash over the bytes as received: a field
     /// changed, dropped or added anywhere after the version fails the check.
     pub fn decode(encoded: bytes::Bytes) -> Result<Self, SealError> {
-        let claimed = match encoded.get(..VERSION_FIELD) {
-            Some([0x0a, 64, hex @ ..]) => std::str::from_utf8(hex).ok(),
-            _ => None,
-        };
-        let Some(claimed) = claimed else {
+        let Some(claimed) = claimed_version(&encoded) else {
             // Not written by `Sealed::new`; an older sender's encoding is checked the slow way.
             return Self::check(Snapshot::decode(encoded.as_ref())?);
         };
-        if hex_digest(&encoded[VERSION_FIELD..]) != claimed {
-            return Err(SealError::Mismatch(claimed.to_owned()));
-        }
+        check_hash(&encoded, claimed)?;
         let snapshot = Snapshot::decode(encoded.as_ref())?;
         // The field could come again further on, and the last one is what decodes.
         if snapshot.version != claimed {

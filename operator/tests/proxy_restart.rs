@@ -314,7 +314,7 @@ fn readiness_fails_at_sigterm_while_the_shutdown_delay_still_serves() {
     // Started from a cache the test writes, with no controller at all.
     let cache_dir = tempfile::tempdir().unwrap();
     SnapshotCache::new(cache_dir.path(), shared_scope())
-        .store(&compiled_snapshot(listen, app))
+        .store(compiled_snapshot(listen, app).encoded())
         .unwrap();
     let ca = Ca::generate("cluster.local", time::OffsetDateTime::now_utc()).unwrap();
     let files = mounted_files(&ca);

@@ -15,7 +15,8 @@ use coxswain_api::discovery::{
     Ack, BootstrapRequest, BoundListener, Nack, NodeStatus, ProxyMessage, Subscribe, WIRE_VERSION,
     controller_message, proxy_message,
 };
-use coxswain_api::snapshot::{Scope, Sealed};
+use coxswain_api::snapshot::Scope;
+use coxswain_api::snapshot::outline::Outline;
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -191,9 +192,11 @@ async fn session(
             continue;
         }
         // Checked over the bytes as they came: the table is built from exactly what the
-        // controller sealed, and the cache gets those bytes, never a second encoding.
+        // controller sealed, and the cache gets those bytes, never a second encoding. Only the
+        // outline is decoded here; the table decodes the hosts and clusters that changed.
         let received = std::time::Instant::now();
-        let snapshot = match Sealed::decode(push.snapshot) {
+        let encoded = push.snapshot.clone();
+        let snapshot = match Outline::verify(push.snapshot) {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(error = %e, "snapshot refused; still serving the previous one");
@@ -249,10 +252,11 @@ async fn session(
                     })))
                     .await;
                 tracing::info!(%version, decode_us, build_us, ports = ?listeners.ports(), "snapshot applied");
+                table.forget_unused();
                 // After the ack: the controller learns the proxy serves it without waiting for
                 // a disk write.
                 if let Some(cache) = cache {
-                    persist(cache, &snapshot);
+                    persist(cache, &version, &encoded);
                 }
             }
             Err(e) => {
@@ -272,10 +276,10 @@ async fn session(
 
 /// Writes an applied snapshot to the cache. A failure costs only the next restart's head
 /// start, so it is logged, not fatal.
-fn persist(cache: &SnapshotCache, snapshot: &Sealed) {
-    match cache.store(snapshot) {
+fn persist(cache: &SnapshotCache, version: &str, encoded: &[u8]) {
+    match cache.store(encoded) {
         Ok(()) => {
-            tracing::debug!(version = %snapshot.version, path = %cache.path().display(), "snapshot cached");
+            tracing::debug!(%version, path = %cache.path().display(), "snapshot cached");
         }
         Err(e) => {
             tracing::warn!(error = %e, "snapshot not cached; a restart waits for the controller")
@@ -302,13 +306,21 @@ async fn serve_cached(
         }
     };
     let version = cached.snapshot.version.clone();
-    match table.build(&cached.snapshot) {
+    let outline = match Outline::of(&cached.snapshot) {
+        Ok(o) => o,
+        Err(e) => {
+            tracing::warn!(error = %e, "cached snapshot ignored, not served; waiting for the controller");
+            return false;
+        }
+    };
+    match table.build(&outline) {
         Ok(t) => {
             table.store(t);
             for e in listeners.sync().await {
                 tracing::error!(error = %e, "listener not bound");
             }
             table.mark_applied();
+            table.forget_unused();
             tracing::info!(
                 %version,
                 age_seconds = cached.age.map(|a| a.as_secs()),

@@ -7,6 +7,7 @@
 //! unless the Host header has upper-case letters.
 
 use crate::upstream::ClusterState;
+use coxswain_api::snapshot::outline::Outline;
 use coxswain_api::snapshot::{self as snap, Sealed};
 use regex::Regex;
 use std::collections::HashMap;
@@ -19,6 +20,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 pub enum BuildError {
     #[error("listener port {0} is out of range")]
     Port(u32),
+    /// Bytes the sender sealed but that are not a snapshot's (the outline checked out; what it
+    /// left encoded did not).
+    #[error("the snapshot does not decode: {what}: {source}")]
+    Decode {
+        what: String,
+        #[source]
+        source: prost::DecodeError,
+    },
     #[error("route {route}: invalid {what} regular expression {pattern:?}: {source}")]
     Regex {
         route: String,
@@ -102,17 +111,17 @@ pub struct Binding {
 /// Routing for one port.
 #[derive(Debug, Default)]
 pub struct PortRouter {
-    exact: HashMap<Box<str>, usize>,
-    /// Keyed by the suffix after "*.": Gateway API wildcards, one or more labels.
-    wildcard: HashMap<Box<str>, usize>,
-    /// Keyed by the suffix after "*.": Ingress wildcards, exactly one label.
-    single_label: HashMap<Box<str>, usize>,
-    any: Option<usize>,
+    /// Host names -> indexes into `hosts`. Shared with the previous table while the port's
+    /// hosts keep their names and places, as they do when a route of theirs changes.
+    index: Arc<HostIndex>,
     /// Host index -> its routes. A host the next snapshot leaves as it is goes to the next
     /// table as it is: one pointer, instead of its routes compiled again, and no allocation
     /// made while the old table still serves and freed a swap later (which left the
     /// allocator's pages part-used after every swap: `make bench-memory`).
     hosts: Vec<Arc<[CompiledRoute]>>,
+    /// Per host (as `hosts`), the encoding it was built from: slices of this table's
+    /// snapshot, so a table keeps one snapshot's bytes, its own.
+    encoded: Vec<bytes::Bytes>,
     /// TLS ports: per host (as `hosts`), whether TLS ends here before the relay.
     terminates_tls: Vec<bool>,
     pub protocol: snap::Protocol,
@@ -121,6 +130,17 @@ pub struct PortRouter {
     pub public_port: u16,
     /// HTTPS: the Gateway listeners' hostnames, to tell a misdirected request.
     listeners: ListenerNames,
+}
+
+/// Where a port's hosts are, by name.
+#[derive(Debug, Default)]
+struct HostIndex {
+    exact: HashMap<Box<str>, usize>,
+    /// Keyed by the suffix after "*.": Gateway API wildcards, one or more labels.
+    wildcard: HashMap<Box<str>, usize>,
+    /// Keyed by the suffix after "*.": Ingress wildcards, exactly one label.
+    single_label: HashMap<Box<str>, usize>,
+    any: Option<usize>,
 }
 
 /// The hostnames of a port's Gateway listeners: which listener a name selects (exact, then
@@ -373,97 +393,11 @@ impl Router {
         snapshot: &Sealed,
         metrics: &crate::metrics::Metrics,
     ) -> Result<Self, BuildError> {
-        Self::build_after(snapshot, metrics, &Self::default())
-    }
-
-    /// Builds the table that replaces `previous`, sharing what has not changed:
-    /// - a cluster built from the same `snap::Cluster` (its state, rotation included);
-    /// - a host (port, name) whose routes are the same and send to shared clusters: the
-    ///   whole compiled host, so a snapshot that changes one route of 20,000 compiles one;
-    /// - in a host that changed, a route at the same place (position give or take one) with
-    ///   the same content: its copy of the route, counters and policy.
-    ///
-    /// A snapshot usually changes a few routes of many, and the copies were most of a
-    /// table's memory (a `snap::Route` takes a 1 KiB allocation); made while the old table
-    /// still held its own and freed with it one swap later, they left the allocator's pages
-    /// part-used, and the proxy's resident size grew with every swap.
-    pub fn build_after(
-        snapshot: &Sealed,
-        metrics: &crate::metrics::Metrics,
-        previous: &Self,
-    ) -> Result<Self, BuildError> {
-        let snapshot = snapshot.snapshot();
-        metrics.forget_unused();
-        let client_certs = crate::upstream::client_certs(snapshot);
-        let clusters: HashMap<Box<str>, Arc<ClusterState>> = snapshot
-            .clusters
-            .iter()
-            .map(|c| {
-                let state = match previous.clusters.get(c.name.as_str()) {
-                    Some(kept) if kept.serves(c) => Arc::clone(kept),
-                    _ => Arc::new(ClusterState::new(c, &metrics.outliers, &client_certs)),
-                };
-                (c.name.as_str().into(), state)
-            })
-            .collect();
-        let mut ports = HashMap::new();
-        for l in &snapshot.listeners {
-            let port = u16::try_from(l.port).map_err(|_| BuildError::Port(l.port))?;
-            let public_port = match l.public_port {
-                0 => port,
-                p => u16::try_from(p).map_err(|_| BuildError::Port(p))?,
-            };
-            let mut pr = PortRouter {
-                protocol: snap::Protocol::try_from(l.protocol).unwrap_or(snap::Protocol::Http),
-                public_port,
-                listeners: ListenerNames::new(&l.listener_hostnames),
-                ..Default::default()
-            };
-            // A route listed under several hosts is compiled once per host; that is build
-            // time, not request time.
-            pr.hosts.reserve_exact(l.virtual_hosts.len());
-            let before = previous.ports.get(&port);
-            for vhost in &l.virtual_hosts {
-                let idx = pr.hosts.len();
-                let name = vhost.hostname.to_ascii_lowercase();
-                let kept = before.and_then(|b| {
-                    b.hosts
-                        .get(b.named_host(&name, vhost.single_label)?)
-                        .map(Arc::clone)
-                });
-                let host = match kept {
-                    Some(k) if unchanged(&k, &vhost.routes, &clusters) => k,
-                    _ => {
-                        let mut earlier = kept.as_deref().unwrap_or_default();
-                        let mut routes = Vec::with_capacity(vhost.routes.len());
-                        for r in &vhost.routes {
-                            let same = reusable(&mut earlier, r);
-                            routes.push(compile_route(r, same, &clusters, metrics)?);
-                        }
-                        Arc::from(routes)
-                    }
-                };
-                pr.hosts.push(host);
-                pr.terminates_tls.push(vhost.terminate_tls);
-                if name.is_empty() {
-                    pr.any = Some(idx);
-                } else if let Some(suffix) = name.strip_prefix("*.") {
-                    if vhost.single_label {
-                        pr.single_label.insert(suffix.into(), idx);
-                    } else {
-                        pr.wildcard.insert(suffix.into(), idx);
-                    }
-                } else {
-                    pr.exact.insert(name.into(), idx);
-                }
-            }
-            ports.insert(port, pr);
-        }
-        Ok(Self {
-            ports,
-            clusters,
-            version: snapshot.version.clone(),
-        })
+        let outline = Outline::of(snapshot).map_err(|source| BuildError::Decode {
+            what: "outline".into(),
+            source,
+        })?;
+        Self::build_after(&outline, metrics, &Self::default())
     }
 
     pub fn cluster(&self, name: &str) -> Option<&Arc<ClusterState>> {
@@ -576,13 +510,14 @@ impl PortRouter {
 
     /// The host a snapshot's (lowercased) hostname was filed under, as the build files it.
     fn named_host(&self, name: &str, single_label: bool) -> Option<usize> {
+        let index = &self.index;
         if name.is_empty() {
-            return self.any;
+            return index.any;
         }
         match name.strip_prefix("*.") {
-            Some(suffix) if single_label => self.single_label.get(suffix).copied(),
-            Some(suffix) => self.wildcard.get(suffix).copied(),
-            None => self.exact.get(name).copied(),
+            Some(suffix) if single_label => index.single_label.get(suffix).copied(),
+            Some(suffix) => index.wildcard.get(suffix).copied(),
+            None => index.exact.get(name).copied(),
         }
     }
 
@@ -604,26 +539,27 @@ impl PortRouter {
         } else {
             host
         };
-        if let Some(i) = self.exact.get(host) {
+        let index = &*self.index;
+        if let Some(i) = index.exact.get(host) {
             return Some(*i);
         }
-        if !self.single_label.is_empty()
+        if !index.single_label.is_empty()
             && let Some((label, parent)) = host.split_once('.')
             && !label.is_empty()
-            && let Some(i) = self.single_label.get(parent)
+            && let Some(i) = index.single_label.get(parent)
         {
             return Some(*i);
         }
-        if !self.wildcard.is_empty() {
+        if !index.wildcard.is_empty() {
             let mut rest = host;
             while let Some((_, parent)) = rest.split_once('.') {
-                if let Some(i) = self.wildcard.get(parent) {
+                if let Some(i) = index.wildcard.get(parent) {
                     return Some(*i);
                 }
                 rest = parent;
             }
         }
-        self.any
+        index.any
     }
 }
 
@@ -677,8 +613,9 @@ fn query_param<'q>(query: Option<&'q str>, name: &str) -> Option<&'q str> {
     })
 }
 
+mod build;
 mod compile;
-use compile::{compile_route, gcd, interleaving_stride, reusable, unchanged};
+use compile::{gcd, interleaving_stride};
 
 #[cfg(test)]
 mod tests;

@@ -110,9 +110,10 @@ impl SnapshotCache {
         Ok(Some(Cached { snapshot, age }))
     }
 
-    /// Replaces the cached snapshot atomically. The file holds the served certificates' private
-    /// keys, so it is readable by this user only.
-    pub fn store(&self, snapshot: &Sealed) -> Result<(), CacheError> {
+    /// Replaces the cached snapshot atomically with `encoded`, a sealed snapshot's bytes as
+    /// they were checked ([`Sealed::encoded`], or bytes `Outline::verify` passed). The file
+    /// holds the served certificates' private keys, so it is readable by this user only.
+    pub fn store(&self, encoded: &[u8]) -> Result<(), CacheError> {
         let err = |source| CacheError::Write {
             path: self.path.clone(),
             source,
@@ -133,7 +134,7 @@ impl SnapshotCache {
             std::os::unix::fs::OpenOptionsExt::mode(&mut options, 0o600);
             let mut file = options.open(&tmp)?;
             // The bytes the version was checked over, not an encoding made again.
-            file.write_all(snapshot.encoded())?;
+            file.write_all(encoded)?;
             // Durable before the rename: otherwise a crash could leave the new name on an
             // empty file (refused on load, but the previous good one would be gone).
             file.sync_all()?;
@@ -188,7 +189,7 @@ mod tests {
         let cache = SnapshotCache::new(&sub, shared());
         assert!(cache.load().unwrap().is_none());
         let s = snapshot(shared());
-        cache.store(&s).unwrap();
+        cache.store(s.encoded()).unwrap();
         assert_eq!(
             cache.load().unwrap().unwrap().snapshot.snapshot(),
             s.snapshot()
@@ -201,7 +202,7 @@ mod tests {
     fn an_edited_or_truncated_file_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let cache = SnapshotCache::new(dir.path(), shared());
-        cache.store(&snapshot(shared())).unwrap();
+        cache.store(snapshot(shared()).encoded()).unwrap();
         let mut bytes = std::fs::read(cache.path()).unwrap();
         let last = bytes.len() - 1;
         bytes[last] ^= 0x01;

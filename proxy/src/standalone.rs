@@ -4,8 +4,9 @@
 
 use crate::admin;
 use crate::listeners::Listeners;
-use crate::table::SharedTable;
+use crate::table::{SharedTable, Table};
 use crate::workers::Workers;
+use coxswain_api::snapshot::outline::Outline;
 use coxswain_api::snapshot::{Sealed, Snapshot};
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -83,13 +84,14 @@ pub async fn serve(
         tokio::select! {
             _ = tick.tick() => {
                 if let Some(result) = watcher.poll() {
-                    match result.and_then(|s| table.build(&s).map_err(|e| e.to_string()).map(|t| (s.version.clone(), t))) {
+                    match result.and_then(|s| build(&table, &s)) {
                         Ok((version, t)) => {
                             table.store(t);
                             for e in listeners.sync().await {
                                 tracing::error!(error = %e, "listener not bound");
                             }
                             table.mark_applied();
+                            table.forget_unused();
                             tracing::info!(%version, ports = ?listeners.ports(), "snapshot loaded");
                         }
                         Err(e) => tracing::error!(
@@ -105,6 +107,13 @@ pub async fn serve(
     }
     listeners.drain(&shutdown_tx, config.drain).await;
     Ok(())
+}
+
+/// The table for a snapshot read from the file, with its version.
+fn build(table: &SharedTable, snapshot: &Sealed) -> Result<(String, Table), String> {
+    let outline = Outline::of(snapshot).map_err(|e| e.to_string())?;
+    let built = table.build(&outline).map_err(|e| e.to_string())?;
+    Ok((outline.version, built))
 }
 
 fn signal(kind: tokio::signal::unix::SignalKind) -> Option<tokio::signal::unix::Signal> {

@@ -6,6 +6,7 @@ use crate::router::{BuildError, Router};
 use crate::tls::{CertError, TlsStore};
 use crate::upstream::ClusterState;
 use arc_swap::ArcSwap;
+use coxswain_api::snapshot::outline::Outline;
 use coxswain_api::snapshot::{Sealed, feature};
 use std::sync::Arc;
 
@@ -36,6 +37,8 @@ pub enum TableError {
     Unsupported(String),
     #[error(transparent)]
     Router(#[from] BuildError),
+    #[error("the snapshot does not decode: {0}")]
+    Decode(#[from] prost::DecodeError),
     #[error(transparent)]
     Certificate(#[from] CertError),
 }
@@ -43,8 +46,13 @@ pub enum TableError {
 impl Table {
     /// Builds everything a request needs, off the request path.
     /// A snapshot that cannot be built is counted in `coxswain_proxy_snapshots_rejected_total`.
+    /// Counters of routes no table holds any more are dropped first
+    /// ([`Metrics::forget_unused`]).
     pub fn build(snapshot: &Sealed, metrics: &Metrics) -> Result<Self, TableError> {
-        let built = Self::build_from(snapshot, metrics, &Router::default());
+        metrics.forget_unused();
+        let built = Outline::of(snapshot)
+            .map_err(TableError::from)
+            .and_then(|outline| Self::build_from(&outline, metrics, &Router::default()));
         if built.is_err() {
             Metrics::count(&metrics.snapshots_rejected);
         }
@@ -54,7 +62,7 @@ impl Table {
     /// Builds the table that is to replace `previous`, sharing what it can with it
     /// ([`Router::build_after`]). Rejections are counted as in [`Table::build`].
     pub fn build_after(
-        snapshot: &Sealed,
+        snapshot: &Outline,
         metrics: &Metrics,
         previous: &Table,
     ) -> Result<Self, TableError> {
@@ -66,7 +74,7 @@ impl Table {
     }
 
     fn build_from(
-        snapshot: &Sealed,
+        snapshot: &Outline,
         metrics: &Metrics,
         previous: &Router,
     ) -> Result<Self, TableError> {
@@ -130,9 +138,17 @@ impl SharedTable {
     }
 
     /// Builds the table to swap in for the current one, sharing the routes they have in
-    /// common ([`Table::build_after`]).
-    pub fn build(&self, snapshot: &Sealed) -> Result<Table, TableError> {
+    /// common ([`Table::build_after`]). `snapshot` is a sealed snapshot's outline
+    /// ([`Outline::verify`], [`Outline::of`]).
+    pub fn build(&self, snapshot: &Outline) -> Result<Table, TableError> {
         Table::build_after(snapshot, &self.metrics, &self.inner.load_full())
+    }
+
+    /// Drops the counters and cluster health records no table holds any more
+    /// ([`Metrics::forget_unused`]): after a swap, off the path of the change. What goes has
+    /// been gone since the table before the current one at least.
+    pub fn forget_unused(&self) {
+        self.metrics.forget_unused();
     }
 
     /// Swaps in a new table. Call [`SharedTable::mark_applied`] once its listeners are bound.

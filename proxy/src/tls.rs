@@ -2,7 +2,7 @@
 //! handshake, so new certificates apply to new connections without touching listeners.
 
 use crate::client_auth::{ClientAuth, ClientAuthError};
-use coxswain_api::snapshot::Snapshot;
+use coxswain_api::snapshot::outline::Outline;
 use rustls::crypto::ring::sign::any_supported_type;
 
 use rustls::sign::CertifiedKey;
@@ -57,7 +57,7 @@ pub struct TlsStore {
 }
 
 impl TlsStore {
-    pub fn build(snapshot: &Snapshot) -> Result<Self, CertError> {
+    pub fn build(snapshot: &Outline) -> Result<Self, CertError> {
         let mut keys: HashMap<&str, Arc<CertifiedKey>> = HashMap::new();
         for c in &snapshot.certificates {
             keys.insert(

@@ -32,8 +32,12 @@ pub struct ClusterState {
     ids: Vec<u64>,
     /// BackendTLSPolicy: verified TLS to this cluster.
     pub backend_tls: Option<Arc<BackendTls>>,
-    /// What it was built from, to tell whether the next snapshot's cluster is the same.
-    source: snap::Cluster,
+    /// The cluster's encoding it was built from (a copy: a slice would keep the whole
+    /// snapshot it came in alive for as long as tables keep this state), to tell whether the
+    /// next snapshot's cluster is the same without decoding it.
+    encoded: Box<[u8]>,
+    /// The cluster names a client certificate, which lives outside the cluster.
+    names_client_certificate: bool,
 }
 
 /// TLS to a backend as a BackendTLSPolicy asks: certificates verified for `hostname`, or for
@@ -134,17 +138,19 @@ fn client_auth(
 /// The snapshot's client certificates that clusters name, parsed (or why not).
 pub type ClientCerts = std::collections::HashMap<Box<str>, Result<Arc<ClientCert>, String>>;
 
-/// Parses the certificates the snapshot's clusters present to their backends.
-pub fn client_certs(snapshot: &snap::Snapshot) -> ClientCerts {
-    let named: std::collections::HashSet<&str> = snapshot
-        .clusters
+/// Parses the certificates `clusters` present to their backends (the snapshot's clusters that
+/// are built anew: one that names a certificate always is).
+pub fn client_certs(clusters: &[snap::Cluster], certificates: &[snap::Certificate]) -> ClientCerts {
+    let named: std::collections::HashSet<&str> = clusters
         .iter()
         .filter_map(|c| c.tls.as_ref())
         .map(|t| t.client_certificate.as_str())
         .filter(|n| !n.is_empty())
         .collect();
-    snapshot
-        .certificates
+    if named.is_empty() {
+        return ClientCerts::new();
+    }
+    certificates
         .iter()
         .filter(|c| named.contains(c.name.as_str()))
         .map(|c| (c.name.as_str().into(), ClientCert::parse(c).map(Arc::new)))
@@ -336,6 +342,7 @@ pub fn may_connect_again(failed: usize, slow: usize) -> bool {
 impl ClusterState {
     pub(crate) fn new(
         c: &snap::Cluster,
+        encoded: &[u8],
         registry: &outlier::Registry,
         clients: &ClientCerts,
     ) -> Self {
@@ -389,18 +396,19 @@ impl ClusterState {
                 .tls
                 .as_ref()
                 .map(|t| Arc::new(BackendTls::new(t, clients))),
-            source: c.clone(),
+            encoded: encoded.into(),
+            names_client_certificate: c
+                .tls
+                .as_ref()
+                .is_some_and(|t| !t.client_certificate.is_empty()),
         }
     }
 
-    /// Whether this state serves `c` as one built from it would: the same cluster, and no
-    /// client certificate, which lives outside the cluster and may have changed. A table
-    /// keeps such a state, with its rotation and the routes that send to it.
-    pub(crate) fn serves(&self, c: &snap::Cluster) -> bool {
-        self.source == *c
-            && c.tls
-                .as_ref()
-                .is_none_or(|t| t.client_certificate.is_empty())
+    /// Whether this state serves the cluster `encoded` as one built from it would: the same
+    /// bytes, and no client certificate, which lives outside the cluster and may have changed.
+    /// A table keeps such a state, with its rotation and the routes that send to it.
+    pub(crate) fn serves(&self, encoded: &[u8]) -> bool {
+        *self.encoded == *encoded && !self.names_client_certificate
     }
 
     /// Ready endpoints, else serving ones.

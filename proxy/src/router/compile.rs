@@ -24,36 +24,41 @@ pub(super) fn reusable<'t>(
     rest.get(skip)
 }
 
-/// Whether a host compiled for the previous table serves `routes` exactly as compiling them
-/// again would: the same routes in the same order, each sending to the clusters this table
-/// has (shared states, so the same), and none reaching another service through a policy
+/// Whether a host compiled for the previous table, from the same encoding as this one's,
+/// serves it exactly as compiling it again would: each route sends to the clusters this table
+/// has (shared states, so the same), and none reaches another service through a policy
 /// (external authorization, a global rate limit), whose client `compile_route` builds anew.
+/// `clusters_same`: every cluster state is the previous table's, none added or removed, so
+/// each route still sends where it did.
 pub(super) fn unchanged(
     host: &[CompiledRoute],
-    routes: &[snap::Route],
     clusters: &HashMap<Box<str>, Arc<ClusterState>>,
+    clusters_same: bool,
 ) -> bool {
+    let own_clients =
+        |c: &CompiledRoute| c.policy.external_auth.is_some() || c.policy.global_limit.is_some();
+    if clusters_same {
+        return !host.iter().any(own_clients);
+    }
     let same_cluster =
         |held: Option<&Arc<ClusterState>>, name: &str| match (held, clusters.get(name)) {
             (Some(a), Some(b)) => Arc::ptr_eq(a, b),
             (None, None) => true,
             _ => false,
         };
-    host.len() == routes.len()
-        && host.iter().zip(routes).all(|(c, r)| {
-            *c.route == *r
-                && c.policy.external_auth.is_none()
-                && c.policy.global_limit.is_none()
-                && c.backends.len() == r.backends.len()
-                && c.backends
-                    .iter()
-                    .zip(&r.backends)
-                    .all(|(b, s)| same_cluster(b.cluster.as_ref(), &s.cluster))
-                && c.mirrors
-                    .iter()
-                    .zip(mirror_clusters(r))
-                    .all(|(m, name)| same_cluster(m.cluster.as_ref(), name))
-        })
+    // The kept copy of each route is the route the same bytes decode to.
+    host.iter().all(|c| {
+        !own_clients(c)
+            && c.backends.len() == c.route.backends.len()
+            && c.backends
+                .iter()
+                .zip(&c.route.backends)
+                .all(|(b, s)| same_cluster(b.cluster.as_ref(), &s.cluster))
+            && c.mirrors
+                .iter()
+                .zip(mirror_clusters(&c.route))
+                .all(|(m, name)| same_cluster(m.cluster.as_ref(), name))
+    })
 }
 
 /// The clusters of a route's request mirrors, in the order `compile_route` makes them.

@@ -534,7 +534,7 @@ fn a_rebuild_shares_the_routes_that_did_not_change() {
     added.r#match.as_mut().unwrap().path.as_mut().unwrap().value = "/new".into();
     hosts[1].routes.insert(0, added);
     let after = Router::build_after(
-        &snapshot.clone().seal(),
+        &outline(&snapshot),
         &crate::metrics::Metrics::default(),
         &before,
     )
@@ -628,7 +628,7 @@ fn a_rebuild_keeps_the_hosts_and_clusters_that_did_not_change() {
     let before = Router::build_with_metrics(&snapshot.clone().seal(), &metrics).unwrap();
 
     // The same snapshot again: every host and cluster is the previous table's.
-    let same = Router::build_after(&snapshot.clone().seal(), &metrics, &before).unwrap();
+    let same = Router::build_after(&outline(&snapshot), &metrics, &before).unwrap();
     for host in ["a.test", "b.test", "c.test"] {
         assert!(
             Arc::ptr_eq(&host_at(&before, host), &host_at(&same, host)),
@@ -646,7 +646,7 @@ fn a_rebuild_keeps_the_hosts_and_clusters_that_did_not_change() {
     // (a.test's backend, c.test's mirror); b.test stays as it was.
     let mut moved = snapshot.clone();
     moved.clusters[0].endpoints[0].address = "10.0.0.9".into();
-    let after = Router::build_after(&moved.clone().seal(), &metrics, &same).unwrap();
+    let after = Router::build_after(&outline(&moved), &metrics, &same).unwrap();
     assert!(!Arc::ptr_eq(
         same.cluster("web/a:80").unwrap(),
         after.cluster("web/a:80").unwrap()
@@ -690,7 +690,7 @@ fn a_rebuild_keeps_the_hosts_and_clusters_that_did_not_change() {
         .as_mut()
         .unwrap()
         .method = "PUT".into();
-    let last = Router::build_after(&edited.clone().seal(), &metrics, &after).unwrap();
+    let last = Router::build_after(&outline(&edited), &metrics, &after).unwrap();
     assert!(!Arc::ptr_eq(
         &host_at(&after, "b.test"),
         &host_at(&last, "b.test")
@@ -741,7 +741,7 @@ fn a_cluster_with_a_client_certificate_is_built_again_every_time() {
     });
     let metrics = crate::metrics::Metrics::default();
     let before = Router::build_with_metrics(&snapshot.clone().seal(), &metrics).unwrap();
-    let after = Router::build_after(&snapshot.seal(), &metrics, &before).unwrap();
+    let after = Router::build_after(&outline(&snapshot), &metrics, &before).unwrap();
     assert!(!Arc::ptr_eq(
         before.cluster("web/b:80").unwrap(),
         after.cluster("web/b:80").unwrap()
@@ -754,4 +754,288 @@ fn a_cluster_with_a_client_certificate_is_built_again_every_time() {
         before.cluster("web/a:80").unwrap(),
         after.cluster("web/a:80").unwrap()
     ));
+}
+
+/// A snapshot's outline, as a proxy receives it.
+fn outline(snapshot: &Snapshot) -> Outline {
+    Outline::of(&snapshot.clone().seal()).unwrap()
+}
+
+#[test]
+fn a_table_holds_its_own_snapshots_bytes_and_no_earlier_ones() {
+    // Hosts kept from the previous table take this snapshot's slices of their bytes: a table
+    // keeps one snapshot's encoding alive, whatever it shares with tables before it.
+    let metrics = crate::metrics::Metrics::default();
+    let snapshot = Snapshot::from_yaml(THREE_HOSTS).unwrap();
+    let before = Router::build_after(&outline(&snapshot), &metrics, &Router::default()).unwrap();
+    let again = snapshot.clone().seal();
+    let after = Router::build_after(&Outline::of(&again).unwrap(), &metrics, &before).unwrap();
+    assert!(Arc::ptr_eq(
+        &host_at(&before, "a.test"),
+        &host_at(&after, "a.test")
+    ));
+    let buffer = again.encoded().as_ptr_range();
+    let port = after.port(80).unwrap();
+    assert_eq!(port.encoded.len(), 3);
+    assert!(port.encoded.iter().all(|b| buffer.contains(&b.as_ptr())));
+}
+
+#[test]
+fn a_changed_host_that_does_not_decode_is_refused_not_a_panic() {
+    // Sealed by a sender that hashed garbage: the outline checks out, the route does not.
+    use prost::encoding;
+    let mut host = Vec::new();
+    encoding::string::encode(1, &"a.test".to_owned(), &mut host);
+    encoding::bytes::encode(2, &vec![0xff, 0xff, 0xff], &mut host);
+    let mut listener = Vec::new();
+    encoding::uint32::encode(1, &80, &mut listener);
+    encoding::bytes::encode(4, &host, &mut listener);
+    let mut body = vec![0; Sealed::ROOM];
+    encoding::bytes::encode(3, &listener, &mut body);
+    let sealed = Sealed::from_encoding(body);
+    let bad = Outline::verify(sealed.encoded().clone()).unwrap();
+    let metrics = crate::metrics::Metrics::default();
+    let good = Snapshot::from_yaml(THREE_HOSTS).unwrap();
+    let before = Router::build_after(&outline(&good), &metrics, &Router::default()).unwrap();
+    let err = Router::build_after(&bad, &metrics, &before).unwrap_err();
+    assert!(
+        matches!(&err, BuildError::Decode { what, .. } if what.contains("a.test")),
+        "{err}"
+    );
+    // A cluster that does not decode is refused too.
+    let mut body = vec![0; Sealed::ROOM];
+    encoding::bytes::encode(4, &vec![0x0a, 0x05, b'a'], &mut body);
+    let sealed = Sealed::from_encoding(body);
+    let bad = Outline::verify(sealed.encoded().clone()).unwrap();
+    assert!(matches!(
+        Router::build_after(&bad, &metrics, &before),
+        Err(BuildError::Decode { .. })
+    ));
+}
+
+/// Port 80's index of host names.
+fn index_of(r: &Router) -> &Arc<HostIndex> {
+    &r.port(80).unwrap().index
+}
+
+#[test]
+fn a_host_added_or_removed_shifts_the_rest_and_they_are_still_shared() {
+    let metrics = crate::metrics::Metrics::default();
+    let snapshot = Snapshot::from_yaml(THREE_HOSTS).unwrap();
+    let before = Router::build_after(&outline(&snapshot), &metrics, &Router::default()).unwrap();
+
+    // "a2.test" goes between a.test and b.test: every other host is the previous one.
+    let mut added = snapshot.clone();
+    let mut host = added.listeners[0].virtual_hosts[0].clone();
+    host.hostname = "a2.test".into();
+    host.routes[0].source.as_mut().unwrap().name = "a2".into();
+    added.listeners[0].virtual_hosts.insert(1, host);
+    let after = Router::build_after(&outline(&added), &metrics, &before).unwrap();
+    for h in ["a.test", "b.test", "c.test"] {
+        assert!(
+            Arc::ptr_eq(&host_at(&before, h), &host_at(&after, h)),
+            "{h}"
+        );
+    }
+    assert!(!Arc::ptr_eq(index_of(&before), index_of(&after)));
+    assert_eq!(
+        lookup(&after, 80, "a2.test", "/", "GET", &[]).as_deref(),
+        Some("a2/0")
+    );
+
+    // And removed again: the rest are still shared, and a2.test is gone.
+    let removed = Router::build_after(&outline(&snapshot), &metrics, &after).unwrap();
+    for h in ["a.test", "b.test", "c.test"] {
+        assert!(
+            Arc::ptr_eq(&host_at(&after, h), &host_at(&removed, h)),
+            "{h}"
+        );
+    }
+    assert_eq!(lookup(&removed, 80, "a2.test", "/", "GET", &[]), None);
+
+    // A route changed in place keeps the index of names.
+    let mut edited = snapshot.clone();
+    edited.listeners[0].virtual_hosts[1].routes[0]
+        .r#match
+        .as_mut()
+        .unwrap()
+        .method = "PUT".into();
+    let last = Router::build_after(&outline(&edited), &metrics, &removed).unwrap();
+    assert!(Arc::ptr_eq(index_of(&removed), index_of(&last)));
+    assert!(!Arc::ptr_eq(
+        &host_at(&removed, "b.test"),
+        &host_at(&last, "b.test")
+    ));
+    assert_eq!(lookup(&last, 80, "b.test", "/", "GET", &[]), None);
+    assert_eq!(
+        lookup(&last, 80, "b.test", "/", "PUT", &[]).as_deref(),
+        Some("b/0")
+    );
+}
+
+mod differential {
+    //! Tables built one from another over random changes route as tables built afresh.
+    use super::*;
+    use proptest::prelude::*;
+
+    const NAMES: [&str; 8] = [
+        "", "a.test", "b.test", "c.test", "*.w.test", "x.w.test", "*.test", "d.test",
+    ];
+
+    #[derive(Debug, Clone)]
+    enum Change {
+        /// Host NAMES[i] with a route to path /p{path} and cluster c{cluster}.
+        Put {
+            host: usize,
+            path: u8,
+            cluster: u8,
+        },
+        Remove {
+            host: usize,
+        },
+        /// Cluster c{cluster}'s endpoint moves to 10.0.0.{address}.
+        Move {
+            cluster: u8,
+            address: u8,
+        },
+    }
+
+    fn change() -> impl Strategy<Value = Change> {
+        prop_oneof![
+            (0..NAMES.len(), 0..3u8, 0..3u8).prop_map(|(host, path, cluster)| Change::Put {
+                host,
+                path,
+                cluster
+            }),
+            (0..NAMES.len()).prop_map(|host| Change::Remove { host }),
+            (0..3u8, 1..4u8).prop_map(|(cluster, address)| Change::Move { cluster, address }),
+        ]
+    }
+
+    #[derive(Default)]
+    struct Model {
+        hosts: std::collections::BTreeMap<usize, (u8, u8)>,
+        clusters: [u8; 3],
+    }
+
+    impl Model {
+        fn snapshot(&self) -> Snapshot {
+            let mut virtual_hosts: Vec<snap::VirtualHost> = self
+                .hosts
+                .iter()
+                .map(|(&h, &(path, cluster))| snap::VirtualHost {
+                    hostname: NAMES[h].into(),
+                    routes: vec![snap::Route {
+                        source: Some(snap::RouteSource {
+                            kind: "HTTPRoute".into(),
+                            namespace: "web".into(),
+                            name: format!("h{h}"),
+                            ..Default::default()
+                        }),
+                        r#match: Some(snap::RouteMatch {
+                            path: Some(snap::PathMatch {
+                                kind: snap::path_match::Kind::Prefix as i32,
+                                value: format!("/p{path}"),
+                            }),
+                            ..Default::default()
+                        }),
+                        backends: vec![snap::WeightedBackend {
+                            cluster: format!("c{cluster}"),
+                            weight: 1,
+                            ..Default::default()
+                        }],
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                })
+                .collect();
+            virtual_hosts.sort_by(|a, b| a.hostname.cmp(&b.hostname));
+            Snapshot {
+                listeners: vec![snap::Listener {
+                    port: 80,
+                    protocol: snap::Protocol::Http as i32,
+                    virtual_hosts,
+                    ..Default::default()
+                }],
+                clusters: self
+                    .clusters
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &a)| snap::Cluster {
+                        name: format!("c{i}"),
+                        endpoints: vec![snap::Endpoint {
+                            address: format!("10.0.0.{a}"),
+                            port: 80,
+                            ready: true,
+                            serving: true,
+                            terminating: false,
+                        }],
+                        ..Default::default()
+                    })
+                    .collect(),
+                ..Default::default()
+            }
+        }
+    }
+
+    /// What a request for `host` at `path` gets: the route and where it sends.
+    fn answer(r: &Router, host: &str, path: &str) -> Option<(String, Option<String>)> {
+        let no_headers: &[(String, String)] = &[];
+        let req = Request {
+            host,
+            path_and_query: path,
+            method: "GET",
+            headers: no_headers,
+        };
+        r.route(80, &req).map(|c| {
+            let source = c
+                .route
+                .source
+                .as_ref()
+                .map(|s| s.name.clone())
+                .unwrap_or_default();
+            let to = c.backends[0]
+                .cluster
+                .as_ref()
+                .map(|cl| format!("{} {}", cl.name, cl.addr(0)));
+            (source, to)
+        })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(200))]
+        #[test]
+        fn a_table_built_from_the_previous_routes_as_one_built_afresh(
+            changes in proptest::collection::vec(change(), 1..25)
+        ) {
+            let metrics = crate::metrics::Metrics::default();
+            let mut model = Model { clusters: [1, 1, 1], ..Default::default() };
+            let mut table = Router::default();
+            for change in changes {
+                match change {
+                    Change::Put { host, path, cluster } => {
+                        model.hosts.insert(host, (path, cluster));
+                    }
+                    Change::Remove { host } => {
+                        model.hosts.remove(&host);
+                    }
+                    Change::Move { cluster, address } => {
+                        model.clusters[usize::from(cluster)] = address;
+                    }
+                }
+                let snapshot = model.snapshot();
+                table = Router::build_after(&outline(&snapshot), &metrics, &table).unwrap();
+                let fresh = Router::build(&snapshot.seal()).unwrap();
+                for host in ["a.test", "b.test", "c.test", "d.test", "x.w.test", "y.w.test", "z.test", "other"] {
+                    for path in ["/p0", "/p1/x", "/p2"] {
+                        prop_assert_eq!(
+                            answer(&table, host, path),
+                            answer(&fresh, host, path),
+                            "{} {}", host, path
+                        );
+                    }
+                }
+            }
+        }
+    }
 }
