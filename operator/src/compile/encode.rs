@@ -87,22 +87,22 @@ impl EncodedRoute {
     }
 }
 
-/// A virtual host whose routes are indexes into the compile's entries.
-#[derive(Debug, Clone)]
-pub struct VirtualHost {
-    pub hostname: String,
-    pub routes: Vec<usize>,
+/// A virtual host whose routes are what the assembler keeps of them.
+#[derive(Debug)]
+pub struct VirtualHost<'a, E> {
+    pub hostname: &'a str,
+    pub routes: &'a [std::sync::Arc<E>],
     pub single_label: bool,
     pub terminate_tls: bool,
 }
 
 /// `snap::Listener` with its virtual hosts as [`VirtualHost`]s.
-#[derive(Debug, Clone)]
-pub struct Listener {
+#[derive(Debug)]
+pub struct Listener<'a, E> {
     pub port: u32,
     pub protocol: snap::Protocol,
     pub sources: Vec<String>,
-    pub virtual_hosts: Vec<VirtualHost>,
+    pub virtual_hosts: Vec<VirtualHost<'a, E>>,
     pub certificates: Vec<snap::SniCertificate>,
     pub listener_hostnames: Vec<String>,
     pub client_validation: Option<snap::ClientValidation>,
@@ -117,9 +117,7 @@ pub trait HasRoute {
 /// Everything in a scope's snapshot but its version.
 pub struct Parts<'a, E: HasRoute> {
     pub scope: snap::Scope,
-    pub listeners: Vec<Listener>,
-    /// What the virtual hosts' route indexes point into.
-    pub entries: &'a [std::sync::Arc<E>],
+    pub listeners: Vec<Listener<'a, E>>,
     pub clusters: Vec<snap::Cluster>,
     pub certificates: Vec<snap::Certificate>,
     pub requires: Vec<String>,
@@ -135,19 +133,15 @@ fn write_delimited_header(tag: u32, len: usize, buf: &mut Vec<u8>) {
 }
 
 impl<E: HasRoute> Parts<'_, E> {
-    fn route(&self, i: usize) -> &[u8] {
-        &self.entries[i].route().bytes
-    }
-
-    fn virtual_host_len(&self, v: &VirtualHost) -> usize {
+    fn virtual_host_len(v: &VirtualHost<'_, E>) -> usize {
         let mut n = 0;
         if !v.hostname.is_empty() {
-            n += encoding::string::encoded_len(1, &v.hostname);
+            n += delimited_len(1, v.hostname.len());
         }
         n += v
             .routes
             .iter()
-            .map(|&i| delimited_len(2, self.route(i).len()))
+            .map(|r| delimited_len(2, r.route().bytes.len()))
             .sum::<usize>();
         if v.single_label {
             n += encoding::bool::encoded_len(3, &true);
@@ -159,7 +153,7 @@ impl<E: HasRoute> Parts<'_, E> {
     }
 
     /// The listener's length and each of its virtual hosts'.
-    fn listener_len(&self, l: &Listener, hosts: &mut Vec<usize>) -> usize {
+    fn listener_len(l: &Listener<'_, E>, hosts: &mut Vec<usize>) -> usize {
         let mut n = 0;
         if l.port != 0 {
             n += encoding::uint32::encoded_len(1, &l.port);
@@ -169,7 +163,7 @@ impl<E: HasRoute> Parts<'_, E> {
         }
         n += encoding::string::encoded_len_repeated(3, &l.sources);
         for v in &l.virtual_hosts {
-            let len = self.virtual_host_len(v);
+            let len = Self::virtual_host_len(v);
             hosts.push(len);
             n += delimited_len(4, len);
         }
@@ -190,7 +184,7 @@ impl<E: HasRoute> Parts<'_, E> {
         let listener_lens: Vec<usize> = self
             .listeners
             .iter()
-            .map(|l| self.listener_len(l, &mut host_lens))
+            .map(|l| Self::listener_len(l, &mut host_lens))
             .collect();
         let len = Sealed::ROOM
             + encoding::message::encoded_len(2, &self.scope)
@@ -217,10 +211,11 @@ impl<E: HasRoute> Parts<'_, E> {
             for v in &l.virtual_hosts {
                 write_delimited_header(4, host_lens.next().unwrap_or_default(), &mut buf);
                 if !v.hostname.is_empty() {
-                    encoding::string::encode(1, &v.hostname, &mut buf);
+                    write_delimited_header(1, v.hostname.len(), &mut buf);
+                    buf.extend_from_slice(v.hostname.as_bytes());
                 }
-                for &i in &v.routes {
-                    let route = self.route(i);
+                for r in v.routes {
+                    let route = &r.route().bytes;
                     write_delimited_header(2, route.len(), &mut buf);
                     buf.extend_from_slice(route);
                 }

@@ -13,9 +13,12 @@
 //! What a route keeps is small ([`super::memo`]): its entries hold their routes encoded
 //! ([`super::encode`]), and what routes share (clusters, reads, listeners, status parents)
 //! is kept once.
-//! Everything else (Gateways, Ingresses, policies, assembling the snapshots) is compiled in
-//! full each pass; a change to the Gateways or the configuration drops every kept route.
+//! The assembler keeps every port's virtual hosts and makes again only those whose entries
+//! changed ([`super::assemble::Assembly`]). Everything else (Gateways, Ingresses, policies,
+//! the snapshots' encoding and hash) is compiled in full each pass; a change to the Gateways or
+//! the configuration drops every kept route.
 
+use super::assemble::Assembly;
 use super::gateway::ServedGateway;
 use super::memo::RouteMemo;
 use super::status::ObjectKey;
@@ -27,6 +30,8 @@ use std::collections::BTreeMap;
 #[derive(Debug, Default)]
 pub struct Compiler {
     routes: RouteMemo,
+    /// Every port's virtual hosts as the last pass assembled them.
+    assembly: Assembly,
     /// The Gateways (as routes see them) and configuration the kept routes compiled against.
     against: Option<(BTreeMap<ObjectKey, ServedGateway>, Config)>,
 }
@@ -63,12 +68,13 @@ impl Compiler {
         self.routes.len()
     }
 
-    /// The kept routes, valid for `served` and `config`: dropped when those changed.
-    pub(super) fn routes_for(
+    /// The kept routes, valid for `served` and `config` (dropped when those changed), and the
+    /// kept assembly (valid for any input: it compares entries by identity).
+    pub(super) fn kept_for(
         &mut self,
         served: &BTreeMap<ObjectKey, ServedGateway>,
         config: &Config,
-    ) -> &mut RouteMemo {
+    ) -> (&mut RouteMemo, &mut Assembly) {
         let same = self
             .against
             .as_ref()
@@ -77,6 +83,6 @@ impl Compiler {
             self.routes.clear();
             self.against = Some((served.clone(), config.clone()));
         }
-        &mut self.routes
+        (&mut self.routes, &mut self.assembly)
     }
 }

@@ -13,6 +13,7 @@
 
 pub mod accesspolicy;
 pub mod annotations;
+pub mod assemble;
 pub mod backend;
 pub mod backend_clients;
 pub mod backendpolicy;
@@ -47,13 +48,11 @@ mod tests;
 
 use coxswain_api::names;
 use coxswain_api::snapshot::{self as snap, Sealed};
-use entries::Entry;
 pub use incremental::Compiler;
 use proxies::{ProxyAccounts, ProxyNames};
 pub use status::ScopeKey;
 use status::{ObjectKey, StatusDecisions};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
 pub use store::{JwksSource, Store};
 
 /// What the compiler needs besides the objects.
@@ -189,7 +188,13 @@ fn compile_with(store: &Store, config: &Config, kept: Option<&mut Compiler>) -> 
         }
         None => gateway_services::Allocation::default(),
     };
-    let memo = kept.map(|k| k.routes_for(&gateways.served, config));
+    let (memo, assembly) = match kept {
+        Some(k) => {
+            let (memo, assembly) = k.kept_for(&gateways.served, config);
+            (Some(memo), Some(assembly))
+        }
+        None => (None, None),
+    };
     let routes = httproute::compile(
         &route_forms(store),
         store,
@@ -317,14 +322,17 @@ fn compile_with(store: &Store, config: &Config, kept: Option<&mut Compiler>) -> 
         &mut clusters,
         &gateways.shared_backend_clients,
     );
-    let assembled = assemble(
+    let inputs = assemble::Inputs {
         slots,
-        entries,
         clusters,
-        &certificates,
-        &gateways.served,
-        &gateways.backend_clients,
-    );
+        certificates: &certificates,
+        served: &gateways.served,
+        backend_clients: &gateways.backend_clients,
+    };
+    let assembled = match assembly {
+        Some(kept) => kept.assemble(entries, inputs),
+        None => assemble::Assembly::default().assemble(entries, inputs),
+    };
     // Dedicated Gateways' proxies are named in one assignment over all of them (two can want
     // the same name), and those names are the identities that may serve their scopes.
     let proxy_names = proxies::assign(store, |key| {
@@ -414,317 +422,4 @@ pub struct Slot {
     pub client_validation: Option<snap::ClientValidation>,
     /// TLS: the hosts this listener owns end TLS at the proxy (tls.mode Terminate).
     pub terminate_tls: bool,
-}
-
-fn assemble(
-    slots: Vec<Slot>,
-    entries: Vec<Arc<Entry>>,
-    clusters: Vec<snap::Cluster>,
-    certificates: &BTreeMap<String, (String, String)>,
-    served: &BTreeMap<ObjectKey, gateway::ServedGateway>,
-    backend_clients: &BTreeMap<ScopeKey, String>,
-) -> Assembled {
-    let cluster_by_name: BTreeMap<String, snap::Cluster> =
-        clusters.into_iter().map(|c| (c.name.clone(), c)).collect();
-    let mut scopes: BTreeSet<ScopeKey> = served.values().map(|g| g.scope.clone()).collect();
-    scopes.insert(ScopeKey::SharedPool);
-
-    let mut out = Assembled::default();
-    for scope in scopes {
-        let scope_slots: Vec<&Slot> = slots.iter().filter(|s| s.scope == scope).collect();
-        // Entries with their index in `entries`.
-        let scope_entries: Vec<(usize, &Entry)> = entries
-            .iter()
-            .map(|e| &**e)
-            .enumerate()
-            .filter(|(_, e)| e.scope == scope)
-            .collect();
-        let ports: BTreeSet<u32> = scope_slots.iter().map(|s| s.port).collect();
-        let mut listeners = Vec::new();
-        let mut used_clusters: BTreeSet<&str> = BTreeSet::new();
-        let mut used_certs = BTreeSet::new();
-        let mut features = encode::Features::default();
-        for port in ports {
-            let port_slots: Vec<&Slot> = scope_slots
-                .iter()
-                .copied()
-                .filter(|s| s.port == port)
-                .collect();
-            // Slots on one port agree on protocol within a Gateway (conflicts were rejected);
-            // across Gateways of the shared pool the first, in key order, decides.
-            let protocol = port_slots[0].protocol;
-            let port_slots: Vec<&Slot> = port_slots
-                .into_iter()
-                .filter(|s| s.protocol == protocol)
-                .collect();
-            let port_entries: Vec<(usize, &Entry)> = scope_entries
-                .iter()
-                .copied()
-                .filter(|(_, e)| e.port == port && e.protocol == protocol)
-                .collect();
-
-            // Entries by (listener hostname, entry hostname), so each virtual host looks up
-            // only the names that can cover it instead of scanning every entry.
-            // Hashed, not ordered: lookups are by exact name, and at thousands of hosts the
-            // string comparisons of an ordered map were most of a compile.
-            let mut by_host: HashMap<(&str, &str), Vec<(usize, &Entry)>> =
-                HashMap::with_capacity(port_entries.len());
-            for &(i, e) in &port_entries {
-                let owner = e.listener_hostname.as_deref().unwrap_or_default();
-                by_host
-                    .entry((owner, e.vhost.as_str()))
-                    .or_default()
-                    .push((i, e));
-            }
-            let mut vhost_names: BTreeSet<&str> =
-                port_entries.iter().map(|(_, e)| e.vhost.as_str()).collect();
-            vhost_names.extend(
-                port_slots
-                    .iter()
-                    .map(|s| s.hostname.as_deref().unwrap_or_default()),
-            );
-            let listener_hosts: BTreeSet<String> = port_slots
-                .iter()
-                .map(|s| s.hostname.clone().unwrap_or_default())
-                .collect();
-            // On a TLS port, the listener owning a host decides whether TLS ends here. Two
-            // listeners with one hostname on a port conflict, so the first slot is the owner.
-            let terminating: BTreeSet<String> = port_slots
-                .iter()
-                .filter(|s| s.terminate_tls)
-                .map(|s| s.hostname.clone().unwrap_or_default())
-                .collect();
-
-            let mut virtual_hosts = Vec::new();
-            for vhost in vhost_names {
-                // The most specific listener hostname covering this host owns it.
-                let Some(owner) = listener_hosts
-                    .iter()
-                    .filter(|h| {
-                        hostname::listener_covers(Some(h.as_str()).filter(|h| !h.is_empty()), vhost)
-                    })
-                    .min_by(|a, b| hostname::specificity(a, b))
-                else {
-                    continue;
-                };
-                let is_wildcard = vhost.starts_with("*.");
-                let own = by_host.get(&(owner.as_str(), vhost));
-                // A wildcard with single-label (Ingress) entries of its own becomes two virtual
-                // hosts: the multi-label one for deeper hosts, when it has entries of its own
-                // (without, deeper hosts fall through to what covers them), then the
-                // single-label one for hosts one label above the suffix.
-                let variants: &[bool] =
-                    if is_wildcard && own.is_some_and(|l| l.iter().any(|(_, e)| e.single_label)) {
-                        if own.is_some_and(|l| l.iter().any(|(_, e)| !e.single_label)) {
-                            &[false, true]
-                        } else {
-                            &[true]
-                        }
-                    } else {
-                        &[false]
-                    };
-                for &single_label in variants {
-                    let mut chosen: Vec<(usize, &Entry)> = Vec::new();
-                    for (i, name) in covering_names(vhost).iter().enumerate() {
-                        // A single-label entry on "*.P" covers only hosts one label above P:
-                        // an exact host's first covering wildcard, or a single-label virtual
-                        // host's own name; never a multi-label one.
-                        let one_label_above = if is_wildcard {
-                            single_label && i == 0
-                        } else {
-                            i == 1
-                        };
-                        if let Some(list) = by_host.get(&(owner.as_str(), name.as_str())) {
-                            chosen.extend(
-                                list.iter()
-                                    .copied()
-                                    .filter(|(_, e)| !e.single_label || one_label_above),
-                            );
-                        }
-                    }
-                    chosen.sort_by(|a, b| a.1.key.cmp(&b.1.key));
-                    for (_, e) in &chosen {
-                        features = features.union(e.route.features);
-                    }
-                    virtual_hosts.push(encode::VirtualHost {
-                        hostname: vhost.to_owned(),
-                        routes: chosen.iter().map(|&(i, _)| i).collect(),
-                        single_label,
-                        terminate_tls: protocol == snap::Protocol::Tls
-                            && terminating.contains(owner),
-                    });
-                }
-            }
-
-            let terminates = matches!(protocol, snap::Protocol::Https | snap::Protocol::Tls);
-            let mut sni: Vec<snap::SniCertificate> = Vec::new();
-            if terminates {
-                for s in &port_slots {
-                    if let Some((name, cert)) = &s.certificate
-                        && !sni.iter().any(|c| &c.sni == name)
-                    {
-                        sni.push(snap::SniCertificate {
-                            sni: name.clone(),
-                            certificate: cert.clone(),
-                        });
-                        used_certs.insert(cert.clone());
-                    }
-                }
-                sni.sort_by(|a, b| a.sni.cmp(&b.sni));
-            }
-            // Gateway listeners only: Ingress hosts are not listeners, and browsers coalesce
-            // connections across them as ingress-nginx lets them.
-            let mut listener_hostnames: Vec<String> = if protocol == snap::Protocol::Https {
-                port_slots
-                    .iter()
-                    .filter(|s| s.source != "Ingress")
-                    .map(|s| s.hostname.clone().unwrap_or_default())
-                    .collect()
-            } else {
-                Vec::new()
-            };
-            listener_hostnames.sort();
-            listener_hostnames.dedup();
-            let mut sources: Vec<String> = port_slots.iter().map(|s| s.source.clone()).collect();
-            sources.sort();
-            sources.dedup();
-            // Only dedicated Gateways' ports verify clients, and all slots of such a port are
-            // that Gateway's, with its one setting for the port.
-            let client_validation = if terminates {
-                port_slots.iter().find_map(|s| s.client_validation.clone())
-            } else {
-                None
-            };
-            listeners.push(encode::Listener {
-                port,
-                protocol,
-                sources,
-                virtual_hosts,
-                certificates: sni,
-                listener_hostnames,
-                client_validation,
-                // An internal port belongs to one Gateway's one listener port.
-                public_port: port_slots[0].public_port,
-            });
-        }
-        for v in listeners.iter().flat_map(|l| &l.virtual_hosts) {
-            out.routes += v.routes.len();
-            for &i in &v.routes {
-                used_clusters.extend(entries[i].route.clusters.iter().map(String::as_str));
-            }
-        }
-        let requires = requirements(&listeners, features);
-        // The Gateway's client certificate goes to every TLS backend of its scope: its proxy
-        // serves no other Gateway's routes.
-        let backend_client = backend_clients.get(&scope);
-        let clusters: Vec<snap::Cluster> = used_clusters
-            .iter()
-            .filter_map(|c| cluster_by_name.get(*c).cloned())
-            .map(|mut c| {
-                if let (Some(tls), Some(name)) = (c.tls.as_mut(), backend_client) {
-                    tls.client_certificate = name.clone();
-                }
-                c
-            })
-            .collect();
-        // The certificates clusters present: the dedicated Gateway's on all of its TLS
-        // clusters, a shared Gateway's on its own (`backend_clients`).
-        used_certs.extend(
-            clusters
-                .iter()
-                .filter_map(|c| c.tls.as_ref())
-                .filter(|t| !t.client_certificate.is_empty())
-                .map(|t| t.client_certificate.clone()),
-        );
-        let sealed = encode::Parts {
-            scope: snap::Scope {
-                kind: Some(match &scope {
-                    ScopeKey::SharedPool => snap::scope::Kind::SharedPool(snap::SharedPool {}),
-                    ScopeKey::Gateway(k) => snap::scope::Kind::Gateway(snap::ObjectRef {
-                        namespace: k.namespace.clone(),
-                        name: k.name.clone(),
-                    }),
-                }),
-            },
-            listeners,
-            entries: &entries,
-            clusters,
-            certificates: used_certs
-                .iter()
-                .filter_map(|name| {
-                    certificates
-                        .get(name)
-                        .map(|(chain, key)| snap::Certificate {
-                            name: name.clone(),
-                            cert_chain_pem: chain.clone(),
-                            private_key_pem: key.clone(),
-                        })
-                })
-                .collect(),
-            requires,
-        }
-        .seal();
-        out.snapshots.insert(scope, sealed);
-    }
-    out
-}
-
-/// The sealed snapshots and how many routes they list in all.
-#[derive(Default)]
-struct Assembled {
-    snapshots: BTreeMap<ScopeKey, Sealed>,
-    routes: usize,
-}
-
-/// The names whose entries can serve `host`: itself, every wildcard above it, and "".
-/// "a.b.c" -> ["a.b.c", "*.b.c", "*.c", ""]; "*.b.c" -> ["*.b.c", "*.c", ""].
-fn covering_names(host: &str) -> Vec<String> {
-    let mut names = vec![host.to_owned()];
-    if !host.is_empty() {
-        let bare = host.strip_prefix("*.").unwrap_or(host);
-        let mut rest = bare;
-        while let Some((_, parent)) = rest.split_once('.') {
-            names.push(format!("*.{parent}"));
-            rest = parent;
-        }
-        names.push(String::new());
-    }
-    names.dedup();
-    names
-}
-
-/// What a proxy must implement to serve these listeners safely: a proxy that does not know a
-/// protecting field refuses the snapshot instead of serving without it.
-fn requirements(listeners: &[encode::Listener], routes: encode::Features) -> Vec<String> {
-    let mut out = Vec::new();
-    if routes.basic_auth {
-        out.push(snap::feature::BASIC_AUTH.to_owned());
-    }
-    if routes.rate_limit {
-        out.push(snap::feature::RATE_LIMIT.to_owned());
-    }
-    if routes.external_auth {
-        out.push(snap::feature::EXTERNAL_AUTH.to_owned());
-    }
-    if routes.jwt {
-        out.push(snap::feature::JWT.to_owned());
-    }
-    if routes.global_rate_limit {
-        out.push(snap::feature::GLOBAL_RATE_LIMIT.to_owned());
-    }
-    if listeners.iter().any(|l| l.client_validation.is_some()) {
-        out.push(snap::feature::FRONTEND_CLIENT_VALIDATION.to_owned());
-    }
-    if listeners
-        .iter()
-        .flat_map(|l| &l.virtual_hosts)
-        .any(|v| v.terminate_tls)
-    {
-        out.push(snap::feature::TLS_TERMINATE.to_owned());
-    }
-    if listeners.iter().any(|l| l.public_port != 0) {
-        out.push(snap::feature::PUBLIC_PORT.to_owned());
-    }
-    out.sort();
-    out
 }

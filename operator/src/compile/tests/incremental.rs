@@ -1,6 +1,6 @@
 //! The incremental compiler against the full one: after every change of a random sequence
-//! (routes of two kinds, Services, EndpointSlices, a ReferenceGrant, a BackendTLSPolicy, the
-//! Gateway's listener), both give the same snapshots and statuses. Unchanged objects keep
+//! (routes of two kinds, Ingresses, Services, EndpointSlices, a ReferenceGrant, a
+//! BackendTLSPolicy, the Gateway's listener), both give the same snapshots and statuses. Unchanged objects keep
 //! their `Arc`s across changes, as the reflector's cache keeps them.
 
 use super::fixtures::*;
@@ -64,6 +64,8 @@ fn put(store: &mut Store, yaml: &str) {
     splice(&mut store.endpoint_slices, new.endpoint_slices);
     splice(&mut store.reference_grants, new.reference_grants);
     splice(&mut store.backend_tls_policies, new.backend_tls_policies);
+    splice(&mut store.ingresses, new.ingresses);
+    splice(&mut store.ingress_classes, new.ingress_classes);
 }
 
 const SERVICES: [(&str, &str); 3] = [("web", "echo"), ("web", "alt"), ("other", "far")];
@@ -95,6 +97,12 @@ enum Change {
     /// The Gateway's second listener: its hostname and whether it takes routes from every
     /// namespace.
     Listener { host: Option<usize>, all: bool },
+    /// Ingress `n` (on the shared pool's port 80, beside the Gateway's routes) for a host of
+    /// HOSTS, or every host (None), or deleted. A wildcard host is single-label.
+    Ingress {
+        n: usize,
+        host: Option<Option<usize>>,
+    },
 }
 
 fn route_yaml(
@@ -212,6 +220,24 @@ fn apply(store: &mut Store, change: &Change) {
              echo-tls, namespace: web}\nspec:\n  targetRefs: [{group: '', kind: Service, name: \
              echo}]\n  validation: {hostname: echo.internal, wellKnownCACertificates: System}\n",
         ),
+        Change::Ingress { n, host: None } => {
+            drop_named(&mut store.ingresses, "web", &format!("i{n}"))
+        }
+        Change::Ingress {
+            n,
+            host: Some(host),
+        } => {
+            let host = host.map_or(String::new(), |h| format!("host: '{}', ", HOSTS[h]));
+            put(
+                store,
+                &format!(
+                    "apiVersion: networking.k8s.io/v1\nkind: Ingress\nmetadata: {{name: i{n}, \
+                     namespace: web, creationTimestamp: '2026-01-01T00:00:0{n}Z'}}\nspec:\n  \
+                     rules:\n  - {{{host}http: {{paths: [{{path: /i{n}, pathType: Prefix, \
+                     backend: {{service: {{name: echo, port: {{number: 8080}}}}}}}}]}}}}\n"
+                ),
+            );
+        }
         Change::Listener { host, all } => {
             let hostname = host.map_or(String::new(), |h| format!(", hostname: '{}'", HOSTS[h]));
             let from = if *all { "All" } else { "Same" };
@@ -249,11 +275,13 @@ fn change() -> impl Strategy<Value = Change> {
         1 => any::<bool>().prop_map(Change::BackendTls),
         1 => (prop::option::of(0..HOSTS.len()), any::<bool>())
             .prop_map(|(host, all)| Change::Listener { host, all }),
+        2 => (0usize..3, prop::option::weighted(0.8, prop::option::of(0..HOSTS.len())))
+            .prop_map(|(n, host)| Change::Ingress { n, host }),
     ]
 }
 
 fn start() -> Store {
-    let mut store = load(&[BASE]);
+    let mut store = load(&[BASE, INGRESS_CLASS]);
     apply(
         &mut store,
         &Change::Listener {
@@ -446,4 +474,55 @@ fn a_status_write_compiles_nothing_again() {
         );
     }
     VERSIONED.set(false);
+}
+
+#[test]
+fn ingresses_share_the_port_with_the_gateways_routes() {
+    // The proptest's Ingresses land beside its HTTPRoutes, a wildcard one as a single-label
+    // host: what makes the assembler keep two virtual hosts for one name.
+    let mut store = start();
+    for c in [
+        Change::Ingress {
+            n: 0,
+            host: Some(Some(1)),
+        },
+        Change::Route {
+            n: 0,
+            grpc: false,
+            spec: Some((
+                false,
+                vec![1],
+                vec![Backend {
+                    service: 0,
+                    port: 8080,
+                }],
+                0,
+            )),
+        },
+    ] {
+        apply(&mut store, &c);
+    }
+    let mut compiler = Compiler::default();
+    let compiled = compiler.compile(&store, &Config::default());
+    let shared = compiled.snapshots[&ScopeKey::SharedPool].snapshot();
+    let port = shared.listeners.iter().find(|l| l.port == 80).unwrap();
+    let wildcard: Vec<(bool, Vec<&str>)> = port
+        .virtual_hosts
+        .iter()
+        .filter(|v| v.hostname == "*.example.com")
+        .map(|v| {
+            let kinds = v
+                .routes
+                .iter()
+                .map(|r| r.source.as_ref().unwrap().kind.as_str());
+            (v.single_label, kinds.collect())
+        })
+        .collect();
+    assert_eq!(
+        wildcard,
+        [
+            (false, vec!["HTTPRoute"]),
+            (true, vec!["Ingress", "HTTPRoute"])
+        ]
+    );
 }

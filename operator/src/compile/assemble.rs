@@ -1,0 +1,659 @@
+//! Assembling: route entries grouped into virtual hosts in precedence order per port and
+//! scope, and each scope's snapshot sealed with its content hash.
+//!
+//! [`Assembly`] keeps every port's virtual hosts between passes. A pass compares its entries
+//! with the last pass's by identity (an entry is an immutable `Arc`, and a changed one is a new
+//! one) and makes again only the virtual hosts a changed entry is in or covers: its own, and
+//! for a wildcard or catch-all, every host under it. A port whose listeners changed is made
+//! afresh. [`super::compile`] assembles into an empty `Assembly`, so a full compile and an
+//! incremental one run the same code on different histories, and the incremental compile's
+//! test compares them.
+
+use super::encode::{self, Features};
+use super::entries::Entry;
+use super::status::ObjectKey;
+use super::{ScopeKey, Slot, gateway, hostname};
+use coxswain_api::snapshot::{self as snap, Sealed};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+/// What the assembler keeps between passes.
+#[derive(Debug, Default)]
+pub struct Assembly {
+    /// Every entry of the last pass: held, so an address stays its entry's while compared.
+    entries: Vec<Arc<Entry>>,
+    ports: BTreeMap<(ScopeKey, u32), Port>,
+}
+
+/// A port's virtual hosts.
+#[derive(Debug, PartialEq)]
+struct Listeners {
+    protocol: snap::Protocol,
+    /// The listener hostnames ("" for none): which listener owns a host.
+    hosts: BTreeSet<String>,
+    /// On a TLS port, the listener hostnames whose hosts end TLS here.
+    terminating: BTreeSet<String>,
+}
+
+#[derive(Debug)]
+struct Port {
+    /// What the hosts were made for: another port's listeners make it afresh.
+    listeners: Listeners,
+    /// By name: every entry's host and every listener's hostname.
+    hosts: BTreeMap<String, Host>,
+    /// Over `made`: routes listed, clusters they send to (by how many), features they use.
+    routes: usize,
+    clusters: BTreeMap<String, usize>,
+    features: [usize; 5],
+}
+
+#[derive(Debug, Default)]
+struct Host {
+    /// The entries whose host this is, whatever listener they came through.
+    own: Vec<Arc<Entry>>,
+    /// The virtual hosts made of it: none when no listener covers it, two for a wildcard
+    /// with single-label (Ingress) entries and others.
+    made: Vec<Made>,
+}
+
+#[derive(Debug)]
+struct Made {
+    single_label: bool,
+    terminate_tls: bool,
+    routes: Vec<Arc<Entry>>,
+}
+
+/// The sealed snapshots and how many routes they list in all.
+#[derive(Default)]
+pub(super) struct Assembled {
+    pub snapshots: BTreeMap<ScopeKey, Sealed>,
+    pub routes: usize,
+}
+
+/// What the assembler reads besides the entries.
+pub(super) struct Inputs<'a> {
+    pub slots: Vec<Slot>,
+    pub clusters: Vec<snap::Cluster>,
+    pub certificates: &'a BTreeMap<String, (String, String)>,
+    pub served: &'a BTreeMap<ObjectKey, gateway::ServedGateway>,
+    pub backend_clients: &'a BTreeMap<ScopeKey, String>,
+}
+
+impl Assembly {
+    pub(super) fn assemble(&mut self, entries: Vec<Arc<Entry>>, inputs: Inputs<'_>) -> Assembled {
+        let Inputs {
+            slots,
+            clusters,
+            certificates,
+            served,
+            backend_clients,
+        } = inputs;
+        let (changes, places) = self.changes(entries);
+        let mut scopes: BTreeSet<ScopeKey> = served.values().map(|g| g.scope.clone()).collect();
+        scopes.insert(ScopeKey::SharedPool);
+
+        // First every port's hosts, then the snapshots, which borrow them.
+        let mut ports: BTreeMap<(ScopeKey, u32), Vec<&Slot>> = BTreeMap::new();
+        for s in slots.iter().filter(|s| scopes.contains(&s.scope)) {
+            ports.entry((s.scope.clone(), s.port)).or_default().push(s);
+        }
+        self.ports.retain(|key, _| ports.contains_key(key));
+        for (key, port_slots) in &mut ports {
+            // Slots on one port agree on protocol within a Gateway (conflicts were rejected);
+            // across Gateways of the shared pool the first, in key order, decides.
+            let protocol = port_slots[0].protocol;
+            port_slots.retain(|s| s.protocol == protocol);
+            let listeners = Listeners {
+                protocol,
+                hosts: port_slots
+                    .iter()
+                    .map(|s| s.hostname.clone().unwrap_or_default())
+                    .collect(),
+                terminating: port_slots
+                    .iter()
+                    .filter(|s| s.terminate_tls)
+                    .map(|s| s.hostname.clone().unwrap_or_default())
+                    .collect(),
+            };
+            let fresh = self.ports.get(key).is_none_or(|p| p.listeners != listeners);
+            if fresh {
+                let own = self
+                    .entries
+                    .iter()
+                    .filter(|e| (&e.scope, e.port) == (&key.0, key.1));
+                let port = Port::new(listeners, own, &places);
+                self.ports.insert(key.clone(), port);
+            } else if let (Some(port), Some((removed, added))) =
+                (self.ports.get_mut(key), changes.get(key))
+            {
+                port.update(removed, added, &places);
+            }
+        }
+
+        let cluster_by_name: BTreeMap<String, snap::Cluster> =
+            clusters.into_iter().map(|c| (c.name.clone(), c)).collect();
+        let mut out = Assembled::default();
+        for scope in scopes {
+            let mut listeners = Vec::new();
+            let mut used_clusters: BTreeSet<&str> = BTreeSet::new();
+            let mut used_certs = BTreeSet::new();
+            let mut features = [0; 5];
+            for ((_, port), port_slots) in
+                ports.range((scope.clone(), 0)..=(scope.clone(), u32::MAX))
+            {
+                let Some(kept) = self.ports.get(&(scope.clone(), *port)) else {
+                    continue;
+                };
+                out.routes += kept.routes;
+                used_clusters.extend(kept.clusters.keys().map(String::as_str));
+                for (total, n) in features.iter_mut().zip(kept.features) {
+                    *total += n;
+                }
+                listeners.push(listener(*port, kept, port_slots, &mut used_certs));
+            }
+            let requires = requirements(&listeners, features_of(features));
+            // The Gateway's client certificate goes to every TLS backend of its scope: its
+            // proxy serves no other Gateway's routes.
+            let backend_client = backend_clients.get(&scope);
+            let clusters: Vec<snap::Cluster> = used_clusters
+                .iter()
+                .filter_map(|c| cluster_by_name.get(*c).cloned())
+                .map(|mut c| {
+                    if let (Some(tls), Some(name)) = (c.tls.as_mut(), backend_client) {
+                        tls.client_certificate = name.clone();
+                    }
+                    c
+                })
+                .collect();
+            // The certificates clusters present: the dedicated Gateway's on all of its TLS
+            // clusters, a shared Gateway's on its own (`backend_clients`).
+            used_certs.extend(
+                clusters
+                    .iter()
+                    .filter_map(|c| c.tls.as_ref())
+                    .filter(|t| !t.client_certificate.is_empty())
+                    .map(|t| t.client_certificate.clone()),
+            );
+            let sealed = encode::Parts {
+                scope: snap::Scope {
+                    kind: Some(match &scope {
+                        ScopeKey::SharedPool => snap::scope::Kind::SharedPool(snap::SharedPool {}),
+                        ScopeKey::Gateway(k) => snap::scope::Kind::Gateway(snap::ObjectRef {
+                            namespace: k.namespace.clone(),
+                            name: k.name.clone(),
+                        }),
+                    }),
+                },
+                listeners,
+                clusters,
+                certificates: used_certs
+                    .iter()
+                    .filter_map(|name| {
+                        certificates
+                            .get(name)
+                            .map(|(chain, key)| snap::Certificate {
+                                name: name.clone(),
+                                cert_chain_pem: chain.clone(),
+                                private_key_pem: key.clone(),
+                            })
+                    })
+                    .collect(),
+                requires,
+            }
+            .seal();
+            out.snapshots.insert(scope, sealed);
+        }
+        out
+    }
+
+    /// This pass's entries against the last pass's, by identity, per (scope, port): those
+    /// gone and those new (counted, so an entry listed twice is compared as twice); and where
+    /// each entry is in this pass's list.
+    fn changes(&mut self, entries: Vec<Arc<Entry>>) -> (Changes, ByAddress) {
+        let address = |e: &Arc<Entry>| Arc::as_ptr(e).addr();
+        let count = |list: &[Arc<Entry>]| {
+            let mut n = ByAddress::with_capacity_and_hasher(list.len(), Default::default());
+            for e in list {
+                *n.entry(address(e)).or_default() += 1;
+            }
+            n
+        };
+        let (mut before, mut now) = (count(&self.entries), count(&entries));
+        let mut out = Changes::new();
+        for e in &self.entries {
+            let seen = now.get_mut(&address(e));
+            match seen {
+                Some(n) if *n > 0 => *n -= 1,
+                _ => out
+                    .entry((e.scope.clone(), e.port))
+                    .or_default()
+                    .0
+                    .push(Arc::clone(e)),
+            }
+        }
+        for e in &entries {
+            let seen = before.get_mut(&address(e));
+            match seen {
+                Some(n) if *n > 0 => *n -= 1,
+                _ => out
+                    .entry((e.scope.clone(), e.port))
+                    .or_default()
+                    .1
+                    .push(Arc::clone(e)),
+            }
+        }
+        let mut places = ByAddress::with_capacity_and_hasher(entries.len(), Default::default());
+        for (i, e) in entries.iter().enumerate() {
+            places.entry(address(e)).or_insert(i);
+        }
+        self.entries = entries;
+        (out, places)
+    }
+}
+
+/// Per (scope, port): entries gone and entries new.
+type Changes = HashMap<(ScopeKey, u32), (Vec<Arc<Entry>>, Vec<Arc<Entry>>)>;
+
+/// A number per entry (how many times it is listed, or where), by its address.
+type ByAddress = HashMap<usize, usize, std::hash::BuildHasherDefault<AddressHasher>>;
+
+/// Hashes an address with a multiply: addresses are already spread, and every entry of
+/// every pass is looked up by one, so SipHash's cost would show.
+#[derive(Default)]
+struct AddressHasher(u64);
+
+impl std::hash::Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        let x = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        // The high bits mixed into the low ones, which pick the bucket.
+        self.0 = x ^ (x >> 29);
+    }
+}
+
+impl Port {
+    /// The port's virtual hosts made of `own`, the entries on it.
+    fn new<'e>(
+        listeners: Listeners,
+        own: impl Iterator<Item = &'e Arc<Entry>>,
+        places: &ByAddress,
+    ) -> Self {
+        let hosts = listeners
+            .hosts
+            .iter()
+            .map(|h| (h.clone(), Host::default()))
+            .collect();
+        let mut port = Self {
+            listeners,
+            hosts,
+            routes: 0,
+            clusters: BTreeMap::new(),
+            features: [0; 5],
+        };
+        for e in own.filter(|e| e.protocol == port.listeners.protocol) {
+            port.hosts
+                .entry(e.vhost.clone())
+                .or_default()
+                .own
+                .push(Arc::clone(e));
+        }
+        let every: Vec<String> = port.hosts.keys().cloned().collect();
+        port.remake(every, places);
+        port
+    }
+
+    /// Takes `removed` out and `added` in, and makes again the virtual hosts they are in or
+    /// cover.
+    fn update(&mut self, removed: &[Arc<Entry>], added: &[Arc<Entry>], places: &ByAddress) {
+        let protocol = self.listeners.protocol;
+        let mut dirty: BTreeSet<String> = BTreeSet::new();
+        for e in removed.iter().filter(|e| e.protocol == protocol) {
+            if let Some(host) = self.hosts.get_mut(&e.vhost)
+                && let Some(i) = host.own.iter().position(|o| Arc::ptr_eq(o, e))
+            {
+                host.own.remove(i);
+                dirty.insert(e.vhost.clone());
+            }
+        }
+        for e in added.iter().filter(|e| e.protocol == protocol) {
+            self.hosts
+                .entry(e.vhost.clone())
+                .or_default()
+                .own
+                .push(Arc::clone(e));
+            dirty.insert(e.vhost.clone());
+        }
+        // A host lives while an entry or a listener names it.
+        for name in &dirty {
+            if self.hosts.get(name).is_some_and(|h| h.own.is_empty())
+                && !self.listeners.hosts.contains(name)
+                && let Some(gone) = self.hosts.remove(name)
+            {
+                for m in &gone.made {
+                    self.count(m, false);
+                }
+            }
+        }
+        let mut names: BTreeSet<&String> = BTreeSet::new();
+        for d in &dirty {
+            if d.is_empty() || d.starts_with("*.") {
+                // What a wildcard or the catch-all covers changed: every host under it.
+                names.extend(
+                    self.hosts
+                        .keys()
+                        .filter(|n| covering_names(n).iter().any(|c| c == d)),
+                );
+            } else if let Some((name, _)) = self.hosts.get_key_value(d) {
+                names.insert(name);
+            }
+        }
+        let names = names.into_iter().cloned().collect();
+        self.remake(names, places);
+    }
+
+    /// Makes the virtual hosts of `names` again, and counts them instead of what they were.
+    fn remake(&mut self, names: Vec<String>, places: &ByAddress) {
+        for name in names {
+            let made = self.make(&name, places);
+            if let Some(host) = self.hosts.get_mut(&name) {
+                let old = std::mem::replace(&mut host.made, made);
+                for m in &old {
+                    self.count(m, false);
+                }
+            }
+            self.count_host(&name);
+        }
+    }
+
+    /// Adds (or takes out) a made virtual host's routes, clusters and features.
+    fn count(&mut self, m: &Made, add: bool) {
+        count_into(
+            &mut self.routes,
+            &mut self.clusters,
+            &mut self.features,
+            m,
+            add,
+        );
+    }
+
+    fn count_host(&mut self, name: &str) {
+        if let Some(host) = self.hosts.get(name) {
+            for m in &host.made {
+                count_into(
+                    &mut self.routes,
+                    &mut self.clusters,
+                    &mut self.features,
+                    m,
+                    true,
+                );
+            }
+        }
+    }
+
+    /// The virtual hosts of `vhost`: its entries and those of the names covering it, through
+    /// the listener that owns it, in precedence order.
+    fn make(&self, vhost: &str, places: &ByAddress) -> Vec<Made> {
+        // The most specific listener hostname covering this host owns it.
+        let Some(owner) = self
+            .listeners
+            .hosts
+            .iter()
+            .filter(|h| {
+                hostname::listener_covers(Some(h.as_str()).filter(|h| !h.is_empty()), vhost)
+            })
+            .min_by(|a, b| hostname::specificity(a, b))
+        else {
+            return Vec::new();
+        };
+        let through = |name: &str| {
+            self.hosts.get(name).into_iter().flat_map(move |h| {
+                h.own
+                    .iter()
+                    .filter(move |e| e.listener_hostname.as_deref().unwrap_or_default() == owner)
+            })
+        };
+        let is_wildcard = vhost.starts_with("*.");
+        let (mut single, mut multi) = (false, false);
+        for e in through(vhost) {
+            single |= e.single_label;
+            multi |= !e.single_label;
+        }
+        // A wildcard with single-label (Ingress) entries of its own becomes two virtual hosts:
+        // the multi-label one for deeper hosts, when it has entries of its own (without,
+        // deeper hosts fall through to what covers them), then the single-label one for hosts
+        // one label above the suffix.
+        let variants: &[bool] = match (is_wildcard && single, multi) {
+            (true, true) => &[false, true],
+            (true, false) => &[true],
+            (false, _) => &[false],
+        };
+        let terminate_tls = self.listeners.protocol == snap::Protocol::Tls
+            && self.listeners.terminating.contains(owner);
+        let covering = covering_names(vhost);
+        variants
+            .iter()
+            .map(|&single_label| {
+                let mut routes: Vec<Arc<Entry>> = Vec::new();
+                for (i, name) in covering.iter().enumerate() {
+                    // A single-label entry on "*.P" covers only hosts one label above P: an
+                    // exact host's first covering wildcard, or a single-label virtual host's
+                    // own name; never a multi-label one.
+                    let one_label_above = if is_wildcard {
+                        single_label && i == 0
+                    } else {
+                        i == 1
+                    };
+                    routes.extend(
+                        through(name)
+                            .filter(|e| !e.single_label || one_label_above)
+                            .cloned(),
+                    );
+                }
+                // Equal keys (an Ingress's canary routes) keep the order the compile listed
+                // them in, whichever pass added them here.
+                let place = |e: &Arc<Entry>| {
+                    places
+                        .get(&Arc::as_ptr(e).addr())
+                        .copied()
+                        .unwrap_or(usize::MAX)
+                };
+                routes.sort_by(|a, b| a.key.cmp(&b.key).then_with(|| place(a).cmp(&place(b))));
+                Made {
+                    single_label,
+                    terminate_tls,
+                    routes,
+                }
+            })
+            .collect()
+    }
+}
+
+fn count_into(
+    routes: &mut usize,
+    clusters: &mut BTreeMap<String, usize>,
+    features: &mut [usize; 5],
+    m: &Made,
+    add: bool,
+) {
+    let step = |n: &mut usize| {
+        if add {
+            *n += 1;
+        } else {
+            *n = n.saturating_sub(1);
+        }
+    };
+    for e in &m.routes {
+        step(routes);
+        for c in &e.route.clusters {
+            match clusters.get_mut(c) {
+                Some(n) => {
+                    step(n);
+                    if *n == 0 {
+                        clusters.remove(c);
+                    }
+                }
+                None if add => {
+                    clusters.insert(c.clone(), 1);
+                }
+                None => {}
+            }
+        }
+        let f = e.route.features;
+        for (n, used) in features.iter_mut().zip([
+            f.basic_auth,
+            f.rate_limit,
+            f.external_auth,
+            f.jwt,
+            f.global_rate_limit,
+        ]) {
+            if used {
+                step(n);
+            }
+        }
+    }
+}
+
+fn features_of(counts: [usize; 5]) -> Features {
+    Features {
+        basic_auth: counts[0] > 0,
+        rate_limit: counts[1] > 0,
+        external_auth: counts[2] > 0,
+        jwt: counts[3] > 0,
+        global_rate_limit: counts[4] > 0,
+    }
+}
+
+/// A port's listener in the snapshot: its virtual hosts as the port keeps them, the rest from
+/// its slots.
+fn listener<'a>(
+    port: u32,
+    kept: &'a Port,
+    port_slots: &[&Slot],
+    used_certs: &mut BTreeSet<String>,
+) -> encode::Listener<'a, Entry> {
+    let protocol = kept.listeners.protocol;
+    let virtual_hosts = kept
+        .hosts
+        .iter()
+        .flat_map(|(name, host)| {
+            host.made.iter().map(move |m| encode::VirtualHost {
+                hostname: name,
+                routes: &m.routes,
+                single_label: m.single_label,
+                terminate_tls: m.terminate_tls,
+            })
+        })
+        .collect();
+    let terminates = matches!(protocol, snap::Protocol::Https | snap::Protocol::Tls);
+    let mut sni: Vec<snap::SniCertificate> = Vec::new();
+    if terminates {
+        for s in port_slots {
+            if let Some((name, cert)) = &s.certificate
+                && !sni.iter().any(|c| &c.sni == name)
+            {
+                sni.push(snap::SniCertificate {
+                    sni: name.clone(),
+                    certificate: cert.clone(),
+                });
+                used_certs.insert(cert.clone());
+            }
+        }
+        sni.sort_by(|a, b| a.sni.cmp(&b.sni));
+    }
+    // Gateway listeners only: Ingress hosts are not listeners, and browsers coalesce
+    // connections across them as ingress-nginx lets them.
+    let mut listener_hostnames: Vec<String> = if protocol == snap::Protocol::Https {
+        port_slots
+            .iter()
+            .filter(|s| s.source != "Ingress")
+            .map(|s| s.hostname.clone().unwrap_or_default())
+            .collect()
+    } else {
+        Vec::new()
+    };
+    listener_hostnames.sort();
+    listener_hostnames.dedup();
+    let mut sources: Vec<String> = port_slots.iter().map(|s| s.source.clone()).collect();
+    sources.sort();
+    sources.dedup();
+    // Only dedicated Gateways' ports verify clients, and all slots of such a port are that
+    // Gateway's, with its one setting for the port.
+    let client_validation = if terminates {
+        port_slots.iter().find_map(|s| s.client_validation.clone())
+    } else {
+        None
+    };
+    encode::Listener {
+        port,
+        protocol,
+        sources,
+        virtual_hosts,
+        certificates: sni,
+        listener_hostnames,
+        client_validation,
+        // An internal port belongs to one Gateway's one listener port.
+        public_port: port_slots.first().map_or(0, |s| s.public_port),
+    }
+}
+
+/// The names whose entries can serve `host`: itself, every wildcard above it, and "".
+/// "a.b.c" -> ["a.b.c", "*.b.c", "*.c", ""]; "*.b.c" -> ["*.b.c", "*.c", ""].
+fn covering_names(host: &str) -> Vec<String> {
+    let mut names = vec![host.to_owned()];
+    if !host.is_empty() {
+        let bare = host.strip_prefix("*.").unwrap_or(host);
+        let mut rest = bare;
+        while let Some((_, parent)) = rest.split_once('.') {
+            names.push(format!("*.{parent}"));
+            rest = parent;
+        }
+        names.push(String::new());
+    }
+    names.dedup();
+    names
+}
+
+/// What a proxy must implement to serve these listeners safely: a proxy that does not know a
+/// protecting field refuses the snapshot instead of serving without it.
+fn requirements(listeners: &[encode::Listener<'_, Entry>], routes: Features) -> Vec<String> {
+    let mut out = Vec::new();
+    if routes.basic_auth {
+        out.push(snap::feature::BASIC_AUTH.to_owned());
+    }
+    if routes.rate_limit {
+        out.push(snap::feature::RATE_LIMIT.to_owned());
+    }
+    if routes.external_auth {
+        out.push(snap::feature::EXTERNAL_AUTH.to_owned());
+    }
+    if routes.jwt {
+        out.push(snap::feature::JWT.to_owned());
+    }
+    if routes.global_rate_limit {
+        out.push(snap::feature::GLOBAL_RATE_LIMIT.to_owned());
+    }
+    if listeners.iter().any(|l| l.client_validation.is_some()) {
+        out.push(snap::feature::FRONTEND_CLIENT_VALIDATION.to_owned());
+    }
+    if listeners
+        .iter()
+        .flat_map(|l| &l.virtual_hosts)
+        .any(|v| v.terminate_tls)
+    {
+        out.push(snap::feature::TLS_TERMINATE.to_owned());
+    }
+    if listeners.iter().any(|l| l.public_port != 0) {
+        out.push(snap::feature::PUBLIC_PORT.to_owned());
+    }
+    out.sort();
+    out
+}
