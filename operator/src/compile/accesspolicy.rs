@@ -398,7 +398,7 @@ pub fn apply(out: &mut Output, entries: &mut [Arc<Entry>]) {
             ));
         }
         candidates.push((ns.clone(), kind, route_key.name.clone(), String::new()));
-        if let Some((gateway, listener)) = &entry.parent
+        if let Some((gateway, listener)) = entry.parent.as_deref()
             && gateway.namespace == ns
         {
             candidates.push((
@@ -431,7 +431,9 @@ pub fn apply(out: &mut Output, entries: &mut [Arc<Entry>]) {
             .chain(limit.iter())
             .chain(global.iter())
         {
-            if let (Some(d), Some((gateway, _))) = (out.decided.get_mut(&h.policy), &entry.parent) {
+            if let (Some(d), Some((gateway, _))) =
+                (out.decided.get_mut(&h.policy), entry.parent.as_deref())
+            {
                 d.gateways.insert(gateway.clone());
             }
         }

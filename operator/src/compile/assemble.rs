@@ -365,6 +365,8 @@ impl Port {
         for name in names {
             let made = self.make(&name, places);
             if let Some(host) = self.hosts.get_mut(&name) {
+                // Kept until the host changes again: exactly sized.
+                host.own.shrink_to_fit();
                 let old = std::mem::replace(&mut host.made, made);
                 for m in &old {
                     self.count(m, false);
@@ -466,7 +468,8 @@ impl Port {
                         .copied()
                         .unwrap_or(usize::MAX)
                 };
-                routes.sort_by(|a, b| a.key.cmp(&b.key).then_with(|| place(a).cmp(&place(b))));
+                routes.sort_by(|a, b| a.precedence(b).then_with(|| place(a).cmp(&place(b))));
+                routes.shrink_to_fit();
                 Made {
                     single_label,
                     terminate_tls,

@@ -34,7 +34,7 @@ pub fn give_own_clusters(
         .iter_mut()
         .filter(|e| e.scope == ScopeKey::SharedPool)
     {
-        let Some((gateway, _)) = e.parent.clone() else {
+        let Some((gateway, _)) = e.parent.as_deref().cloned() else {
             continue;
         };
         let Some(certificate) = certificates.get(&gateway) else {

@@ -6,6 +6,7 @@ use super::route::RouteKind;
 use super::status::{ObjectKey, ScopeKey};
 use coxswain_api::snapshot::{Protocol, RouteMatch, path_match};
 use std::cmp::{Ordering, Reverse};
+use std::sync::Arc;
 
 /// One (route, rule, match) on one listener hostname, before virtual hosts are assembled.
 #[derive(Debug, Clone)]
@@ -29,8 +30,9 @@ pub struct Entry {
     /// access policies target.
     pub origin: Option<(RouteKind, String)>,
     /// The Gateway and listener name a Gateway API route attached through (None: Ingress), for
-    /// policies attached to Gateways.
-    pub parent: Option<(super::status::ObjectKey, String)>,
+    /// policies attached to Gateways. One copy for every entry through that listener
+    /// ([`super::memo::RouteMemo`] shares it).
+    pub parent: Option<Arc<(super::status::ObjectKey, String)>>,
 }
 
 impl HasRoute for Entry {
@@ -50,7 +52,6 @@ impl HasRoute for Entry {
 /// then the oldest route, then namespace/name, then rule and match order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrecedenceKey {
-    hostname: String,
     path_rank: u8,
     path_len: Reverse<usize>,
     no_method: bool,
@@ -70,7 +71,6 @@ impl PrecedenceKey {
     }
 
     pub fn new(
-        vhost: &str,
         m: &RouteMatch,
         created: Option<jiff_like::Timestamp>,
         route: &ObjectKey,
@@ -86,7 +86,6 @@ impl PrecedenceKey {
             },
         };
         Self {
-            hostname: vhost.to_owned(),
             path_rank,
             path_len: Reverse(path_len),
             no_method: m.method.is_empty(),
@@ -129,10 +128,21 @@ impl PrecedenceKey {
     }
 }
 
+impl Entry {
+    /// Gateway API precedence between two entries: the more specific hostname (the entry's
+    /// own), then their keys, then the hostnames by name.
+    pub fn precedence(&self, other: &Self) -> Ordering {
+        hostname::specificity(&self.vhost, &other.vhost)
+            .then_with(|| self.key.cmp(&other.key))
+            .then_with(|| self.vhost.cmp(&other.vhost))
+    }
+}
+
+/// The order of keys of entries on one hostname (see [`Entry::precedence`] for the rest).
 impl Ord for PrecedenceKey {
     fn cmp(&self, other: &Self) -> Ordering {
-        hostname::specificity(&self.hostname, &other.hostname)
-            .then_with(|| self.path_rank.cmp(&other.path_rank))
+        self.path_rank
+            .cmp(&other.path_rank)
             .then_with(|| self.path_len.cmp(&other.path_len))
             .then_with(|| self.no_method.cmp(&other.no_method))
             .then_with(|| self.headers.cmp(&other.headers))
@@ -146,7 +156,6 @@ impl Ord for PrecedenceKey {
             .then_with(|| self.route.cmp(&other.route))
             .then_with(|| self.rule.cmp(&other.rule))
             .then_with(|| self.match_index.cmp(&other.match_index))
-            .then_with(|| self.hostname.cmp(&other.hostname))
     }
 }
 

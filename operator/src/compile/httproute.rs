@@ -501,7 +501,6 @@ fn compile_route(
                                 single_label: false,
                                 key: {
                                     let k = PrecedenceKey::new(
-                                        &host,
                                         m,
                                         route.metadata.creation_timestamp.as_ref().map(|t| t.0),
                                         &key,
@@ -535,14 +534,14 @@ fn compile_route(
                                 origin: Some((kind, rule.name.clone())),
                                 // A ListenerSet's listener is not one of the Gateway's own
                                 // (section) names.
-                                parent: Some((
+                                parent: Some(Arc::new((
                                     gw.key.clone(),
                                     if owner.is_none() {
                                         listener.name.clone()
                                     } else {
                                         String::new()
                                     },
-                                )),
+                                ))),
                             }));
                         }
                     }

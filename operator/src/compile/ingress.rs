@@ -474,7 +474,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
                         vhost: path.host.clone(),
                         // Ingress: "a wildcard host matches exactly one DNS label".
                         single_label: path.host.starts_with("*."),
-                        key: PrecedenceKey::new(&path.host, &m, created, &key, path.rule, 0),
+                        key: PrecedenceKey::new(&m, created, &key, path.rule, 0),
                         route: EncodedRoute::new(&route),
                         origin: None,
                         parent: None,

@@ -38,6 +38,8 @@ pub struct RouteMemo {
     pub(super) reads: Pool<Vec<Read>>,
     attached: Pool<Vec<Attachment>>,
     service_gateways: Pool<Vec<ServiceGateway>>,
+    /// The (Gateway, listener) of entries ([`Entry::parent`]): one copy per listener.
+    entry_parents: Pool<(ObjectKey, String)>,
     /// Passes made: a route not seen in the latest is gone.
     pub(super) pass: u64,
     /// Routes compiled and reused over the memo's life: what the passes saved.
@@ -90,6 +92,7 @@ impl RouteMemo {
         self.reads.clear();
         self.attached.clear();
         self.service_gateways.clear();
+        self.entry_parents.clear();
     }
 
     pub(super) fn keep(&mut self, part: RoutePart) -> KeptPart {
@@ -117,8 +120,18 @@ impl RouteMemo {
                 }
             })
             .collect();
+        let entries: Box<[Arc<Entry>]> = entries
+            .into_iter()
+            .map(|mut e| {
+                if let Some(parent) = &e.parent {
+                    let shared = self.entry_parents.share((**parent).clone());
+                    Arc::make_mut(&mut e).parent = Some(shared);
+                }
+                e
+            })
+            .collect();
         KeptPart {
-            entries: entries.into(),
+            entries,
             parents: parents.into(),
             attached: self.attached.share(attached),
             service_gateways: self.service_gateways.share(service_gateways),
@@ -139,6 +152,7 @@ impl RouteMemo {
         self.reads.tidy();
         self.attached.tidy();
         self.service_gateways.tidy();
+        self.entry_parents.tidy();
         if self.compiled_since_compact < self.entries.len().max(COMPACT_AT_LEAST) {
             return;
         }
