@@ -40,6 +40,8 @@ pub struct RouteMemo {
     service_gateways: Pool<Vec<ServiceGateway>>,
     /// The (Gateway, listener) of entries ([`Entry::parent`]): one copy per listener.
     entry_parents: Pool<(ObjectKey, String)>,
+    /// Status parents: routes attached alike with the same generation have the same.
+    parents: Pool<[RouteParentStatus]>,
     /// Passes made: a route not seen in the latest is gone.
     pub(super) pass: u64,
     /// Routes compiled and reused over the memo's life: what the passes saved.
@@ -77,7 +79,7 @@ impl KeptPart {
                 .iter()
                 .map(|e| Arc::new((**e).clone()))
                 .collect(),
-            parents: self.parents.iter().cloned().collect(),
+            parents: Arc::clone(&self.parents),
             attached: Arc::clone(&self.attached),
             service_gateways: Arc::clone(&self.service_gateways),
             clusters: self.clusters.clone(),
@@ -93,6 +95,7 @@ impl RouteMemo {
         self.attached.clear();
         self.service_gateways.clear();
         self.entry_parents.clear();
+        self.parents.clear();
     }
 
     pub(super) fn keep(&mut self, part: RoutePart) -> KeptPart {
@@ -132,7 +135,7 @@ impl RouteMemo {
             .collect();
         KeptPart {
             entries,
-            parents: parents.into(),
+            parents: self.parents.share_slice(parents),
             attached: self.attached.share(attached),
             service_gateways: self.service_gateways.share(service_gateways),
             clusters,
@@ -153,6 +156,7 @@ impl RouteMemo {
         self.attached.tidy();
         self.service_gateways.tidy();
         self.entry_parents.tidy();
+        self.parents.tidy();
         if self.compiled_since_compact < self.entries.len().max(COMPACT_AT_LEAST) {
             return;
         }
@@ -302,9 +306,9 @@ impl std::hash::Hash for Read {
 /// One shared copy of equal values: what many kept routes hold alike (the listener they
 /// attached to, the Service they read) is kept once.
 #[derive(Debug)]
-pub struct Pool<T>(std::collections::HashSet<Arc<T>>);
+pub struct Pool<T: ?Sized>(std::collections::HashSet<Arc<T>>);
 
-impl<T> Default for Pool<T> {
+impl<T: ?Sized> Default for Pool<T> {
     fn default() -> Self {
         Self(std::collections::HashSet::new())
     }
@@ -319,7 +323,20 @@ impl<T: std::hash::Hash + Eq> Pool<T> {
         self.0.insert(Arc::clone(&value));
         value
     }
+}
 
+impl<E: std::hash::Hash + Eq> Pool<[E]> {
+    pub fn share_slice(&mut self, value: Vec<E>) -> Arc<[E]> {
+        if let Some(kept) = self.0.get(&value[..]) {
+            return Arc::clone(kept);
+        }
+        let value: Arc<[E]> = value.into();
+        self.0.insert(Arc::clone(&value));
+        value
+    }
+}
+
+impl<T: ?Sized + std::hash::Hash + Eq> Pool<T> {
     /// Drops the values only the pool holds.
     pub fn tidy(&mut self) {
         self.0.retain(|v| Arc::strong_count(v) > 1);

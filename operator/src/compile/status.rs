@@ -4,14 +4,14 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
 pub enum ConditionStatus {
     True,
     False,
     Unknown,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Hash)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
     #[serde(rename = "type")]
@@ -193,7 +193,7 @@ pub struct ListenerSetStatus {
 }
 
 /// A parentRef as written in `status.parents[].parentRef`, defaults filled in.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Hash)]
 #[serde(rename_all = "camelCase")]
 pub struct ParentRef {
     pub group: String,
@@ -206,7 +206,7 @@ pub struct ParentRef {
     pub port: Option<i32>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Hash)]
 #[serde(rename_all = "camelCase")]
 pub struct RouteParentStatus {
     pub parent_ref: ParentRef,
