@@ -11,6 +11,7 @@
 
 use super::encode::{self, Features};
 use super::entries::Entry;
+use super::memo::ByAddress;
 use super::status::ObjectKey;
 use super::{ScopeKey, Slot, gateway, hostname};
 use coxswain_api::snapshot::{self as snap, Sealed};
@@ -253,32 +254,6 @@ impl Assembly {
 
 /// Per (scope, port): entries gone and entries new.
 type Changes = HashMap<(ScopeKey, u32), (Vec<Arc<Entry>>, Vec<Arc<Entry>>)>;
-
-/// A number per entry (how many times it is listed, or where), by its address.
-type ByAddress = HashMap<usize, usize, std::hash::BuildHasherDefault<AddressHasher>>;
-
-/// Hashes an address with a multiply: addresses are already spread, and every entry of
-/// every pass is looked up by one, so SipHash's cost would show.
-#[derive(Default)]
-struct AddressHasher(u64);
-
-impl std::hash::Hasher for AddressHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        }
-    }
-
-    fn write_usize(&mut self, n: usize) {
-        let x = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        // The high bits mixed into the low ones, which pick the bucket.
-        self.0 = x ^ (x >> 29);
-    }
-}
 
 impl Port {
     /// The port's virtual hosts made of `own`, the entries on it.

@@ -11,7 +11,10 @@ use super::entries::{Entry, PrecedenceKey};
 use super::gateway::ServedGateway;
 use super::hostname;
 use super::listeners::AcceptedListener;
-use super::memo::{Kept, KeptPart, Read, Rejection, RouteMemo, RoutePart};
+use super::memo::{
+    AddressHasher, Attachment, Kept, KeptPart, Read, Rejection, RouteMemo, RoutePart,
+    ServiceGateway,
+};
 use super::refs::{GATEWAY_GROUP, Index};
 use super::route::{RouteForm, RouteKind};
 use super::rules::compile_rules;
@@ -38,7 +41,15 @@ pub struct RouteOutput {
     /// One per cluster name.
     pub clusters: Vec<snap::Cluster>,
     cluster_names: std::collections::HashSet<String>,
+    /// Kept parts' shared lists, counted by address and added up once at the end
+    /// ([`RouteOutput::finish`]): thousands of routes attached alike hold one list.
+    kept_attached: HashMap<usize, (Arc<Vec<Attachment>>, i32), BuildByAddress>,
+    kept_services: HashMap<usize, Arc<Vec<ServiceGateway>>, BuildByAddress>,
+    /// Kept clusters already looked at, by address.
+    kept_clusters: std::collections::HashSet<usize, BuildByAddress>,
 }
+
+type BuildByAddress = std::hash::BuildHasherDefault<AddressHasher>;
 
 impl RouteOutput {
     fn new() -> Self {
@@ -53,7 +64,29 @@ impl RouteOutput {
             service_gateways: BTreeMap::new(),
             clusters: Vec::new(),
             cluster_names: std::collections::HashSet::new(),
+            kept_attached: HashMap::default(),
+            kept_services: HashMap::default(),
+            kept_clusters: std::collections::HashSet::default(),
         }
+    }
+
+    /// Adds up what the kept parts' shared lists count.
+    fn finish(mut self) -> Self {
+        for (attached, times) in std::mem::take(&mut self.kept_attached).into_values() {
+            for slot in attached.iter() {
+                match self.attached.get_mut(slot) {
+                    Some(n) => *n += times,
+                    None => {
+                        self.attached.insert(slot.clone(), times);
+                    }
+                }
+            }
+        }
+        for services in std::mem::take(&mut self.kept_services).into_values() {
+            self.count(&[], &services);
+        }
+        self.kept_clusters = Default::default();
+        self
     }
 
     /// Adds one route's part, taking it whole or copying what the memo keeps.
@@ -73,14 +106,23 @@ impl RouteOutput {
                 (p.entries, Parents::from(p.parents))
             }
             PartRef::Kept(p) => {
-                self.count(&p.attached, &p.service_gateways);
+                self.kept_attached
+                    .entry(Arc::as_ptr(&p.attached).addr())
+                    .or_insert_with(|| (Arc::clone(&p.attached), 0))
+                    .1 += 1;
+                self.kept_services
+                    .entry(Arc::as_ptr(&p.service_gateways).addr())
+                    .or_insert_with(|| Arc::clone(&p.service_gateways));
                 for c in &p.clusters {
-                    if !self.cluster_names.contains(&c.name) {
+                    if self.kept_clusters.insert(Arc::as_ptr(c).addr())
+                        && !self.cluster_names.contains(&c.name)
+                    {
                         self.cluster_names.insert(c.name.clone());
                         self.clusters.push((**c).clone());
                     }
                 }
-                (p.entries.to_vec(), Arc::clone(&p.parents))
+                self.entries.extend(p.entries.iter().cloned());
+                (Vec::new(), Arc::clone(&p.parents))
             }
         };
         self.entries.extend(entries);
@@ -164,7 +206,7 @@ pub fn compile(
                 out.add(form.kind, form.key(), PartRef::Owned(part));
             }
         }
-        return out;
+        return out.finish();
     };
     let turned_away = rejected_by_route(&rejected);
     let mut reads_unchanged: HashMap<usize, bool> = HashMap::new();
@@ -242,7 +284,7 @@ pub fn compile(
         memo.entries.retain(|_, m| m.pass == pass);
     }
     memo.tidy();
-    out
+    out.finish()
 }
 
 fn rejected_by_route(rejected: &Rejections) -> HashMap<(RouteKind, ObjectKey), Vec<Rejection>> {

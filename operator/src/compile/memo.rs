@@ -410,3 +410,30 @@ impl Read {
         }
     }
 }
+
+/// A number per `Arc`, by its address (the assembler's entries, the route output's shared
+/// parts).
+pub type ByAddress = HashMap<usize, usize, std::hash::BuildHasherDefault<AddressHasher>>;
+
+/// Hashes an address with a multiply: addresses are already spread, and every entry and
+/// route of every pass is looked up by one, so SipHash's cost would show.
+#[derive(Default)]
+pub struct AddressHasher(u64);
+
+impl std::hash::Hasher for AddressHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(*b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        }
+    }
+
+    fn write_usize(&mut self, n: usize) {
+        let x = (n as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        // The high bits mixed into the low ones, which pick the bucket.
+        self.0 = x ^ (x >> 29);
+    }
+}
