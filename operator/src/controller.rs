@@ -450,6 +450,7 @@ pub async fn run(
         let mut compiling = pass.child("compile");
         let started = std::time::Instant::now();
         let mut compiled = compiler.compile(&store, &compile_config);
+        let compiled_at = started.elapsed();
         let reuse = compiler.reuse();
         admin.route_reuse(reuse.compiled, reuse.reused);
         let counts = store.counts();
@@ -489,6 +490,7 @@ pub async fn run(
         tracing::debug!(
             since_woken_us = woke.elapsed().as_micros(),
             compile_us = started.elapsed().as_micros(),
+            compiler_us = compiled_at.as_micros(),
             "snapshots published"
         );
         // Shared Gateways' Services right away, as their internal ports are allocated: the
