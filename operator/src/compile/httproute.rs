@@ -47,6 +47,9 @@ pub struct RouteOutput {
     kept_services: HashMap<usize, Arc<Vec<ServiceGateway>>, BuildByAddress>,
     /// Kept clusters already looked at, by address.
     kept_clusters: std::collections::HashSet<usize, BuildByAddress>,
+    /// Each route kind's statuses as routes come (in the store's order, sorted), made into
+    /// the maps at the end in one bulk build instead of a tree search per route.
+    pending_status: [Vec<(ObjectKey, Parents)>; 5],
 }
 
 type BuildByAddress = std::hash::BuildHasherDefault<AddressHasher>;
@@ -67,6 +70,7 @@ impl RouteOutput {
             kept_attached: HashMap::default(),
             kept_services: HashMap::default(),
             kept_clusters: std::collections::HashSet::default(),
+            pending_status: Default::default(),
         }
     }
 
@@ -86,6 +90,22 @@ impl RouteOutput {
             self.count(&[], &services);
         }
         self.kept_clusters = Default::default();
+        let [http, grpc, tls, tcp, udp] = std::mem::take(&mut self.pending_status);
+        for (map, pending) in [
+            (&mut self.status, http),
+            (&mut self.grpc_status, grpc),
+            (&mut self.tls_status, tls),
+            (&mut self.tcp_status, tcp),
+            (&mut self.udp_status, udp),
+        ] {
+            // A later status of a key replaces an earlier one, as inserting would.
+            let built: BTreeMap<ObjectKey, Parents> = pending.into_iter().collect();
+            if map.is_empty() {
+                *map = built;
+            } else {
+                map.extend(built);
+            }
+        }
         self
     }
 
@@ -126,14 +146,14 @@ impl RouteOutput {
             }
         };
         self.entries.extend(entries);
-        let status = match kind {
-            RouteKind::Http => &mut self.status,
-            RouteKind::Grpc => &mut self.grpc_status,
-            RouteKind::Tls => &mut self.tls_status,
-            RouteKind::Tcp => &mut self.tcp_status,
-            RouteKind::Udp => &mut self.udp_status,
+        let at = match kind {
+            RouteKind::Http => 0,
+            RouteKind::Grpc => 1,
+            RouteKind::Tls => 2,
+            RouteKind::Tcp => 3,
+            RouteKind::Udp => 4,
         };
-        status.insert(key, parents);
+        self.pending_status[at].push((key, parents));
     }
 
     fn count(
@@ -255,7 +275,7 @@ pub fn compile(
                 reads.shrink_to_fit();
                 let reads = memo.reads.share(reads);
                 let fresh = Kept {
-                    stored: stored.clone(),
+                    stored: stored.keep(),
                     turned_away: turned.to_vec(),
                     reads,
                     part,

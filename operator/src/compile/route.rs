@@ -30,30 +30,52 @@ pub enum Stored {
     Object(Weak<dyn Any + Send + Sync>),
 }
 
-impl Stored {
-    pub fn new<T: Any + Send + Sync>(metadata: &ObjectMeta, object: &Arc<T>) -> Self {
+/// [`Stored`] as a pass reads it, borrowing the uid from the object: every route is looked up
+/// in the memo every pass, and only a route compiled again keeps a copy ([`StoredRef::keep`]).
+#[derive(Clone)]
+pub enum StoredRef<'a> {
+    Version { uid: &'a str, generation: i64 },
+    Object(Weak<dyn Any + Send + Sync>),
+}
+
+impl<'a> StoredRef<'a> {
+    pub fn new<T: Any + Send + Sync>(metadata: &'a ObjectMeta, object: &Arc<T>) -> Self {
         if let (Some(uid), Some(generation)) = (&metadata.uid, metadata.generation) {
-            return Self::Version {
-                uid: uid.as_str().into(),
-                generation,
-            };
+            return Self::Version { uid, generation };
         }
         let object: Arc<dyn Any + Send + Sync> = object.clone();
         Self::Object(Arc::downgrade(&object))
     }
 
-    pub fn same(&self, other: &Self) -> bool {
-        match (self, other) {
+    /// Whether this is the object, in the version, a route was kept from.
+    pub fn same(&self, kept: &Stored) -> bool {
+        match (self, kept) {
             (
                 Self::Version { uid, generation },
-                Self::Version {
-                    uid: other_uid,
-                    generation: other_generation,
+                Stored::Version {
+                    uid: kept_uid,
+                    generation: kept_generation,
                 },
-            ) => uid == other_uid && generation == other_generation,
-            (Self::Object(a), Self::Object(b)) => std::ptr::addr_eq(a.as_ptr(), b.as_ptr()),
+            ) => *uid == &**kept_uid && generation == kept_generation,
+            (Self::Object(a), Stored::Object(b)) => std::ptr::addr_eq(a.as_ptr(), b.as_ptr()),
             _ => false,
         }
+    }
+
+    pub fn keep(&self) -> Stored {
+        match self {
+            Self::Version { uid, generation } => Stored::Version {
+                uid: (*uid).into(),
+                generation: *generation,
+            },
+            Self::Object(o) => Stored::Object(o.clone()),
+        }
+    }
+}
+
+impl std::fmt::Debug for StoredRef<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.keep().fmt(f)
     }
 }
 
@@ -110,7 +132,7 @@ pub struct RouteForm<'a> {
     /// status.
     pub problem: Option<Problem>,
     /// The object this form was read from, when it came from a store (see [`Stored`]).
-    pub stored: Option<Stored>,
+    pub stored: Option<StoredRef<'a>>,
 }
 
 impl<'a> RouteForm<'a> {
@@ -123,9 +145,10 @@ impl<'a> RouteForm<'a> {
         }
     }
 
-    /// This form, read from `object`.
-    pub fn read_from<T: Any + Send + Sync>(self, object: &Arc<T>) -> Self {
-        let stored = Stored::new(&self.route.metadata, object);
+    /// This form, read from `object` (the metadata is the object's: a converted form copies
+    /// it).
+    pub fn read_from<T: Any + Send + Sync + kube::Resource>(self, object: &'a Arc<T>) -> Self {
+        let stored = StoredRef::new(object.meta(), object);
         Self {
             stored: Some(stored),
             ..self
