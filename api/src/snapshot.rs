@@ -47,6 +47,14 @@ const HEX: &[u8; 16] = b"0123456789abcdef";
 /// its length, 64, and the 64 hex digits.
 const VERSION_FIELD: usize = 2 + 64;
 
+/// The first of `requires` that is not in `known`, if any.
+fn unknown_requirement<'a>(requires: &'a [String], known: &[&str]) -> Option<&'a str> {
+    requires
+        .iter()
+        .map(String::as_str)
+        .find(|r| !known.contains(r))
+}
+
 /// The version a sealed encoding claims in front, if it starts as `Sealed::new` writes.
 fn claimed_version(encoded: &[u8]) -> Option<&str> {
     match encoded.get(..VERSION_FIELD) {
@@ -216,10 +224,7 @@ pub mod feature {
 impl Snapshot {
     /// The first feature `requires` names that is not in `known`, if any.
     pub fn unknown_requirement(&self, known: &[&str]) -> Option<&str> {
-        self.requires
-            .iter()
-            .map(String::as_str)
-            .find(|r| !known.contains(r))
+        unknown_requirement(&self.requires, known)
     }
 
     /// Parses a snapshot written as JSON or YAML (`coxswain snapshot compile -o json|yaml`).

@@ -116,10 +116,7 @@ impl Outline {
 
     /// `Snapshot.requires`' first feature that is not in `known`, if any.
     pub fn unknown_requirement(&self, known: &[&str]) -> Option<&str> {
-        self.requires
-            .iter()
-            .map(String::as_str)
-            .find(|r| !known.contains(r))
+        super::unknown_requirement(&self.requires, known)
     }
 }
 

@@ -221,26 +221,19 @@ impl Assembly {
         };
         let (mut before, mut now) = (count(&self.entries), count(&entries));
         let mut out = Changes::new();
-        for e in &self.entries {
-            let seen = now.get_mut(&address(e));
-            match seen {
-                Some(n) if *n > 0 => *n -= 1,
-                _ => out
-                    .entry((e.scope.clone(), e.port))
-                    .or_default()
-                    .0
-                    .push(Arc::clone(e)),
-            }
-        }
-        for e in &entries {
-            let seen = before.get_mut(&address(e));
-            match seen {
-                Some(n) if *n > 0 => *n -= 1,
-                _ => out
-                    .entry((e.scope.clone(), e.port))
-                    .or_default()
-                    .1
-                    .push(Arc::clone(e)),
+        // Each entry of one list not matched by one of the other's: gone, or new.
+        for (list, other, new) in [
+            (&self.entries, &mut now, false),
+            (&entries, &mut before, true),
+        ] {
+            for e in list {
+                match other.get_mut(&address(e)) {
+                    Some(n) if *n > 0 => *n -= 1,
+                    _ => {
+                        let (gone, added) = out.entry((e.scope.clone(), e.port)).or_default();
+                        if new { added } else { gone }.push(Arc::clone(e));
+                    }
+                }
             }
         }
         let mut places = ByAddress::with_capacity_and_hasher(entries.len(), Default::default());
