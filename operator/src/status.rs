@@ -633,11 +633,11 @@ impl StatusWriter {
     /// `status.parents` of routes (`status.ancestors` of policies): our entries as decided,
     /// other controllers' entries as they are. An object we have nothing to say about any
     /// more (its parentRefs no longer name a Gateway of ours) loses the entries we wrote.
-    async fn route_parents<K: SharedStatus, D: ParentDecision, V: AsRef<[D]>>(
+    async fn route_parents<K: SharedStatus, D: ParentDecision, V: AsRef<[D]> + Clone>(
         &self,
         next: &mut Reported,
         routes: &[Arc<K>],
-        decisions: &BTreeMap<ObjectKey, V>,
+        decisions: &impl DecisionsByKey<V>,
         now: &str,
     ) {
         let (kind, (list, reference)) = (K::KIND, K::FIELDS);
@@ -649,7 +649,7 @@ impl StatusWriter {
                 continue;
             };
             let current_parents = route.entries();
-            let ours = match decisions.get(&ObjectKey::new(ns, name)) {
+            let ours = match decisions.decision(&ObjectKey::new(ns, name)) {
                 Some(ours) => ours.as_ref(),
                 None if current_parents
                     .iter()
@@ -1281,6 +1281,24 @@ fn same_parent_ref(a: &Value, b: &Value) -> bool {
     ["kind", "name", "namespace", "sectionName", "port"]
         .iter()
         .all(|k| a.get(k) == b.get(k))
+}
+
+/// A pass's decisions by object: the compiler's persistent maps for routes, plain maps for
+/// policies.
+trait DecisionsByKey<V> {
+    fn decision(&self, key: &ObjectKey) -> Option<&V>;
+}
+
+impl<V> DecisionsByKey<V> for BTreeMap<ObjectKey, V> {
+    fn decision(&self, key: &ObjectKey) -> Option<&V> {
+        self.get(key)
+    }
+}
+
+impl<V: Clone> DecisionsByKey<V> for imbl::OrdMap<ObjectKey, V> {
+    fn decision(&self, key: &ObjectKey) -> Option<&V> {
+        self.get(key)
+    }
 }
 
 #[cfg(test)]

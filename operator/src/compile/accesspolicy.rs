@@ -377,6 +377,13 @@ fn target_problem(
 
 /// Gives each HTTPRoute and GRPCRoute rule the features of the most specific policy setting them, and
 /// records under which Gateways each policy took effect.
+impl Output {
+    /// Whether [`apply`] rewrites any entry: whether a policy holds a target.
+    pub fn rewrites_entries(&self) -> bool {
+        !self.held.is_empty()
+    }
+}
+
 pub fn apply(out: &mut Output, entries: &mut [Arc<Entry>]) {
     if out.held.is_empty() {
         return;

@@ -21,9 +21,30 @@ use std::sync::Arc;
 /// What the assembler keeps between passes.
 #[derive(Debug, Default)]
 pub struct Assembly {
-    /// Every entry of the last pass: held, so an address stays its entry's while compared.
-    entries: Vec<Arc<Entry>>,
+    /// Every entry of the last pass when it listed them all ([`Entries::Full`]): held, so an
+    /// address stays its entry's while compared.
+    entries: Option<Vec<Arc<Entry>>>,
+    /// The last pass's entries that did not come from routes (Ingresses').
+    others: Vec<Arc<Entry>>,
+    /// Whether the last pass assembled the routes' entries as the route compiler kept them
+    /// (no policy rewrote them): then the next pass may give only what changed.
+    routes_as_kept: bool,
     ports: BTreeMap<(ScopeKey, u32), Port>,
+}
+
+/// A pass's entries.
+pub(super) enum Entries<'a> {
+    /// Every entry; the first `routes` came from routes, the rest from Ingresses.
+    Full { all: Vec<Arc<Entry>>, routes: usize },
+    /// The routes' entries gone and new since the last pass, which assembled them as kept
+    /// ([`Assembly::takes_changes`]), and every other entry. `all` lists every entry, for a
+    /// port made afresh.
+    Changes {
+        removed: Vec<Arc<Entry>>,
+        added: Vec<Arc<Entry>>,
+        others: Vec<Arc<Entry>>,
+        all: &'a dyn Fn() -> Vec<Arc<Entry>>,
+    },
 }
 
 /// A port's virtual hosts.
@@ -81,7 +102,19 @@ pub(super) struct Inputs<'a> {
 }
 
 impl Assembly {
-    pub(super) fn assemble(&mut self, entries: Vec<Arc<Entry>>, inputs: Inputs<'_>) -> Assembled {
+    /// Whether the next pass may give its routes' entries as changes ([`Entries::Changes`]).
+    pub(super) fn takes_changes(&self) -> bool {
+        self.routes_as_kept
+    }
+
+    /// Assembles a pass; `routes_as_kept` says whether its routes' entries are the route
+    /// compiler's, not rewritten by a policy.
+    pub(super) fn assemble(
+        &mut self,
+        entries: Entries<'_>,
+        routes_as_kept: bool,
+        inputs: Inputs<'_>,
+    ) -> Assembled {
         let Inputs {
             slots,
             clusters,
@@ -89,7 +122,43 @@ impl Assembly {
             served,
             backend_clients,
         } = inputs;
-        let (changes, places) = self.changes(entries);
+        self.routes_as_kept = routes_as_kept;
+        let mut changes = Changes::new();
+        let mut listed: Option<Vec<Arc<Entry>>> = None;
+        let all: &dyn Fn() -> Vec<Arc<Entry>> = match entries {
+            Entries::Full { all, routes } => {
+                // A port's hosts can be compared with a full list only if the last pass gave
+                // one: otherwise each is made afresh.
+                let before = match self.entries.take() {
+                    Some(before) => before,
+                    None => {
+                        self.ports.clear();
+                        Vec::new()
+                    }
+                };
+                diff(&before, &all, &mut changes);
+                self.others = all.get(routes..).unwrap_or_default().to_vec();
+                self.entries = Some(all);
+                &|| Vec::new()
+            }
+            Entries::Changes {
+                removed,
+                added,
+                others,
+                all,
+            } => {
+                for (list, new) in [(removed, false), (added, true)] {
+                    for e in list {
+                        let (gone, came) = changes.entry((e.scope.clone(), e.port)).or_default();
+                        if new { came } else { gone }.push(e);
+                    }
+                }
+                diff(&self.others, &others, &mut changes);
+                self.others = others;
+                self.entries = None;
+                all
+            }
+        };
         let mut scopes: BTreeSet<ScopeKey> = served.values().map(|g| g.scope.clone()).collect();
         scopes.insert(ScopeKey::SharedPool);
 
@@ -118,16 +187,19 @@ impl Assembly {
             };
             let fresh = self.ports.get(key).is_none_or(|p| p.listeners != listeners);
             if fresh {
-                let own = self
-                    .entries
+                let every = match &self.entries {
+                    Some(list) => list,
+                    None => listed.get_or_insert_with(all),
+                };
+                let own = every
                     .iter()
                     .filter(|e| (&e.scope, e.port) == (&key.0, key.1));
-                let port = Port::new(listeners, own, &places);
+                let port = Port::new(listeners, own);
                 self.ports.insert(key.clone(), port);
             } else if let (Some(port), Some((removed, added))) =
                 (self.ports.get_mut(key), changes.get(key))
             {
-                port.update(removed, added, &places);
+                port.update(removed, added);
             }
         }
 
@@ -206,42 +278,31 @@ impl Assembly {
         }
         out
     }
+}
 
-    /// This pass's entries against the last pass's, by identity, per (scope, port): those
-    /// gone and those new (counted, so an entry listed twice is compared as twice); and where
-    /// each entry is in this pass's list.
-    fn changes(&mut self, entries: Vec<Arc<Entry>>) -> (Changes, ByAddress) {
-        let address = |e: &Arc<Entry>| Arc::as_ptr(e).addr();
-        let count = |list: &[Arc<Entry>]| {
-            let mut n = ByAddress::with_capacity_and_hasher(list.len(), Default::default());
-            for e in list {
-                *n.entry(address(e)).or_default() += 1;
-            }
-            n
-        };
-        let (mut before, mut now) = (count(&self.entries), count(&entries));
-        let mut out = Changes::new();
-        // Each entry of one list not matched by one of the other's: gone, or new.
-        for (list, other, new) in [
-            (&self.entries, &mut now, false),
-            (&entries, &mut before, true),
-        ] {
-            for e in list {
-                match other.get_mut(&address(e)) {
-                    Some(n) if *n > 0 => *n -= 1,
-                    _ => {
-                        let (gone, added) = out.entry((e.scope.clone(), e.port)).or_default();
-                        if new { added } else { gone }.push(Arc::clone(e));
-                    }
+/// `now` against `before`, by identity, per (scope, port), into `out`: the entries gone and
+/// those new (counted, so an entry listed twice is compared as twice).
+fn diff(before: &[Arc<Entry>], now: &[Arc<Entry>], out: &mut Changes) {
+    let address = |e: &Arc<Entry>| Arc::as_ptr(e).addr();
+    let count = |list: &[Arc<Entry>]| {
+        let mut n = ByAddress::with_capacity_and_hasher(list.len(), Default::default());
+        for e in list {
+            *n.entry(address(e)).or_default() += 1;
+        }
+        n
+    };
+    let (mut in_before, mut in_now) = (count(before), count(now));
+    // Each entry of one list not matched by one of the other's: gone, or new.
+    for (list, other, new) in [(before, &mut in_now, false), (now, &mut in_before, true)] {
+        for e in list {
+            match other.get_mut(&address(e)) {
+                Some(n) if *n > 0 => *n -= 1,
+                _ => {
+                    let (gone, added) = out.entry((e.scope.clone(), e.port)).or_default();
+                    if new { added } else { gone }.push(Arc::clone(e));
                 }
             }
         }
-        let mut places = ByAddress::with_capacity_and_hasher(entries.len(), Default::default());
-        for (i, e) in entries.iter().enumerate() {
-            places.entry(address(e)).or_insert(i);
-        }
-        self.entries = entries;
-        (out, places)
     }
 }
 
@@ -250,11 +311,7 @@ type Changes = HashMap<(ScopeKey, u32), (Vec<Arc<Entry>>, Vec<Arc<Entry>>)>;
 
 impl Port {
     /// The port's virtual hosts made of `own`, the entries on it.
-    fn new<'e>(
-        listeners: Listeners,
-        own: impl Iterator<Item = &'e Arc<Entry>>,
-        places: &ByAddress,
-    ) -> Self {
+    fn new<'e>(listeners: Listeners, own: impl Iterator<Item = &'e Arc<Entry>>) -> Self {
         let hosts = listeners
             .hosts
             .iter()
@@ -275,13 +332,13 @@ impl Port {
                 .push(Arc::clone(e));
         }
         let every: Vec<String> = port.hosts.keys().cloned().collect();
-        port.remake(every, places);
+        port.remake(every);
         port
     }
 
     /// Takes `removed` out and `added` in, and makes again the virtual hosts they are in or
     /// cover.
-    fn update(&mut self, removed: &[Arc<Entry>], added: &[Arc<Entry>], places: &ByAddress) {
+    fn update(&mut self, removed: &[Arc<Entry>], added: &[Arc<Entry>]) {
         let protocol = self.listeners.protocol;
         let mut dirty: BTreeSet<String> = BTreeSet::new();
         for e in removed.iter().filter(|e| e.protocol == protocol) {
@@ -325,13 +382,13 @@ impl Port {
             }
         }
         let names = names.into_iter().cloned().collect();
-        self.remake(names, places);
+        self.remake(names);
     }
 
     /// Makes the virtual hosts of `names` again, and counts them instead of what they were.
-    fn remake(&mut self, names: Vec<String>, places: &ByAddress) {
+    fn remake(&mut self, names: Vec<String>) {
         for name in names {
-            let made = self.make(&name, places);
+            let made = self.make(&name);
             if let Some(host) = self.hosts.get_mut(&name) {
                 // Kept until the host changes again: exactly sized.
                 host.own.shrink_to_fit();
@@ -371,7 +428,7 @@ impl Port {
 
     /// The virtual hosts of `vhost`: its entries and those of the names covering it, through
     /// the listener that owns it, in precedence order.
-    fn make(&self, vhost: &str, places: &ByAddress) -> Vec<Made> {
+    fn make(&self, vhost: &str) -> Vec<Made> {
         // The most specific listener hostname covering this host owns it.
         let Some(owner) = self
             .listeners
@@ -428,15 +485,9 @@ impl Port {
                             .cloned(),
                     );
                 }
-                // Equal keys (an Ingress's canary routes) keep the order the compile listed
+                // Equal keys (an Ingress's canary routes) keep the order a full compile lists
                 // them in, whichever pass added them here.
-                let place = |e: &Arc<Entry>| {
-                    places
-                        .get(&Arc::as_ptr(e).addr())
-                        .copied()
-                        .unwrap_or(usize::MAX)
-                };
-                routes.sort_by(|a, b| a.precedence(b).then_with(|| place(a).cmp(&place(b))));
+                routes.sort_by(|a, b| a.precedence(b).then_with(|| a.place().cmp(&b.place())));
                 routes.shrink_to_fit();
                 Made {
                     single_label,

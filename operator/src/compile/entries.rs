@@ -33,6 +33,10 @@ pub struct Entry {
     /// policies attached to Gateways. One copy for every entry through that listener
     /// ([`super::memo::RouteMemo`] shares it).
     pub parent: Option<Arc<(super::status::ObjectKey, String)>>,
+    /// Its place among the entries of the object it came from (a route's part, or every
+    /// Ingress's entries of the pass): with the kind, the order of entries whose precedence is
+    /// equal (see [`Entry::place`]).
+    pub ordinal: u32,
 }
 
 impl HasRoute for Entry {
@@ -129,6 +133,17 @@ impl PrecedenceKey {
 }
 
 impl Entry {
+    /// Where the entry stands in a full compile's list of entries, as far as entries of equal
+    /// precedence are concerned: those share their object's key, so they are told apart by
+    /// the object's kind (routes by kind, then Ingresses) and their ordinal within it.
+    pub fn place(&self) -> (u8, u32) {
+        let kind = match &self.origin {
+            Some((kind, _)) => *kind as u8,
+            None => u8::MAX,
+        };
+        (kind, self.ordinal)
+    }
+
     /// Gateway API precedence between two entries: the more specific hostname (the entry's
     /// own), then their keys, then the hostnames by name.
     pub fn precedence(&self, other: &Self) -> Ordering {

@@ -11,14 +11,13 @@ use super::entries::{Entry, PrecedenceKey};
 use super::gateway::ServedGateway;
 use super::hostname;
 use super::listeners::AcceptedListener;
-use super::memo::{
-    AddressHasher, Attachment, Kept, KeptPart, Read, Rejection, RouteMemo, RoutePart,
-    ServiceGateway,
-};
+use super::memo::{AddressHasher, Attachment, Kept, Read, Rejection, RouteMemo, RoutePart};
 use super::refs::{GATEWAY_GROUP, Index};
-use super::route::{RouteForm, RouteKind};
+use super::route::{RouteForm, RouteKind, StoredRef, StoredRoute};
 use super::rules::compile_rules;
-use super::status::{Condition, ObjectKey, ParentRef, Parents, Problem, RouteParentStatus, reason};
+use super::status::{
+    Condition, ObjectKey, ParentRef, Problem, RouteParentStatus, StatusMap, reason,
+};
 use super::store::Store;
 use coxswain_api::snapshot::{self as snap, RouteSource};
 use gateway_api::apis::experimental::httproutes::{HttpRoute, HttpRouteParentRefs};
@@ -26,171 +25,24 @@ use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+/// What the routes give a pass besides the totals the memo keeps ([`RouteMemo::totals`]).
 pub struct RouteOutput {
-    pub entries: Vec<Arc<Entry>>,
-    pub status: BTreeMap<ObjectKey, Parents>,
-    pub grpc_status: BTreeMap<ObjectKey, Parents>,
-    pub tls_status: BTreeMap<ObjectKey, Parents>,
-    pub tcp_status: BTreeMap<ObjectKey, Parents>,
-    pub udp_status: BTreeMap<ObjectKey, Parents>,
+    /// The entries gone and new since the memo's last pass; None when the memo starts afresh
+    /// (then [`RouteMemo::entries`] lists them all).
+    pub changed: Option<EntryChanges>,
+    /// Per route kind ([`RouteKind`] order): each route's `status.parents`, a copy of the
+    /// memo's map (constant time: the maps are persistent).
+    pub status: [StatusMap; 5],
     /// (gateway, owning ListenerSet, listener name) -> number of attached routes
-    pub attached: BTreeMap<(ObjectKey, Option<ObjectKey>, String), i32>,
-    /// (namespace, Service) -> the Gateways whose accepted routes send to it: the ancestors
-    /// of the BackendTLSPolicies targeting it.
-    pub service_gateways: BTreeMap<(String, String), std::collections::BTreeSet<ObjectKey>>,
+    pub attached: BTreeMap<Attachment, i32>,
     /// One per cluster name.
     pub clusters: Vec<snap::Cluster>,
-    cluster_names: std::collections::HashSet<String>,
-    /// Kept parts' shared lists, counted by address and added up once at the end
-    /// ([`RouteOutput::finish`]): thousands of routes attached alike hold one list.
-    kept_attached: HashMap<usize, (Arc<Vec<Attachment>>, i32), BuildByAddress>,
-    kept_services: HashMap<usize, Arc<Vec<ServiceGateway>>, BuildByAddress>,
-    /// Kept clusters already looked at, by address.
-    kept_clusters: std::collections::HashSet<usize, BuildByAddress>,
-    /// Each route kind's statuses as routes come (in the store's order, sorted), made into
-    /// the maps at the end in one bulk build instead of a tree search per route.
-    pending_status: [Vec<(ObjectKey, Parents)>; 5],
 }
+
+/// Entries gone, entries new.
+pub type EntryChanges = (Vec<Arc<Entry>>, Vec<Arc<Entry>>);
 
 type BuildByAddress = std::hash::BuildHasherDefault<AddressHasher>;
-
-impl RouteOutput {
-    fn new() -> Self {
-        Self {
-            entries: Vec::new(),
-            status: BTreeMap::new(),
-            grpc_status: BTreeMap::new(),
-            tls_status: BTreeMap::new(),
-            tcp_status: BTreeMap::new(),
-            udp_status: BTreeMap::new(),
-            attached: BTreeMap::new(),
-            service_gateways: BTreeMap::new(),
-            clusters: Vec::new(),
-            cluster_names: std::collections::HashSet::new(),
-            kept_attached: HashMap::default(),
-            kept_services: HashMap::default(),
-            kept_clusters: std::collections::HashSet::default(),
-            pending_status: Default::default(),
-        }
-    }
-
-    /// Adds up what the kept parts' shared lists count.
-    fn finish(mut self) -> Self {
-        for (attached, times) in std::mem::take(&mut self.kept_attached).into_values() {
-            for slot in attached.iter() {
-                match self.attached.get_mut(slot) {
-                    Some(n) => *n += times,
-                    None => {
-                        self.attached.insert(slot.clone(), times);
-                    }
-                }
-            }
-        }
-        for services in std::mem::take(&mut self.kept_services).into_values() {
-            self.count(&[], &services);
-        }
-        self.kept_clusters = Default::default();
-        let [http, grpc, tls, tcp, udp] = std::mem::take(&mut self.pending_status);
-        for (map, pending) in [
-            (&mut self.status, http),
-            (&mut self.grpc_status, grpc),
-            (&mut self.tls_status, tls),
-            (&mut self.tcp_status, tcp),
-            (&mut self.udp_status, udp),
-        ] {
-            // A later status of a key replaces an earlier one, as inserting would.
-            let built: BTreeMap<ObjectKey, Parents> = pending.into_iter().collect();
-            if map.is_empty() {
-                *map = built;
-            } else {
-                map.extend(built);
-            }
-        }
-        self
-    }
-
-    /// Adds one route's part, taking it whole or copying what the memo keeps.
-    fn add(&mut self, kind: RouteKind, key: ObjectKey, part: PartRef<'_>) {
-        let (entries, parents) = match part {
-            PartRef::Owned(p) => {
-                self.count(&p.attached, &p.service_gateways);
-                // A cluster is the same whichever route resolved it: the first copy is kept.
-                for c in p.clusters {
-                    if !self.cluster_names.contains(&c.name) {
-                        self.cluster_names.insert(c.name.clone());
-                        self.clusters.push(c);
-                    }
-                }
-                // Exactly sized: the parents outlive the pass (its status decisions, kept
-                // until the next pass).
-                (p.entries, Parents::from(p.parents))
-            }
-            PartRef::Kept(p) => {
-                self.kept_attached
-                    .entry(Arc::as_ptr(&p.attached).addr())
-                    .or_insert_with(|| (Arc::clone(&p.attached), 0))
-                    .1 += 1;
-                self.kept_services
-                    .entry(Arc::as_ptr(&p.service_gateways).addr())
-                    .or_insert_with(|| Arc::clone(&p.service_gateways));
-                for c in &p.clusters {
-                    if self.kept_clusters.insert(Arc::as_ptr(c).addr())
-                        && !self.cluster_names.contains(&c.name)
-                    {
-                        self.cluster_names.insert(c.name.clone());
-                        self.clusters.push((**c).clone());
-                    }
-                }
-                self.entries.extend(p.entries.iter().cloned());
-                (Vec::new(), Arc::clone(&p.parents))
-            }
-        };
-        self.entries.extend(entries);
-        let at = match kind {
-            RouteKind::Http => 0,
-            RouteKind::Grpc => 1,
-            RouteKind::Tls => 2,
-            RouteKind::Tcp => 3,
-            RouteKind::Udp => 4,
-        };
-        self.pending_status[at].push((key, parents));
-    }
-
-    fn count(
-        &mut self,
-        attached: &[(ObjectKey, Option<ObjectKey>, String)],
-        service_gateways: &[((String, String), ObjectKey)],
-    ) {
-        // Looked up before inserting: most keys are there already, and a key is cloned only
-        // when it is new.
-        for slot in attached {
-            match self.attached.get_mut(slot) {
-                Some(n) => *n += 1,
-                None => {
-                    self.attached.insert(slot.clone(), 1);
-                }
-            }
-        }
-        for (service, gw) in service_gateways {
-            match self.service_gateways.get_mut(service) {
-                Some(gws) => {
-                    if !gws.contains(gw) {
-                        gws.insert(gw.clone());
-                    }
-                }
-                None => {
-                    self.service_gateways
-                        .insert(service.clone(), [gw.clone()].into());
-                }
-            }
-        }
-    }
-}
-
-enum PartRef<'a> {
-    Owned(RoutePart),
-    Kept(&'a KeptPart),
-}
 
 /// What every route's compilation reads.
 struct Inputs<'a> {
@@ -200,111 +52,138 @@ struct Inputs<'a> {
     config: &'a Config,
 }
 
-/// Compiles every route. With `memo`, a route whose stored object, the listeners it was turned
-/// away from and resolved references are the same as at the last pass is not compiled again:
-/// its last part is added instead (the caller clears `memo` when the Gateways or the
-/// configuration changed).
-pub fn compile(
-    routes: &[RouteForm<'_>],
+/// Compiles every route into `memo`. A route whose stored object, the listeners it was turned
+/// away from and resolved references are the same as at the memo's last pass is not compiled
+/// again: its kept part stays, and an object the last pass met at the same place is known by
+/// its address alone. `read` puts a stored route into the shared form (the root's
+/// conversions). The caller clears `memo` when the Gateways or the configuration changed; a
+/// full compile passes an empty one.
+pub fn compile<'a>(
+    routes: &[StoredRoute<'a>],
+    read: impl Fn(StoredRoute<'a>) -> RouteForm<'a>,
     store: &Store,
     index: &Index<'_>,
     served: &BTreeMap<ObjectKey, ServedGateway>,
     config: &Config,
-    memo: Option<&mut RouteMemo>,
+    memo: &mut RouteMemo,
 ) -> RouteOutput {
-    let mut out = RouteOutput::new();
     let inputs = Inputs {
         store,
         index,
         served,
         config,
     };
-    let rejected = cross_kind_conflicts(&inputs, routes);
-    let Some(memo) = memo else {
-        for form in routes {
-            if let Some(part) = compile_route(&inputs, form, &rejected, None) {
-                out.add(form.kind, form.key(), PartRef::Owned(part));
-            }
-        }
-        return out.finish();
+    let has = |k: RouteKind| routes.iter().any(|r| r.kind() == k);
+    // Only HTTPRoutes and GRPCRoutes contend for a listener's hostnames: every route is read
+    // for that only when both kinds are there.
+    let rejected = if has(RouteKind::Http) && has(RouteKind::Grpc) {
+        let forms: Vec<RouteForm<'a>> = routes.iter().map(|r| read(*r)).collect();
+        cross_kind_conflicts(&inputs, &forms)
+    } else {
+        Rejections::new()
     };
     let turned_away = rejected_by_route(&rejected);
-    let mut reads_unchanged: HashMap<usize, bool> = HashMap::new();
+    let turned_for = |id: &(RouteKind, ObjectKey)| -> &[Rejection] {
+        turned_away.get(id).map_or(&[][..], Vec::as_slice)
+    };
+    // Routes that read the same share one copy of their reads: looked up once per pass,
+    // unless a ReferenceGrant's answer depends on the route's own namespace.
+    let mut reads_unchanged: HashMap<usize, bool, BuildByAddress> = HashMap::default();
+    let mut reads_hold = |kept: &Kept| {
+        let look = || {
+            kept.reads
+                .iter()
+                .all(|r| r.unchanged(store, index, kept.id.0, &kept.id.1.namespace))
+        };
+        if kept.reads_grant {
+            return look();
+        }
+        *reads_unchanged
+            .entry(Arc::as_ptr(&kept.reads).addr())
+            .or_insert_with(look)
+    };
     memo.pass += 1;
     let pass = memo.pass;
-    let mut seen = 0;
-    for form in routes {
-        let Some(stored) = &form.stored else {
-            // Not read from a store: nothing tells its next version apart.
-            if let Some(part) = compile_route(&inputs, form, &rejected, None) {
-                out.add(form.kind, form.key(), PartRef::Owned(part));
-            }
-            continue;
-        };
-        let id = (form.kind, form.key());
-        let turned = turned_away.get(&id).map_or(&[][..], Vec::as_slice);
-        let reusable = memo.entries.get_mut(&id).filter(|m| {
-            if !stored.same(&m.stored) || m.turned_away != turned {
-                return false;
-            }
-            let look = || {
-                m.reads
-                    .iter()
-                    .all(|r| r.unchanged(store, index, form.kind, &id.1.namespace))
-            };
-            // Routes that read the same share one copy of their reads: looked up once per
-            // pass, unless a ReferenceGrant's answer depends on the route's own namespace.
-            if m.reads.iter().any(|r| matches!(r, Read::Grant { .. })) {
-                return look();
-            }
-            *reads_unchanged
-                .entry(Arc::as_ptr(&m.reads) as usize)
-                .or_insert_with(look)
-        });
-        let kept = match reusable {
-            Some(m) => {
-                memo.reused += 1;
-                m
-            }
-            None => {
-                memo.compiled += 1;
-                let reads = RefCell::new(Vec::new());
-                let part =
-                    compile_route(&inputs, form, &rejected, Some(&reads)).map(|p| memo.keep(p));
-                let mut reads = reads.into_inner();
-                reads.shrink_to_fit();
-                let reads = memo.reads.share(reads);
-                let fresh = Kept {
-                    stored: stored.keep(),
-                    turned_away: turned.to_vec(),
-                    reads,
-                    part,
-                    // Marked seen below, with the reused ones.
-                    pass: 0,
-                };
-                match memo.entries.entry(id.clone()) {
-                    std::collections::hash_map::Entry::Occupied(mut o) => {
-                        o.insert(fresh);
-                        o.into_mut()
-                    }
-                    std::collections::hash_map::Entry::Vacant(v) => v.insert(fresh),
-                }
-            }
-        };
-        if kept.pass != pass {
+    let (mut removed, mut added) = (Vec::new(), Vec::new());
+    let previous = std::mem::take(&mut memo.order);
+    let mut order = Vec::with_capacity(routes.len());
+    // Where in the last pass's order the next route is expected.
+    let mut next = 0;
+    for &stored in routes {
+        let address = stored.address();
+        if let Some(&(was, slot)) = previous.get(next)
+            && was == address
+            && let Some(kept) = memo.slot_mut(slot)
+            && kept.met_as(address)
+            && kept.turned_away == turned_for(&kept.id)
+            && reads_hold(kept)
+        {
             kept.pass = pass;
-            seen += 1;
+            kept.at = order.len();
+            memo.reused += 1;
+            order.push((address, slot));
+            next += 1;
+            continue;
         }
-        if let Some(part) = &kept.part {
-            out.add(id.0, id.1, PartRef::Kept(part));
+        let form = read(stored);
+        let stored_ref = form
+            .stored
+            .clone()
+            .unwrap_or_else(|| StoredRef::Object(stored.pin()));
+        let id = (form.kind, form.key());
+        let turned = turned_for(&id);
+        let found = memo.find(&id);
+        if let Some(slot) = found
+            && let Some(kept) = memo.slot_mut(slot)
+        {
+            // The routes after it are expected after its place in the last pass.
+            next = kept.at + 1;
+            if stored_ref.same(&kept.stored) && kept.turned_away == turned && reads_hold(kept) {
+                // The same route in a new object (its status or metadata changed).
+                kept.object = stored.pin();
+                kept.pass = pass;
+                kept.at = order.len();
+                memo.reused += 1;
+                order.push((address, slot));
+                continue;
+            }
         }
+        memo.compiled += 1;
+        let reads = RefCell::new(Vec::new());
+        let part = compile_route(&inputs, &form, &rejected, Some(&reads)).map(|p| memo.keep(p));
+        let mut reads = reads.into_inner();
+        reads.shrink_to_fit();
+        let reads_grant = reads.iter().any(|r| matches!(r, Read::Grant { .. }));
+        if let Some(old) = found.and_then(|slot| memo.slot(slot)?.part.as_ref()) {
+            removed.extend(old.entries.iter().cloned());
+        }
+        if let Some(new) = &part {
+            added.extend(new.entries.iter().cloned());
+        }
+        let fresh = Kept {
+            stored: stored_ref.keep(),
+            object: stored.pin(),
+            turned_away: turned.to_vec(),
+            reads: memo.reads.share(reads),
+            reads_grant,
+            part,
+            pass,
+            at: order.len(),
+            id,
+        };
+        order.push((address, memo.put(found, fresh)));
     }
     // Routes gone from the store are dropped with what they held.
-    if memo.entries.len() != seen {
-        memo.entries.retain(|_, m| m.pass == pass);
+    if memo.len() != order.len() {
+        removed.extend(memo.drop_unseen(pass));
     }
-    memo.tidy();
-    out.finish()
+    memo.order = order;
+    RouteOutput {
+        changed: std::mem::replace(&mut memo.continuous, true).then_some((removed, added)),
+        status: memo.totals.status.clone(),
+        attached: memo.totals.attached.clone(),
+        clusters: memo.totals.clusters(),
+    }
 }
 
 fn rejected_by_route(rejected: &Rejections) -> HashMap<(RouteKind, ObjectKey), Vec<Rejection>> {
@@ -604,6 +483,8 @@ fn compile_route(
                                         String::new()
                                     },
                                 ))),
+                                // Set where the part is kept (`RouteMemo::keep`).
+                                ordinal: 0,
                             }));
                         }
                     }

@@ -13,10 +13,21 @@
 //! What a route keeps is small ([`super::memo`]): its entries hold their routes encoded
 //! ([`super::encode`]), and what routes share (clusters, reads, listeners, status parents)
 //! is kept once.
-//! The assembler keeps every port's virtual hosts and makes again only those whose entries
-//! changed ([`super::assemble::Assembly`]). Everything else (Gateways, Ingresses, policies,
-//! the snapshots' encoding and hash) is compiled in full each pass; a change to the Gateways or
-//! the configuration drops every kept route.
+//!
+//! A pass costs what changed, not every route:
+//! - the memo remembers where the last pass met each route and the address of its object, so
+//!   an unchanged route is known by comparing two addresses, without reading its key;
+//! - what the routes add up to (status decisions, attachment counts, the Services each
+//!   Gateway's routes send to, clusters) is kept as totals ([`super::totals`]) that changed
+//!   routes are counted out of and into; the status maps are persistent, so each pass's
+//!   decisions are a copy made in constant time;
+//! - the assembler keeps every port's virtual hosts and is given only the entries gone and
+//!   new ([`super::assemble::Entries::Changes`]), and makes again only the hosts those are
+//!   in. While an access policy or a Gateway's backend client certificate rewrites entries,
+//!   it is given every entry and compares them with the last pass's instead.
+//!
+//! Gateways, Ingresses, policies and the snapshots' encoding and hash are compiled in full
+//! each pass; a change to the Gateways or the configuration drops every kept route.
 
 use super::assemble::Assembly;
 use super::gateway::ServedGateway;
@@ -47,6 +58,7 @@ impl Compiler {
     pub fn compile(&mut self, store: &Store, config: &Config) -> Compiled {
         let before = self.reuse();
         let compiled = super::compile_with(store, config, Some(self));
+        self.routes.tidy();
         let after = self.reuse();
         tracing::debug!(
             routes_compiled = after.compiled - before.compiled,

@@ -478,6 +478,7 @@ pub fn compile(store: &Store, index: &Index<'_>, config: &Config) -> IngressOutp
                         route: EncodedRoute::new(&route),
                         origin: None,
                         parent: None,
+                        ordinal: 0,
                     }));
                 }
             }

@@ -8,9 +8,11 @@ use super::refs::{self, GATEWAY_GROUP, Index};
 use super::route::{RouteKind, Stored};
 use super::status::{ObjectKey, Parents, RouteParentStatus};
 use super::store::Store;
+use super::totals::{Contribution, Totals};
 use coxswain_api::snapshot as snap;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
@@ -26,10 +28,20 @@ pub struct RoutePart {
     pub clusters: Vec<snap::Cluster>,
 }
 
-/// Each route's compiled part, kept between passes by an incremental compile.
+/// Each route's compiled part, kept between passes by an incremental compile, and what the
+/// parts add up to.
 #[derive(Debug, Default)]
 pub struct RouteMemo {
-    pub(super) entries: HashMap<(RouteKind, ObjectKey), Kept>,
+    /// The kept routes (None: a free slot). `index` finds one by kind and key.
+    slots: Vec<Option<Kept>>,
+    free: Vec<usize>,
+    index: HashMap<(RouteKind, ObjectKey), usize>,
+    /// The last pass's routes in the order it met them: (the stored object's address, its
+    /// slot). The next pass meets an unchanged route at the same place, and knows it by the
+    /// address alone: no key read, copied or hashed.
+    pub(super) order: Vec<(usize, usize)>,
+    /// What the kept parts add up to.
+    pub totals: Totals,
     /// Clusters of kept parts, one copy per name and content: ten routes to one Service share
     /// its cluster instead of keeping ten.
     clusters: HashMap<String, Arc<snap::Cluster>>,
@@ -49,6 +61,9 @@ pub struct RouteMemo {
     pub reused: u64,
     /// Routes compiled since the kept parts were last copied together ([`Self::tidy`]).
     compiled_since_compact: usize,
+    /// Whether the kept entries are those the last pass gave: false after a clear or a copy,
+    /// when the next pass's changes would not say what changed since.
+    pub(super) continuous: bool,
 }
 
 /// The fewest compiled routes worth copying the memo for; tests copy at every chance, so the
@@ -65,12 +80,19 @@ pub struct KeptPart {
     pub clusters: Box<[Arc<snap::Cluster>]>,
 }
 
-/// (Gateway, owning ListenerSet, listener name): a listener a route is attached to.
-pub type Attachment = (ObjectKey, Option<ObjectKey>, String);
-/// ((namespace, Service), Gateway): a Service a route attached to the Gateway sends to.
-pub type ServiceGateway = ((String, String), ObjectKey);
+pub use super::totals::{Attachment, ServiceGateway};
 
 impl KeptPart {
+    /// What the part counts for in the totals.
+    pub fn contribution(&self) -> Contribution<'_> {
+        Contribution {
+            parents: &self.parents,
+            attached: &self.attached,
+            service_gateways: &self.service_gateways,
+            clusters: &self.clusters,
+        }
+    }
+
     /// The same part in new allocations.
     fn copy(&self) -> Self {
         Self {
@@ -89,7 +111,12 @@ impl KeptPart {
 
 impl RouteMemo {
     pub fn clear(&mut self) {
-        self.entries.clear();
+        self.slots.clear();
+        self.free.clear();
+        self.index.clear();
+        self.order.clear();
+        self.totals = Totals::default();
+        self.continuous = false;
         self.clusters.clear();
         self.reads.clear();
         self.attached.clear();
@@ -125,11 +152,13 @@ impl RouteMemo {
             .collect();
         let entries: Box<[Arc<Entry>]> = entries
             .into_iter()
-            .map(|mut e| {
-                if let Some(parent) = &e.parent {
-                    let shared = self.entry_parents.share((**parent).clone());
-                    Arc::make_mut(&mut e).parent = Some(shared);
+            .enumerate()
+            .map(|(i, mut e)| {
+                let entry = Arc::make_mut(&mut e);
+                if let Some(parent) = &entry.parent {
+                    entry.parent = Some(self.entry_parents.share((**parent).clone()));
                 }
+                entry.ordinal = u32::try_from(i).unwrap_or(u32::MAX);
                 e
             })
             .collect();
@@ -157,46 +186,121 @@ impl RouteMemo {
         self.service_gateways.tidy();
         self.entry_parents.tidy();
         self.parents.tidy();
-        if self.compiled_since_compact < self.entries.len().max(COMPACT_AT_LEAST) {
+        if self.compiled_since_compact < self.len().max(COMPACT_AT_LEAST) {
             return;
         }
         self.compiled_since_compact = 0;
-        let copied: HashMap<(RouteKind, ObjectKey), Kept> = self
-            .entries
-            .iter()
-            .map(|(id, kept)| {
-                let copy = Kept {
-                    stored: kept.stored.clone(),
-                    turned_away: kept.turned_away.clone(),
-                    reads: Arc::clone(&kept.reads),
-                    part: kept.part.as_ref().map(KeptPart::copy),
-                    pass: kept.pass,
-                };
-                (id.clone(), copy)
-            })
-            .collect();
-        self.entries = copied;
+        self.continuous = false;
+        for kept in self.slots.iter_mut().flatten() {
+            if let Some(part) = &mut kept.part {
+                *part = part.copy();
+            }
+        }
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.index.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.index.is_empty()
+    }
+
+    pub(super) fn slot(&self, slot: usize) -> Option<&Kept> {
+        self.slots.get(slot).and_then(Option::as_ref)
+    }
+
+    pub(super) fn slot_mut(&mut self, slot: usize) -> Option<&mut Kept> {
+        self.slots.get_mut(slot).and_then(Option::as_mut)
+    }
+
+    pub(super) fn find(&self, id: &(RouteKind, ObjectKey)) -> Option<usize> {
+        self.index.get(id).copied()
+    }
+
+    /// Keeps `kept` in `slot` (None: a new one), counting its part into the totals in place of
+    /// the one it replaces; returns its slot.
+    pub(super) fn put(&mut self, slot: Option<usize>, kept: Kept) -> usize {
+        let old = slot.and_then(|s| self.slots.get_mut(s).and_then(Option::take));
+        if let Some(o) = &old
+            && let Some(part) = &o.part
+        {
+            self.totals.take_out(o.id.0, &o.id.1, part.contribution());
+        }
+        if let Some(part) = &kept.part {
+            self.totals.add(kept.id.0, &kept.id.1, part.contribution());
+        }
+        let s = match (slot, old) {
+            (Some(s), Some(_)) => s,
+            _ => {
+                let s = self.free.pop().unwrap_or_else(|| {
+                    self.slots.push(None);
+                    self.slots.len() - 1
+                });
+                self.index.insert(kept.id.clone(), s);
+                s
+            }
+        };
+        self.slots[s] = Some(kept);
+        s
+    }
+
+    /// Drops the routes the pass `pass` did not see, taking their parts out of the totals;
+    /// returns their entries.
+    pub(super) fn drop_unseen(&mut self, pass: u64) -> Vec<Arc<Entry>> {
+        let mut entries = Vec::new();
+        for (s, slot) in self.slots.iter_mut().enumerate() {
+            if slot.as_ref().is_none_or(|k| k.pass == pass) {
+                continue;
+            }
+            if let Some(gone) = slot.take() {
+                if let Some(part) = gone.part {
+                    self.totals
+                        .take_out(gone.id.0, &gone.id.1, part.contribution());
+                    entries.extend(part.entries);
+                }
+                self.index.remove(&gone.id);
+                self.free.push(s);
+            }
+        }
+        entries
+    }
+
+    /// Every kept entry, in the order the last pass met the routes.
+    pub(super) fn entries(&self) -> Vec<Arc<Entry>> {
+        self.order
+            .iter()
+            .filter_map(|&(_, slot)| self.slot(slot)?.part.as_ref())
+            .flat_map(|p| p.entries.iter().cloned())
+            .collect()
     }
 }
 
 /// One route's kept part and what it was compiled from.
 #[derive(Debug)]
 pub struct Kept {
+    /// The route's kind and key.
+    pub id: (RouteKind, ObjectKey),
     pub stored: Stored,
+    /// The stored object the route was last met as: held weakly, so its address stays its own
+    /// while the next pass compares addresses.
+    pub object: Weak<dyn Any + Send + Sync>,
     pub turned_away: Vec<Rejection>,
     pub reads: Arc<Vec<Read>>,
+    /// Whether `reads` has a ReferenceGrant's answer, which depends on the route's namespace.
+    pub reads_grant: bool,
     /// None: the route names no parent of ours.
     pub part: Option<KeptPart>,
-    /// The last pass that saw the route.
+    /// The last pass that saw the route, and the route's place in that pass's order.
     pub pass: u64,
+    pub at: usize,
+}
+
+impl Kept {
+    /// Whether the last pass met this route as the object at `address`.
+    pub fn met_as(&self, address: usize) -> bool {
+        self.object.as_ptr().addr() == address
+    }
 }
 
 /// A listener a route was turned away from: (Gateway, ListenerSet, listener) and the route

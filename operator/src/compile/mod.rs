@@ -45,6 +45,7 @@ pub mod status;
 pub mod store;
 #[cfg(test)]
 mod tests;
+pub mod totals;
 
 use coxswain_api::names;
 use coxswain_api::snapshot::{self as snap, Sealed};
@@ -53,6 +54,7 @@ use proxies::{ProxyAccounts, ProxyNames};
 pub use status::ScopeKey;
 use status::{ObjectKey, StatusDecisions};
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 pub use store::{JwksSource, Store};
 
 /// What the compiler needs besides the objects.
@@ -118,31 +120,29 @@ pub struct Compiled {
     pub gateway_services: gateway_services::Allocation,
 }
 
-/// Every route of every kind in the shared form. The conversions run here, at the root, so the
-/// route compiler and the converters depend on the shared form and not on each other.
-fn route_forms(store: &Store) -> Vec<route::RouteForm<'_>> {
-    use route::RouteForm;
-    let http = store
-        .http_routes
-        .iter()
-        .map(|r| RouteForm::http(r).read_from(r));
-    let grpc = store
-        .grpc_routes
-        .iter()
-        .map(|r| grpcroute::as_route_form(r).read_from(r));
-    let tls = store
-        .tls_routes
-        .iter()
-        .map(|r| l4route::tls_route_form(r).read_from(r));
-    let tcp = store
-        .tcp_routes
-        .iter()
-        .map(|r| l4route::tcp_route_form(r).read_from(r));
-    let udp = store
-        .udp_routes
-        .iter()
-        .map(|r| l4route::udp_route_form(r).read_from(r));
+/// Every route of every kind, as stored: HTTPRoutes, GRPCRoutes, TLSRoutes, TCPRoutes,
+/// UDPRoutes, each kind in the store's order.
+fn stored_routes(store: &Store) -> Vec<route::StoredRoute<'_>> {
+    use route::StoredRoute;
+    let http = store.http_routes.iter().map(StoredRoute::Http);
+    let grpc = store.grpc_routes.iter().map(StoredRoute::Grpc);
+    let tls = store.tls_routes.iter().map(StoredRoute::Tls);
+    let tcp = store.tcp_routes.iter().map(StoredRoute::Tcp);
+    let udp = store.udp_routes.iter().map(StoredRoute::Udp);
     http.chain(grpc).chain(tls).chain(tcp).chain(udp).collect()
+}
+
+/// A stored route in the shared form. The conversions run here, at the root, so the route
+/// compiler and the converters depend on the shared form and not on each other.
+fn route_form(stored: route::StoredRoute<'_>) -> route::RouteForm<'_> {
+    use route::{RouteForm, StoredRoute};
+    match stored {
+        StoredRoute::Http(r) => RouteForm::http(r).read_from(r),
+        StoredRoute::Grpc(r) => grpcroute::as_route_form(r).read_from(r),
+        StoredRoute::Tls(r) => l4route::tls_route_form(r).read_from(r),
+        StoredRoute::Tcp(r) => l4route::tcp_route_form(r).read_from(r),
+        StoredRoute::Udp(r) => l4route::udp_route_form(r).read_from(r),
+    }
 }
 
 /// Compiles everything from scratch. [`Compiler`] gives the same output, compiling again only
@@ -188,22 +188,26 @@ fn compile_with(store: &Store, config: &Config, kept: Option<&mut Compiler>) -> 
         }
         None => gateway_services::Allocation::default(),
     };
+    // A full compile is an incremental one from nothing: both run the same code.
+    let mut fresh = (memo::RouteMemo::default(), assemble::Assembly::default());
     let (memo, assembly) = match kept {
-        Some(k) => {
-            let (memo, assembly) = k.kept_for(&gateways.served, config);
-            (Some(memo), Some(assembly))
-        }
-        None => (None, None),
+        Some(k) => k.kept_for(&gateways.served, config),
+        None => (&mut fresh.0, &mut fresh.1),
     };
     let routes = httproute::compile(
-        &route_forms(store),
+        &stored_routes(store),
+        route_form,
         store,
         &index,
         &gateways.served,
         config,
         memo,
     );
-    let ingresses = ingress::compile(store, &index, config);
+    let totals = &memo.totals;
+    let mut ingresses = ingress::compile(store, &index, config);
+    for (i, e) in ingresses.entries.iter_mut().enumerate() {
+        Arc::make_mut(e).ordinal = u32::try_from(i).unwrap_or(u32::MAX);
+    }
 
     let backend_tls_policies = index
         .backend_tls
@@ -213,8 +217,7 @@ fn compile_with(store: &Store, config: &Config, kept: Option<&mut Compiler>) -> 
             let gateways: BTreeSet<&ObjectKey> = decided
                 .services
                 .iter()
-                .filter_map(|s| routes.service_gateways.get(s))
-                .flatten()
+                .flat_map(|s| totals.gateways_of(s))
                 .collect();
             let ancestors: Vec<status::RouteParentStatus> = gateways
                 .into_iter()
@@ -236,24 +239,36 @@ fn compile_with(store: &Store, config: &Config, kept: Option<&mut Compiler>) -> 
         .collect();
     let backend_policies = backend_policy_ancestors(
         &index.backend_policy,
-        &routes.service_gateways,
+        totals,
         &ingresses.service_classes,
         config,
     );
-    let mut entries = routes.entries;
-    entries.extend(ingresses.entries);
     let mut access = accesspolicy::compile(store, &index);
-    accesspolicy::apply(&mut access, &mut entries);
+    // Without policies that rewrite entries, the assembler is given the routes' entries as the
+    // route compiler keeps them, and then only what changed since the last pass.
+    let routes_as_kept = !access.rewrites_entries() && gateways.shared_backend_clients.is_empty();
+    let changed = routes
+        .changed
+        .filter(|_| routes_as_kept && assembly.takes_changes());
+    let mut entries = Vec::new();
+    let mut route_entries = 0;
+    if changed.is_none() {
+        entries = memo.entries();
+        route_entries = entries.len();
+        entries.extend(ingresses.entries.iter().cloned());
+        accesspolicy::apply(&mut access, &mut entries);
+    }
     let access_policies = accesspolicy::ancestors(&access, &config.controller_name);
+    let [http_status, grpc_status, tls_status, tcp_status, udp_status] = routes.status;
     let mut status = StatusDecisions {
         gateway_classes: gateways.class_status,
         gateways: gateways.gateway_status,
         listener_sets: gateways.listener_set_status,
-        http_routes: routes.status,
-        grpc_routes: routes.grpc_status,
-        tls_routes: routes.tls_status,
-        tcp_routes: routes.tcp_status,
-        udp_routes: routes.udp_status,
+        http_routes: http_status,
+        grpc_routes: grpc_status,
+        tls_routes: tls_status,
+        tcp_routes: tcp_status,
+        udp_routes: udp_status,
         backend_tls_policies,
         backend_policies,
         access_policies,
@@ -329,10 +344,24 @@ fn compile_with(store: &Store, config: &Config, kept: Option<&mut Compiler>) -> 
         served: &gateways.served,
         backend_clients: &gateways.backend_clients,
     };
-    let assembled = match assembly {
-        Some(kept) => kept.assemble(entries, inputs),
-        None => assemble::Assembly::default().assemble(entries, inputs),
+    let listed = || {
+        let mut all = memo.entries();
+        all.extend(ingresses.entries.iter().cloned());
+        all
     };
+    let entries = match changed {
+        Some((removed, added)) => assemble::Entries::Changes {
+            removed,
+            added,
+            others: ingresses.entries.clone(),
+            all: &listed,
+        },
+        None => assemble::Entries::Full {
+            all: entries,
+            routes: route_entries,
+        },
+    };
+    let assembled = assembly.assemble(entries, routes_as_kept, inputs);
     // Dedicated Gateways' proxies are named in one assignment over all of them (two can want
     // the same name), and those names are the identities that may serve their scopes.
     let proxy_names = proxies::assign(store, |key| {
@@ -360,7 +389,7 @@ fn compile_with(store: &Store, config: &Config, kept: Option<&mut Compiler>) -> 
 /// policy with a typo in its target still hears about it.
 fn backend_policy_ancestors(
     policies: &backendpolicy::Output,
-    service_gateways: &BTreeMap<(String, String), BTreeSet<ObjectKey>>,
+    routes: &totals::Totals,
     service_classes: &BTreeMap<(String, String), BTreeSet<String>>,
     config: &Config,
 ) -> BTreeMap<ObjectKey, Vec<status::PolicyAncestorStatus>> {
@@ -368,7 +397,7 @@ fn backend_policy_ancestors(
     for (policy, decided) in &policies.decided {
         let mut found: BTreeSet<status::AncestorRef> = BTreeSet::new();
         for service in &decided.services {
-            for gw in service_gateways.get(service).into_iter().flatten() {
+            for gw in routes.gateways_of(service) {
                 found.insert(status::AncestorRef {
                     group: refs::GATEWAY_GROUP.into(),
                     kind: "Gateway".into(),

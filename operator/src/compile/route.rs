@@ -8,6 +8,10 @@
 
 use super::status::{ObjectKey, Problem};
 use gateway_api::apis::experimental::httproutes::{HttpRoute, HttpRouteSpec};
+use gateway_api::apis::experimental::tcproutes::TcpRoute;
+use gateway_api::apis::experimental::udproutes::UdpRoute;
+use gateway_api::apis::standard::grpcroutes::GrpcRoute;
+use gateway_api::apis::standard::tlsroutes::TlsRoute;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use std::any::Any;
 use std::borrow::Cow;
@@ -84,6 +88,55 @@ impl std::fmt::Debug for Stored {
         match self {
             Self::Version { uid, generation } => write!(f, "Stored({uid}, {generation})"),
             Self::Object(o) => write!(f, "Stored({:p})", o.as_ptr()),
+        }
+    }
+}
+
+/// A route as the store holds it, read into the shared form only when a pass must compile it
+/// (the root converts it: [`super::route_forms`]).
+#[derive(Clone, Copy)]
+pub enum StoredRoute<'a> {
+    Http(&'a Arc<HttpRoute>),
+    Grpc(&'a Arc<GrpcRoute>),
+    Tls(&'a Arc<TlsRoute>),
+    Tcp(&'a Arc<TcpRoute>),
+    Udp(&'a Arc<UdpRoute>),
+}
+
+impl StoredRoute<'_> {
+    pub fn kind(self) -> RouteKind {
+        match self {
+            Self::Http(_) => RouteKind::Http,
+            Self::Grpc(_) => RouteKind::Grpc,
+            Self::Tls(_) => RouteKind::Tls,
+            Self::Tcp(_) => RouteKind::Tcp,
+            Self::Udp(_) => RouteKind::Udp,
+        }
+    }
+
+    /// The object's address: the same object at the next pass is the same route, unchanged.
+    pub fn address(self) -> usize {
+        match self {
+            Self::Http(r) => Arc::as_ptr(r).addr(),
+            Self::Grpc(r) => Arc::as_ptr(r).addr(),
+            Self::Tls(r) => Arc::as_ptr(r).addr(),
+            Self::Tcp(r) => Arc::as_ptr(r).addr(),
+            Self::Udp(r) => Arc::as_ptr(r).addr(),
+        }
+    }
+
+    /// A weak reference to the object, which keeps its address from being reused while held.
+    pub fn pin(self) -> Weak<dyn Any + Send + Sync> {
+        fn weak<T: Any + Send + Sync>(r: &Arc<T>) -> Weak<dyn Any + Send + Sync> {
+            let any: Arc<dyn Any + Send + Sync> = r.clone();
+            Arc::downgrade(&any)
+        }
+        match self {
+            Self::Http(r) => weak(r),
+            Self::Grpc(r) => weak(r),
+            Self::Tls(r) => weak(r),
+            Self::Tcp(r) => weak(r),
+            Self::Udp(r) => weak(r),
         }
     }
 }

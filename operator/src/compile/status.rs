@@ -262,6 +262,11 @@ pub struct AnnotationWarning {
 /// and the incremental compiler's memo of the route.
 pub type Parents = std::sync::Arc<[RouteParentStatus]>;
 
+/// A route kind's status decisions: a persistent map, so a pass hands the status writer its
+/// own copy in constant time while the compiler changes its copy for the next pass
+/// ([`super::totals`]).
+pub type StatusMap = imbl::OrdMap<ObjectKey, Parents>;
+
 /// Every status the controller should write, keyed by object.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -271,15 +276,15 @@ pub struct StatusDecisions {
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub listener_sets: BTreeMap<ObjectKey, ListenerSetStatus>,
     /// Only the parents this controller is responsible for.
-    pub http_routes: BTreeMap<ObjectKey, Parents>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub grpc_routes: BTreeMap<ObjectKey, Parents>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub tls_routes: BTreeMap<ObjectKey, Parents>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub tcp_routes: BTreeMap<ObjectKey, Parents>,
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub udp_routes: BTreeMap<ObjectKey, Parents>,
+    pub http_routes: StatusMap,
+    #[serde(skip_serializing_if = "StatusMap::is_empty")]
+    pub grpc_routes: StatusMap,
+    #[serde(skip_serializing_if = "StatusMap::is_empty")]
+    pub tls_routes: StatusMap,
+    #[serde(skip_serializing_if = "StatusMap::is_empty")]
+    pub tcp_routes: StatusMap,
+    #[serde(skip_serializing_if = "StatusMap::is_empty")]
+    pub udp_routes: StatusMap,
     /// BackendTLSPolicy -> one entry per Gateway whose routes use a Service it targets
     /// (`status.ancestors`; the entry's parent_ref is the ancestorRef).
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]

@@ -2,7 +2,7 @@
 //! hostnames shared with HTTPRoutes.
 
 use super::fixtures::*;
-use crate::compile::status::{ConditionStatus, ObjectKey};
+use crate::compile::status::ConditionStatus;
 use crate::compile::*;
 use coxswain_api::snapshot::{self as snap, path_match};
 
@@ -272,7 +272,7 @@ spec:
         "[www.example.com]",
     );
     let c = compile_yaml(&[BASE, GATEWAY, &grpc, &wild, &other]);
-    let accepted = |map: &BTreeMap<ObjectKey, status::Parents>, name: &str| {
+    let accepted = |map: &status::StatusMap, name: &str| {
         let cond = find(&map[&key("web", name)][0].conditions, "Accepted");
         (cond.status, cond.reason, cond.message.clone())
     };

@@ -66,6 +66,7 @@ fn put(store: &mut Store, yaml: &str) {
     splice(&mut store.backend_tls_policies, new.backend_tls_policies);
     splice(&mut store.ingresses, new.ingresses);
     splice(&mut store.ingress_classes, new.ingress_classes);
+    splice(&mut store.access_policies, new.access_policies);
 }
 
 const SERVICES: [(&str, &str); 3] = [("web", "echo"), ("web", "alt"), ("other", "far")];
@@ -103,6 +104,9 @@ enum Change {
         n: usize,
         host: Option<Option<usize>>,
     },
+    /// A CoxswainAccessPolicy rate-limiting route r0 in web, or none. It rewrites the
+    /// entries it holds, so the assembler is given every entry instead of the changes.
+    Access(bool),
 }
 
 fn route_yaml(
@@ -238,6 +242,14 @@ fn apply(store: &mut Store, change: &Change) {
                 ),
             );
         }
+        Change::Access(false) => drop_named(&mut store.access_policies, "web", "limit"),
+        Change::Access(true) => put(
+            store,
+            "apiVersion: gateway.coxswain-labs.dev/v1alpha1\nkind: CoxswainAccessPolicy\n\
+             metadata: {name: limit, namespace: web}\nspec:\n  targetRefs: [{group: \
+             gateway.networking.k8s.io, kind: HTTPRoute, name: r0}]\n  rateLimit: {requests: \
+             10, burst: 5}\n",
+        ),
         Change::Listener { host, all } => {
             let hostname = host.map_or(String::new(), |h| format!(", hostname: '{}'", HOSTS[h]));
             let from = if *all { "All" } else { "Same" };
@@ -277,6 +289,7 @@ fn change() -> impl Strategy<Value = Change> {
             .prop_map(|(host, all)| Change::Listener { host, all }),
         2 => (0usize..3, prop::option::weighted(0.8, prop::option::of(0..HOSTS.len())))
             .prop_map(|(n, host)| Change::Ingress { n, host }),
+        1 => any::<bool>().prop_map(Change::Access),
     ]
 }
 
