@@ -132,14 +132,15 @@ pub struct PortRouter {
     listeners: ListenerNames,
 }
 
-/// Where a port's hosts are, by name.
-#[derive(Debug, Default)]
+/// Where a port's hosts are, by name. Names are shared (`Arc<str>`), so the next table's index
+/// can start as a copy of this one for the price of the counts.
+#[derive(Debug, Default, Clone)]
 struct HostIndex {
-    exact: HashMap<Box<str>, usize>,
+    exact: HashMap<Arc<str>, usize>,
     /// Keyed by the suffix after "*.": Gateway API wildcards, one or more labels.
-    wildcard: HashMap<Box<str>, usize>,
+    wildcard: HashMap<Arc<str>, usize>,
     /// Keyed by the suffix after "*.": Ingress wildcards, exactly one label.
-    single_label: HashMap<Box<str>, usize>,
+    single_label: HashMap<Arc<str>, usize>,
     any: Option<usize>,
 }
 

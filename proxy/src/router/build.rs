@@ -107,6 +107,13 @@ impl Hosts<'_> {
         // Whether every host is the previous table's host of the same place by name: then
         // the index of names is the previous one's.
         let mut same_index = before.is_some_and(|b| b.hosts.len() == n);
+        // Otherwise the index is the previous one moved: each previous host's place now (None:
+        // gone), and the names new here.
+        let mut moves = Moves {
+            to: vec![None; before.map_or(0, |b| b.hosts.len())],
+            added: Vec::new(),
+            clash: false,
+        };
         // The previous table's first host not matched yet.
         let mut next = 0;
         for (i, bytes) in encoded.iter().enumerate() {
@@ -118,6 +125,7 @@ impl Hosts<'_> {
                 });
                 if let Some(k) = same {
                     same_index &= k == i;
+                    moves.claim(k, i);
                     out.hosts.push(Arc::clone(&b.hosts[k]));
                     out.encoded.push(bytes.clone());
                     out.terminates_tls
@@ -133,8 +141,12 @@ impl Hosts<'_> {
             let name = host.hostname.to_ascii_lowercase();
             let kept_at = before.and_then(|b| b.named_host(&name, host.single_label));
             same_index &= kept_at == Some(i);
-            if let Some(k) = kept_at {
-                next = next.max(k + 1);
+            match kept_at {
+                Some(k) => {
+                    next = next.max(k + 1);
+                    moves.claim(k, i);
+                }
+                None => moves.added.push((name.clone(), host.single_label, i)),
             }
             let kept = before.zip(kept_at).and_then(|(b, k)| b.hosts.get(k));
             let mut earlier = kept.map(|k| &k[..]).unwrap_or_default();
@@ -153,13 +165,83 @@ impl Hosts<'_> {
         }
         out.index = match before {
             Some(b) if same_index => Arc::clone(&b.index),
-            _ => Arc::new(HostIndex::of(&out.encoded, self.port)?),
+            Some(b) => match b.index.moved(moves) {
+                Some(index) => Arc::new(index),
+                None => Arc::new(HostIndex::of(&out.encoded, self.port)?),
+            },
+            None => Arc::new(HostIndex::of(&out.encoded, self.port)?),
         };
         Ok(out)
     }
 }
 
+/// How a port's hosts moved from the previous table to this one.
+struct Moves {
+    /// By previous place: where that host is now.
+    to: Vec<Option<usize>>,
+    /// Hosts whose names the previous table did not have: (name, single-label, place).
+    added: Vec<(String, bool, usize)>,
+    /// Two hosts took one previous host's place: the index is built afresh.
+    clash: bool,
+}
+
+impl Moves {
+    fn claim(&mut self, previous: usize, now: usize) {
+        match self.to.get_mut(previous) {
+            Some(slot @ None) => *slot = Some(now),
+            _ => self.clash = true,
+        }
+    }
+}
+
 impl HostIndex {
+    /// This index with its hosts moved: a copy of the names (shared), their places moved,
+    /// those gone dropped and the new ones added. None when building afresh is as cheap (many
+    /// new names) or when the moves are not a plain one-to-one (two hosts of one name), which
+    /// [`Self::of`] settles as it always has.
+    fn moved(&self, moves: Moves) -> Option<Self> {
+        if moves.clash || moves.added.len() > (moves.to.len() / 8).max(1) {
+            return None;
+        }
+        let mut index = self.clone();
+        let to = |i: &mut usize| match moves.to.get(*i).copied().flatten() {
+            Some(now) => {
+                *i = now;
+                true
+            }
+            None => false,
+        };
+        for names in [
+            &mut index.exact,
+            &mut index.wildcard,
+            &mut index.single_label,
+        ] {
+            names.retain(|_, i| to(i));
+        }
+        index.any = index.any.and_then(|mut i| to(&mut i).then_some(i));
+        for (name, single_label, i) in moves.added {
+            let (names, key) = if name.is_empty() {
+                if index.any.replace(i).is_some() {
+                    return None;
+                }
+                continue;
+            } else if let Some(suffix) = name.strip_prefix("*.") {
+                let names = if single_label {
+                    &mut index.single_label
+                } else {
+                    &mut index.wildcard
+                };
+                (names, suffix)
+            } else {
+                (&mut index.exact, name.as_str())
+            };
+            if names.insert(key.into(), i).is_some() {
+                return None;
+            }
+        }
+        Some(index)
+    }
+
     /// The index of hosts encoded as `hosts` are: a later host of a name replaces an
     /// earlier one.
     fn of(hosts: &[Bytes], port: u16) -> Result<Self, BuildError> {
@@ -181,7 +263,7 @@ impl HostIndex {
                     index.wildcard.insert(suffix.into(), i);
                 }
             } else {
-                index.exact.insert(name.into_boxed_str(), i);
+                index.exact.insert(name.into(), i);
             }
         }
         Ok(index)
