@@ -10,7 +10,7 @@ Run the bench with its trace and the controller's debug log, keeping its stderr:
   hack/bench/propagation-split.py bench.err
 
 It reads the log directory the bench names on stderr ("controller and proxy logs in DIR") and
-the `snapshots published since_woken_us compile_us compiler_us` and `snapshot applied decode_us build_us`
+the `snapshots published since_woken_us compile_us compiler_us store_us` and `snapshot applied decode_us build_us`
 lines logged between the first and the last create.
 """
 import re
@@ -32,6 +32,7 @@ def main(bench_err):
         ("controller.err", "snapshots published", "since_woken_us", "controller, woken -> published"),
         ("controller.err", "snapshots published", "compile_us", "controller, compile and publish"),
         ("controller.err", "snapshots published", "compiler_us", "controller, the compiler alone"),
+        ("controller.err", "snapshots published", "store_us", "controller, copying its caches for the pass"),
         ("proxy.err", "snapshot applied", "decode_us", "proxy, decode"),
         ("proxy.err", "snapshot applied", "build_us", "proxy, table build"),
     ]

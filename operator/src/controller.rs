@@ -442,7 +442,9 @@ pub async fn run(
         }
         // One trace per pass: compiling, then publishing.
         let mut pass = Span::root(config.tracer.as_ref(), "reconcile");
+        let copying = std::time::Instant::now();
         let mut store = reflector.snapshot();
+        let copied = copying.elapsed();
         // The policies say which URLs to fetch; what was fetched so far is compiled now, and
         // each new document wakes this loop again.
         jwks.want(compile::jwks::sources(&store));
@@ -491,6 +493,7 @@ pub async fn run(
             since_woken_us = woke.elapsed().as_micros(),
             compile_us = started.elapsed().as_micros(),
             compiler_us = compiled_at.as_micros(),
+            store_us = copied.as_micros(),
             "snapshots published"
         );
         // Shared Gateways' Services right away, as their internal ports are allocated: the

@@ -80,9 +80,10 @@ struct Host {
 
 #[derive(Debug)]
 struct Made {
-    single_label: bool,
     terminate_tls: bool,
     routes: Vec<Arc<Entry>>,
+    /// The virtual host as the snapshot lists it ([`encode::virtual_host`]).
+    encoded: Box<[u8]>,
 }
 
 /// The sealed snapshots and how many routes they list in all.
@@ -489,10 +490,12 @@ impl Port {
                 // them in, whichever pass added them here.
                 routes.sort_by(|a, b| a.precedence(b).then_with(|| a.place().cmp(&b.place())));
                 routes.shrink_to_fit();
+                let encoded =
+                    encode::virtual_host(vhost, &routes, single_label, terminate_tls).into();
                 Made {
-                    single_label,
                     terminate_tls,
                     routes,
+                    encoded,
                 }
             })
             .collect()
@@ -561,16 +564,14 @@ fn listener<'a>(
     kept: &'a Port,
     port_slots: &[&Slot],
     used_certs: &mut BTreeSet<String>,
-) -> encode::Listener<'a, Entry> {
+) -> encode::Listener<'a> {
     let protocol = kept.listeners.protocol;
     let virtual_hosts = kept
         .hosts
-        .iter()
-        .flat_map(|(name, host)| {
-            host.made.iter().map(move |m| encode::VirtualHost {
-                hostname: name,
-                routes: &m.routes,
-                single_label: m.single_label,
+        .values()
+        .flat_map(|host| {
+            host.made.iter().map(|m| encode::VirtualHost {
+                encoded: &m.encoded,
                 terminate_tls: m.terminate_tls,
             })
         })
@@ -646,7 +647,7 @@ fn covering_names(host: &str) -> Vec<String> {
 
 /// What a proxy must implement to serve these listeners safely: a proxy that does not know a
 /// protecting field refuses the snapshot instead of serving without it.
-fn requirements(listeners: &[encode::Listener<'_, Entry>], routes: Features) -> Vec<String> {
+fn requirements(listeners: &[encode::Listener<'_>], routes: Features) -> Vec<String> {
     let mut out = Vec::new();
     if routes.basic_auth {
         out.push(snap::feature::BASIC_AUTH.to_owned());

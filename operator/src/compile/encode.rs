@@ -87,40 +87,82 @@ impl EncodedRoute {
     }
 }
 
-/// A virtual host whose routes are what the assembler keeps of them.
+/// A virtual host, encoded once when it is made ([`virtual_host`]): a pass writes the bytes
+/// of every host into the snapshot without walking their routes again.
 #[derive(Debug)]
-pub struct VirtualHost<'a, E> {
-    pub hostname: &'a str,
-    pub routes: &'a [std::sync::Arc<E>],
-    pub single_label: bool,
+pub struct VirtualHost<'a> {
+    /// The `snap::VirtualHost` message, without its tag and length.
+    pub encoded: &'a [u8],
     pub terminate_tls: bool,
 }
 
 /// `snap::Listener` with its virtual hosts as [`VirtualHost`]s.
 #[derive(Debug)]
-pub struct Listener<'a, E> {
+pub struct Listener<'a> {
     pub port: u32,
     pub protocol: snap::Protocol,
     pub sources: Vec<String>,
-    pub virtual_hosts: Vec<VirtualHost<'a, E>>,
+    pub virtual_hosts: Vec<VirtualHost<'a>>,
     pub certificates: Vec<snap::SniCertificate>,
     pub listener_hostnames: Vec<String>,
     pub client_validation: Option<snap::ClientValidation>,
     pub public_port: u32,
 }
 
-/// What the virtual hosts' route indexes point into: anything holding an encoded route.
+/// What a virtual host's routes are kept as: anything holding an encoded route.
 pub trait HasRoute {
     fn route(&self) -> &EncodedRoute;
 }
 
 /// Everything in a scope's snapshot but its version.
-pub struct Parts<'a, E: HasRoute> {
+pub struct Parts<'a> {
     pub scope: snap::Scope,
-    pub listeners: Vec<Listener<'a, E>>,
+    pub listeners: Vec<Listener<'a>>,
     pub clusters: Vec<snap::Cluster>,
     pub certificates: Vec<snap::Certificate>,
     pub requires: Vec<String>,
+}
+
+/// The `snap::VirtualHost` message of `hostname` with `routes` (their encodings copied in
+/// order), as [`VirtualHost::encoded`] holds it.
+pub fn virtual_host<E: HasRoute>(
+    hostname: &str,
+    routes: &[std::sync::Arc<E>],
+    single_label: bool,
+    terminate_tls: bool,
+) -> Vec<u8> {
+    let mut len = 0;
+    if !hostname.is_empty() {
+        len += delimited_len(1, hostname.len());
+    }
+    len += routes
+        .iter()
+        .map(|r| delimited_len(2, r.route().bytes.len()))
+        .sum::<usize>();
+    if single_label {
+        len += encoding::bool::encoded_len(3, &true);
+    }
+    if terminate_tls {
+        len += encoding::bool::encoded_len(4, &true);
+    }
+    let mut buf = Vec::with_capacity(len);
+    if !hostname.is_empty() {
+        write_delimited_header(1, hostname.len(), &mut buf);
+        buf.extend_from_slice(hostname.as_bytes());
+    }
+    for r in routes {
+        let route = &r.route().bytes;
+        write_delimited_header(2, route.len(), &mut buf);
+        buf.extend_from_slice(route);
+    }
+    if single_label {
+        encoding::bool::encode(3, &true, &mut buf);
+    }
+    if terminate_tls {
+        encoding::bool::encode(4, &true, &mut buf);
+    }
+    debug_assert_eq!(buf.len(), len);
+    buf
 }
 
 fn delimited_len(tag: u32, len: usize) -> usize {
@@ -132,28 +174,8 @@ fn write_delimited_header(tag: u32, len: usize, buf: &mut Vec<u8>) {
     encode_varint(len as u64, buf);
 }
 
-impl<E: HasRoute> Parts<'_, E> {
-    fn virtual_host_len(v: &VirtualHost<'_, E>) -> usize {
-        let mut n = 0;
-        if !v.hostname.is_empty() {
-            n += delimited_len(1, v.hostname.len());
-        }
-        n += v
-            .routes
-            .iter()
-            .map(|r| delimited_len(2, r.route().bytes.len()))
-            .sum::<usize>();
-        if v.single_label {
-            n += encoding::bool::encoded_len(3, &true);
-        }
-        if v.terminate_tls {
-            n += encoding::bool::encoded_len(4, &true);
-        }
-        n
-    }
-
-    /// The listener's length and each of its virtual hosts'.
-    fn listener_len(l: &Listener<'_, E>, hosts: &mut Vec<usize>) -> usize {
+impl Parts<'_> {
+    fn listener_len(l: &Listener<'_>) -> usize {
         let mut n = 0;
         if l.port != 0 {
             n += encoding::uint32::encoded_len(1, &l.port);
@@ -162,11 +184,11 @@ impl<E: HasRoute> Parts<'_, E> {
             n += encoding::int32::encoded_len(2, &(l.protocol as i32));
         }
         n += encoding::string::encoded_len_repeated(3, &l.sources);
-        for v in &l.virtual_hosts {
-            let len = Self::virtual_host_len(v);
-            hosts.push(len);
-            n += delimited_len(4, len);
-        }
+        n += l
+            .virtual_hosts
+            .iter()
+            .map(|v| delimited_len(4, v.encoded.len()))
+            .sum::<usize>();
         n += encoding::message::encoded_len_repeated(5, &l.certificates);
         n += encoding::string::encoded_len_repeated(6, &l.listener_hostnames);
         if let Some(cv) = &l.client_validation {
@@ -180,12 +202,7 @@ impl<E: HasRoute> Parts<'_, E> {
 
     /// The snapshot, encoded and sealed.
     pub fn seal(self) -> Sealed {
-        let mut host_lens = Vec::new();
-        let listener_lens: Vec<usize> = self
-            .listeners
-            .iter()
-            .map(|l| Self::listener_len(l, &mut host_lens))
-            .collect();
+        let listener_lens: Vec<usize> = self.listeners.iter().map(Self::listener_len).collect();
         let len = Sealed::ROOM
             + encoding::message::encoded_len(2, &self.scope)
             + listener_lens
@@ -198,7 +215,6 @@ impl<E: HasRoute> Parts<'_, E> {
         let mut buf = Vec::with_capacity(len);
         buf.resize(Sealed::ROOM, 0);
         encoding::message::encode(2, &self.scope, &mut buf);
-        let mut host_lens = host_lens.into_iter();
         for (l, &l_len) in self.listeners.iter().zip(&listener_lens) {
             write_delimited_header(3, l_len, &mut buf);
             if l.port != 0 {
@@ -209,22 +225,8 @@ impl<E: HasRoute> Parts<'_, E> {
             }
             encoding::string::encode_repeated(3, &l.sources, &mut buf);
             for v in &l.virtual_hosts {
-                write_delimited_header(4, host_lens.next().unwrap_or_default(), &mut buf);
-                if !v.hostname.is_empty() {
-                    write_delimited_header(1, v.hostname.len(), &mut buf);
-                    buf.extend_from_slice(v.hostname.as_bytes());
-                }
-                for r in v.routes {
-                    let route = &r.route().bytes;
-                    write_delimited_header(2, route.len(), &mut buf);
-                    buf.extend_from_slice(route);
-                }
-                if v.single_label {
-                    encoding::bool::encode(3, &true, &mut buf);
-                }
-                if v.terminate_tls {
-                    encoding::bool::encode(4, &true, &mut buf);
-                }
+                write_delimited_header(4, v.encoded.len(), &mut buf);
+                buf.extend_from_slice(v.encoded);
             }
             for c in &l.certificates {
                 encoding::message::encode(5, c, &mut buf);
