@@ -85,7 +85,7 @@ fn main() {
         "full" => kept = Some(compile::compile(&store, &config)),
         "memo" => drop(compiler.compile(&store, &config)),
         "memo-bulk" => {
-            let all = std::mem::take(&mut store.http_routes);
+            let all: Vec<_> = std::mem::take(&mut store.http_routes).into_iter().collect();
             for batch in all.chunks(50) {
                 store.http_routes.extend(batch.iter().cloned());
                 drop(compiler.compile(&store, &config));

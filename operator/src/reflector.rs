@@ -15,7 +15,7 @@
 //! snapshot built from half-filled caches would send proxies routes without backends and
 //! write statuses that are wrong for a moment.
 
-use crate::compile::Store;
+use crate::compile::{self, Store};
 use coxswain_api::{
     CoxswainAccessPolicy, CoxswainBackendPolicy, CoxswainGatewayParameters,
     CoxswainIngressClassParameters,
@@ -142,6 +142,9 @@ fn key(meta: &ObjectMeta) -> Key {
 /// a version the apiserver had, as it would while ordinary watch events arrive.
 struct Objects<K> {
     by_key: BTreeMap<Key, (Arc<K>, u64)>,
+    /// The same objects in the same order, as the persistent vector a pass gets a copy of in
+    /// constant time ([`Objects::shared`]).
+    sorted: compile::store::Objects<K>,
     /// Counts the lists started; objects listed or applied since carry its value.
     list: u64,
 }
@@ -150,6 +153,7 @@ impl<K> Default for Objects<K> {
     fn default() -> Self {
         Self {
             by_key: BTreeMap::new(),
+            sorted: Default::default(),
             list: 0,
         }
     }
@@ -211,33 +215,61 @@ impl<K: Resource> Objects<K> {
                             .by_key
                             .get(&key)
                             .is_some_and(|(old, _)| only_status_changed(old.meta(), k.meta()));
-                    self.by_key.insert(key, (Arc::new(k), self.list));
+                    let k = Arc::new(k);
+                    match self.place(&key) {
+                        Ok(i) => {
+                            self.sorted.set(i, Arc::clone(&k));
+                        }
+                        Err(i) => self.sorted.insert(i, Arc::clone(&k)),
+                    }
+                    self.by_key.insert(key, (k, self.list));
                     Applied {
                         invalid: None,
                         changed: !same_input,
                     }
                 }
                 Err(invalid) => {
-                    self.by_key.remove(&key(&invalid.metadata));
+                    self.remove(&key(&invalid.metadata));
                     changed(Some(invalid))
                 }
             },
             watcher::Event::Delete(obj) => {
-                self.by_key.remove(&key(obj.meta()));
+                self.remove(&key(obj.meta()));
                 changed(None)
             }
             // Whatever the list did not return was deleted while the watch was down.
             watcher::Event::InitDone => {
                 let list = self.list;
                 self.by_key.retain(|_, (_, seen)| *seen == list);
+                self.sorted = self.by_key.values().map(|(k, _)| Arc::clone(k)).collect();
                 changed(None)
             }
         }
     }
 
-    /// Every object, shared, in namespace/name order.
-    fn shared(&self) -> Vec<Arc<K>> {
-        self.by_key.values().map(|(k, _)| Arc::clone(k)).collect()
+    fn remove(&mut self, key: &Key) {
+        if self.by_key.remove(key).is_some()
+            && let Ok(i) = self.place(key)
+        {
+            self.sorted.remove(i);
+        }
+    }
+
+    /// Where `key` is in `sorted` (Err: where it would go).
+    fn place(&self, key: &Key) -> Result<usize, usize> {
+        self.sorted.binary_search_by(|o| {
+            let m = o.meta();
+            (
+                m.namespace.as_deref().unwrap_or_default(),
+                m.name.as_deref().unwrap_or_default(),
+            )
+                .cmp(&(key.0.as_str(), key.1.as_str()))
+        })
+    }
+
+    /// Every object, shared, in namespace/name order: a copy in constant time.
+    fn shared(&self) -> compile::store::Objects<K> {
+        self.sorted.clone()
     }
 }
 
@@ -422,7 +454,10 @@ impl Reflector {
     /// spec changed keep the pass's copy: their decisions are that pass's, and so must be the
     /// generation they report.
     pub fn with_current_status(&self, store: &Store) -> Store {
-        fn newer<K: Resource>(cache: &Cache<K>, objects: &[Arc<K>]) -> Vec<Arc<K>> {
+        fn newer<K: Resource>(
+            cache: &Cache<K>,
+            objects: &compile::store::Objects<K>,
+        ) -> compile::store::Objects<K> {
             let cache = read(cache);
             objects
                 .iter()
@@ -458,7 +493,7 @@ impl Reflector {
 
     /// Every cache's objects, shared, as the compiler's input.
     pub fn snapshot(&self) -> Store {
-        fn copy<K: Resource>(cache: &Cache<K>) -> Vec<Arc<K>> {
+        fn copy<K: Resource>(cache: &Cache<K>) -> compile::store::Objects<K> {
             read(cache).shared()
         }
         Store {
@@ -475,10 +510,11 @@ impl Reflector {
             reference_grants: copy(&self.reference_grants),
             services: copy(&self.services),
             endpoint_slices: copy(&self.endpoint_slices),
-            secrets: copy(&self.secrets)
-                .into_iter()
-                .chain(copy(&self.opaque_secrets))
-                .collect(),
+            secrets: {
+                let mut secrets = copy(&self.secrets);
+                secrets.append(copy(&self.opaque_secrets));
+                secrets
+            },
             namespaces: copy(&self.namespaces),
             ingresses: copy(&self.ingresses),
             ingress_classes: copy(&self.ingress_classes),
@@ -627,6 +663,37 @@ mod tests {
                 .apply(Event::Delete(versioned(1, "u1", "x", "2")), wake)
                 .changed
         );
+    }
+
+    proptest::proptest! {
+        /// The persistent vector a pass copies lists what the map holds, in its order,
+        /// through applies, replacements, unreadable objects, deletes and relists.
+        #[test]
+        fn the_shared_vector_follows_the_map(
+            ops in proptest::collection::vec((0u8..6, 0usize..2, 0usize..4, 0u8..3), 1..60),
+        ) {
+            let mut objects = Objects::default();
+            for (op, ns, name, value) in ops {
+                let (ns, name) = (["a", "b"][ns], ["w", "x", "y", "z"][name]);
+                let event = match op {
+                    0 | 1 => Event::Apply(map(ns, name, &value.to_string())),
+                    2 => Event::Delete(map(ns, name, "")),
+                    3 => Event::Apply(unreadable(ns, name)),
+                    4 => Event::Init,
+                    _ => if value == 0 {
+                        Event::InitDone
+                    } else {
+                        Event::InitApply(map(ns, name, &value.to_string()))
+                    },
+                };
+                objects.apply(event, Wake::Always);
+                let in_map: Vec<*const ConfigMap> =
+                    objects.by_key.values().map(|(k, _)| Arc::as_ptr(k)).collect();
+                let shared: Vec<*const ConfigMap> =
+                    objects.shared().iter().map(Arc::as_ptr).collect();
+                proptest::prop_assert_eq!(shared, in_map);
+            }
+        }
     }
 
     #[test]

@@ -636,7 +636,7 @@ impl StatusWriter {
     async fn route_parents<K: SharedStatus, D: ParentDecision, V: AsRef<[D]> + Clone>(
         &self,
         next: &mut Reported,
-        routes: &[Arc<K>],
+        routes: &crate::compile::store::Objects<K>,
         decisions: &impl DecisionsByKey<V>,
         now: &str,
     ) {

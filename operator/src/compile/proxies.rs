@@ -264,7 +264,8 @@ mod tests {
                 gateway("web", "api", "coxswain", 2),
                 // The same plain name in another namespace is no conflict.
                 gateway("other", "edge", "coxswain", 0),
-            ],
+            ]
+            .into(),
             ..Default::default()
         };
         let names = assign(&store, all);
@@ -281,7 +282,8 @@ mod tests {
             gateways: vec![
                 gateway("web", "a", "b-c", 20),
                 gateway("web", "a-b", "c", 10),
-            ],
+            ]
+            .into(),
             ..Default::default()
         };
         let names = assign(&store, all);
@@ -303,11 +305,12 @@ mod tests {
     fn the_gateway_whose_proxy_holds_the_name_keeps_it() {
         // `a` is older but became dedicated after `a-b`'s proxy was created: `a-b` keeps it.
         let store = Store {
-            gateways: vec![
+            gateways: [
                 gateway("web", "a", "b-c", 10),
                 gateway("web", "a-b", "c", 20),
-            ],
-            services: vec![proxy_service("web", "a-b-c", "a-b")],
+            ]
+            .into(),
+            services: vec![proxy_service("web", "a-b-c", "a-b")].into(),
             ..Default::default()
         };
         let names = assign(&store, all);
@@ -324,7 +327,8 @@ mod tests {
             gateways: vec![
                 gateway("web", "a-b", "c", 10),
                 gateway("web", "a", "b-c", 20),
-            ],
+            ]
+            .into(),
             ..Default::default()
         };
         let both = assign(&store, all);
@@ -349,7 +353,8 @@ mod tests {
             gateways: vec![
                 gateway("web", "a-b", "c", 10),
                 gateway("web", "a", "b-c", 20),
-            ],
+            ]
+            .into(),
             ..Default::default()
         };
         let names = assign(&store, all);

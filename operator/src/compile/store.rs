@@ -23,33 +23,38 @@ use serde::de::DeserializeOwned;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+/// A kind's objects, in the reflector's order. A persistent vector: a pass's copy of the caches
+/// is made in constant time, and a watch event changes the reflector's copy without touching
+/// the others' objects.
+pub type Objects<K> = imbl::Vector<Arc<K>>;
+
 #[derive(Debug, Clone, Default)]
 pub struct Store {
-    pub gateway_classes: Vec<Arc<GatewayClass>>,
-    pub gateways: Vec<Arc<Gateway>>,
+    pub gateway_classes: Objects<GatewayClass>,
+    pub gateways: Objects<Gateway>,
     /// Listeners added to a Gateway by other objects (GEP-1713).
-    pub listener_sets: Vec<Arc<ListenerSet>>,
-    pub http_routes: Vec<Arc<HttpRoute>>,
-    pub grpc_routes: Vec<Arc<GrpcRoute>>,
-    pub tls_routes: Vec<Arc<TlsRoute>>,
+    pub listener_sets: Objects<ListenerSet>,
+    pub http_routes: Objects<HttpRoute>,
+    pub grpc_routes: Objects<GrpcRoute>,
+    pub tls_routes: Objects<TlsRoute>,
     /// Experimental (v1alpha2): absent unless the cluster installs the experimental channel.
-    pub tcp_routes: Vec<Arc<TcpRoute>>,
+    pub tcp_routes: Objects<TcpRoute>,
     /// Experimental (v1alpha2), as TCPRoute.
-    pub udp_routes: Vec<Arc<UdpRoute>>,
-    pub backend_tls_policies: Vec<Arc<BackendTlsPolicy>>,
+    pub udp_routes: Objects<UdpRoute>,
+    pub backend_tls_policies: Objects<BackendTlsPolicy>,
     /// Read for BackendTLSPolicy CA certificates.
-    pub config_maps: Vec<Arc<ConfigMap>>,
-    pub reference_grants: Vec<Arc<ReferenceGrant>>,
-    pub services: Vec<Arc<Service>>,
-    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
-    pub secrets: Vec<Arc<Secret>>,
-    pub namespaces: Vec<Arc<Namespace>>,
-    pub ingresses: Vec<Arc<Ingress>>,
-    pub ingress_classes: Vec<Arc<IngressClass>>,
-    pub ingress_class_parameters: Vec<Arc<CoxswainIngressClassParameters>>,
-    pub gateway_parameters: Vec<Arc<CoxswainGatewayParameters>>,
-    pub backend_policies: Vec<Arc<CoxswainBackendPolicy>>,
-    pub access_policies: Vec<Arc<CoxswainAccessPolicy>>,
+    pub config_maps: Objects<ConfigMap>,
+    pub reference_grants: Objects<ReferenceGrant>,
+    pub services: Objects<Service>,
+    pub endpoint_slices: Objects<EndpointSlice>,
+    pub secrets: Objects<Secret>,
+    pub namespaces: Objects<Namespace>,
+    pub ingresses: Objects<Ingress>,
+    pub ingress_classes: Objects<IngressClass>,
+    pub ingress_class_parameters: Objects<CoxswainIngressClassParameters>,
+    pub gateway_parameters: Objects<CoxswainGatewayParameters>,
+    pub backend_policies: Objects<CoxswainBackendPolicy>,
+    pub access_policies: Objects<CoxswainAccessPolicy>,
     /// JWKS documents the controller fetched from policies' URLs (`crate::jwks`): the
     /// document, or why there is none yet. Never read from files: `coxswain snapshot` fetches
     /// nothing, so remote providers compile as not fetched there.
@@ -252,11 +257,11 @@ impl Store {
 }
 
 fn push<T: DeserializeOwned>(
-    list: &mut Vec<Arc<T>>,
+    list: &mut Objects<T>,
     value: serde_json::Value,
 ) -> Result<Loaded, String> {
     let obj = serde_json::from_value(value).map_err(|e| e.to_string())?;
-    list.push(Arc::new(obj));
+    list.push_back(Arc::new(obj));
     Ok(Loaded::Stored)
 }
 

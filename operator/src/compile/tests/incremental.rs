@@ -4,6 +4,7 @@
 //! their `Arc`s across changes, as the reflector's cache keeps them.
 
 use super::fixtures::*;
+use crate::compile::store::Objects;
 use crate::compile::*;
 use proptest::prelude::*;
 use std::cell::Cell;
@@ -20,7 +21,7 @@ static NEXT_UID: AtomicU64 = AtomicU64::new(1);
 /// Replaces the objects of `into` named like those of `from`, adds the others. Versioned, a
 /// replaced object keeps its uid and goes one generation up (every change here is to the
 /// spec); a new one gets a new uid.
-fn splice<T: kube::Resource + Clone>(into: &mut Vec<Arc<T>>, from: Vec<Arc<T>>) {
+fn splice<T: kube::Resource + Clone>(into: &mut Objects<T>, from: Objects<T>) {
     for mut object in from {
         let named = |o: &Arc<T>| {
             o.meta().namespace == object.meta().namespace && o.meta().name == object.meta().name
@@ -42,12 +43,12 @@ fn splice<T: kube::Resource + Clone>(into: &mut Vec<Arc<T>>, from: Vec<Arc<T>>) 
         }
         match slot {
             Some(slot) => *slot = object,
-            None => into.push(object),
+            None => into.push_back(object),
         }
     }
 }
 
-fn drop_named<T: kube::Resource>(from: &mut Vec<Arc<T>>, namespace: &str, name: &str) {
+fn drop_named<T: kube::Resource + Clone>(from: &mut Objects<T>, namespace: &str, name: &str) {
     from.retain(|o| {
         o.meta().namespace.as_deref() != Some(namespace) || o.meta().name.as_deref() != Some(name)
     });
