@@ -1295,7 +1295,7 @@ impl<V> DecisionsByKey<V> for BTreeMap<ObjectKey, V> {
     }
 }
 
-impl<V: Clone> DecisionsByKey<V> for imbl::OrdMap<ObjectKey, V> {
+impl<V: Clone> DecisionsByKey<V> for imbl::OrdMap<Arc<ObjectKey>, V> {
     fn decision(&self, key: &ObjectKey) -> Option<&V> {
         self.get(key)
     }

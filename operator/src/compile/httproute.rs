@@ -83,8 +83,13 @@ pub fn compile<'a>(
         Rejections::new()
     };
     let turned_away = rejected_by_route(&rejected);
-    let turned_for = |id: &(RouteKind, ObjectKey)| -> &[Rejection] {
-        turned_away.get(id).map_or(&[][..], Vec::as_slice)
+    let turned_for = |kind: RouteKind, key: &ObjectKey| -> &[Rejection] {
+        if turned_away.is_empty() {
+            return &[];
+        }
+        turned_away
+            .get(&(kind, key.clone()))
+            .map_or(&[][..], Vec::as_slice)
     };
     // Routes that read the same share one copy of their reads: looked up once per pass,
     // unless a ReferenceGrant's answer depends on the route's own namespace.
@@ -115,7 +120,7 @@ pub fn compile<'a>(
             && was == address
             && let Some(kept) = memo.slot_mut(slot)
             && kept.met_as(address)
-            && kept.turned_away == turned_for(&kept.id)
+            && kept.turned_away == turned_for(kept.id.0, &kept.id.1)
             && reads_hold(kept)
         {
             kept.pass = pass;
@@ -131,7 +136,7 @@ pub fn compile<'a>(
             .clone()
             .unwrap_or_else(|| StoredRef::Object(stored.pin()));
         let id = (form.kind, form.key());
-        let turned = turned_for(&id);
+        let turned = turned_for(id.0, &id.1);
         let found = memo.find(&id);
         if let Some(slot) = found
             && let Some(kept) = memo.slot_mut(slot)
@@ -169,7 +174,7 @@ pub fn compile<'a>(
             part,
             pass,
             at: order.len(),
-            id,
+            id: (id.0, Arc::new(id.1)),
         };
         order.push((address, memo.put(found, fresh)));
     }

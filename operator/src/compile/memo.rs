@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::any::Any;
 use std::collections::HashMap;
+use std::hash::BuildHasher;
 use std::sync::{Arc, Weak};
 
 /// What one route contributes to a pass.
@@ -32,10 +33,12 @@ pub struct RoutePart {
 /// parts add up to.
 #[derive(Debug, Default)]
 pub struct RouteMemo {
-    /// The kept routes (None: a free slot). `index` finds one by kind and key.
+    /// The kept routes (None: a free slot). `index` finds one by kind and key: a table of
+    /// slots, hashed and compared by the key their route holds.
     slots: Vec<Option<Kept>>,
     free: Vec<usize>,
-    index: HashMap<(RouteKind, ObjectKey), usize>,
+    index: hashbrown::HashTable<usize>,
+    hasher: std::hash::RandomState,
     /// The last pass's routes in the order it met them: (the stored object's address, its
     /// slot). The next pass meets an unchanged route at the same place, and knows it by the
     /// address alone: no key read, copied or hashed.
@@ -215,7 +218,20 @@ impl RouteMemo {
     }
 
     pub(super) fn find(&self, id: &(RouteKind, ObjectKey)) -> Option<usize> {
-        self.index.get(id).copied()
+        let (kind, key) = id;
+        self.index
+            .find(self.hasher.hash_one((kind, key)), |&s| {
+                self.slot(s)
+                    .is_some_and(|k| k.id.0 == *kind && *k.id.1 == *key)
+            })
+            .copied()
+    }
+
+    fn hash_of(hasher: &std::hash::RandomState, slots: &[Option<Kept>], s: usize) -> u64 {
+        match slots.get(s).and_then(Option::as_ref) {
+            Some(k) => hasher.hash_one((&k.id.0, &*k.id.1)),
+            None => 0,
+        }
     }
 
     /// Keeps `kept` in `slot` (None: a new one), counting its part into the totals in place of
@@ -237,8 +253,13 @@ impl RouteMemo {
                     self.slots.push(None);
                     self.slots.len() - 1
                 });
-                self.index.insert(kept.id.clone(), s);
-                s
+                self.slots[s] = Some(kept);
+                let (hasher, slots) = (&self.hasher, &self.slots);
+                self.index
+                    .insert_unique(Self::hash_of(hasher, slots, s), s, |&i| {
+                        Self::hash_of(hasher, slots, i)
+                    });
+                return s;
             }
         };
         self.slots[s] = Some(kept);
@@ -249,17 +270,20 @@ impl RouteMemo {
     /// returns their entries.
     pub(super) fn drop_unseen(&mut self, pass: u64) -> Vec<Arc<Entry>> {
         let mut entries = Vec::new();
-        for (s, slot) in self.slots.iter_mut().enumerate() {
-            if slot.as_ref().is_none_or(|k| k.pass == pass) {
+        for s in 0..self.slots.len() {
+            if self.slot(s).is_none_or(|k| k.pass == pass) {
                 continue;
             }
-            if let Some(gone) = slot.take() {
+            let hash = Self::hash_of(&self.hasher, &self.slots, s);
+            if let Ok(found) = self.index.find_entry(hash, |&i| i == s) {
+                found.remove();
+            }
+            if let Some(gone) = self.slots[s].take() {
                 if let Some(part) = gone.part {
                     self.totals
                         .take_out(gone.id.0, &gone.id.1, part.contribution());
                     entries.extend(part.entries);
                 }
-                self.index.remove(&gone.id);
                 self.free.push(s);
             }
         }
@@ -279,8 +303,8 @@ impl RouteMemo {
 /// One route's kept part and what it was compiled from.
 #[derive(Debug)]
 pub struct Kept {
-    /// The route's kind and key.
-    pub id: (RouteKind, ObjectKey),
+    /// The route's kind and key (shared with its status decision's key).
+    pub id: (RouteKind, Arc<ObjectKey>),
     pub stored: Stored,
     /// The stored object the route was last met as: held weakly, so its address stays its own
     /// while the next pass compares addresses.

@@ -265,7 +265,7 @@ pub type Parents = std::sync::Arc<[RouteParentStatus]>;
 /// A route kind's status decisions: a persistent map, so a pass hands the status writer its
 /// own copy in constant time while the compiler changes its copy for the next pass
 /// ([`super::totals`]).
-pub type StatusMap = imbl::OrdMap<ObjectKey, Parents>;
+pub type StatusMap = imbl::OrdMap<std::sync::Arc<ObjectKey>, Parents>;
 
 /// Every status the controller should write, keyed by object.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

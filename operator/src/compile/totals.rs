@@ -49,8 +49,8 @@ fn slot(kind: RouteKind) -> usize {
 
 impl Totals {
     /// Counts `part` in, as route `key` of `kind`.
-    pub fn add(&mut self, kind: RouteKind, key: &ObjectKey, part: Contribution<'_>) {
-        self.status[slot(kind)].insert(key.clone(), Arc::clone(part.parents));
+    pub fn add(&mut self, kind: RouteKind, key: &Arc<ObjectKey>, part: Contribution<'_>) {
+        self.status[slot(kind)].insert(Arc::clone(key), Arc::clone(part.parents));
         for a in part.attached.iter() {
             match self.attached.get_mut(a) {
                 Some(n) => *n += 1,
