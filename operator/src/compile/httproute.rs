@@ -11,7 +11,9 @@ use super::entries::{Entry, PrecedenceKey};
 use super::gateway::ServedGateway;
 use super::hostname;
 use super::listeners::AcceptedListener;
-use super::memo::{AddressHasher, Attachment, Kept, Read, Rejection, RouteMemo, RoutePart};
+use super::memo::{
+    AddressHasher, Attachment, Kept, Read, ReadInputs, Rejection, RouteMemo, RoutePart,
+};
 use super::refs::{GATEWAY_GROUP, Index};
 use super::route::{RouteForm, RouteKind, StoredRef, StoredRoute};
 use super::rules::compile_rules;
@@ -94,7 +96,13 @@ pub fn compile<'a>(
     // Routes that read the same share one copy of their reads: looked up once per pass,
     // unless a ReferenceGrant's answer depends on the route's own namespace.
     let mut reads_unchanged: HashMap<usize, bool, BuildByAddress> = HashMap::default();
+    // Nothing the reads read changed since the last pass: every read holds.
+    let inputs_same = memo.read_inputs.as_ref().is_some_and(|r| r.same(store));
+    memo.read_inputs = Some(ReadInputs::of(store));
     let mut reads_hold = |kept: &Kept| {
+        if inputs_same {
+            return true;
+        }
         let look = || {
             kept.reads
                 .iter()

@@ -7,10 +7,12 @@ use super::entries::Entry;
 use super::refs::{self, GATEWAY_GROUP, Index};
 use super::route::{RouteKind, Stored};
 use super::status::{ObjectKey, Parents, RouteParentStatus};
-use super::store::Store;
+use super::store::{Objects, Store};
 use super::totals::{Contribution, Totals};
 use coxswain_api::snapshot as snap;
-use k8s_openapi::api::core::v1::Service;
+use gateway_api::apis::standard::backendtlspolicies::BackendTlsPolicy;
+use gateway_api::apis::standard::referencegrants::ReferenceGrant;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use std::any::Any;
 use std::collections::HashMap;
@@ -67,6 +69,54 @@ pub struct RouteMemo {
     /// Whether the kept entries are those the last pass gave: false after a clear or a copy,
     /// when the next pass's changes would not say what changed since.
     pub(super) continuous: bool,
+    /// The last pass's copy of what reads read ([`ReadInputs`]).
+    pub(super) read_inputs: Option<ReadInputs>,
+}
+
+/// The store's lists a route's reads look at (Services, EndpointSlices, ReferenceGrants, and
+/// what BackendTLSPolicies resolve: the policies, ConfigMaps, Secrets). The lists are
+/// persistent vectors, shared while unchanged: when each is the last pass's, every read gives
+/// what it gave then, and no read needs looking up again.
+#[derive(Debug)]
+pub struct ReadInputs {
+    services: Objects<Service>,
+    endpoint_slices: Objects<EndpointSlice>,
+    reference_grants: Objects<ReferenceGrant>,
+    backend_tls_policies: Objects<BackendTlsPolicy>,
+    config_maps: Objects<ConfigMap>,
+    secrets: Objects<Secret>,
+}
+
+impl ReadInputs {
+    pub fn of(store: &Store) -> Self {
+        Self {
+            services: store.services.clone(),
+            endpoint_slices: store.endpoint_slices.clone(),
+            reference_grants: store.reference_grants.clone(),
+            backend_tls_policies: store.backend_tls_policies.clone(),
+            config_maps: store.config_maps.clone(),
+            secrets: store.secrets.clone(),
+        }
+    }
+
+    /// Whether `store` holds these very lists.
+    pub fn same(&self, store: &Store) -> bool {
+        same_list(&self.services, &store.services)
+            && same_list(&self.endpoint_slices, &store.endpoint_slices)
+            && same_list(&self.reference_grants, &store.reference_grants)
+            && same_list(&self.backend_tls_policies, &store.backend_tls_policies)
+            && same_list(&self.config_maps, &store.config_maps)
+            && same_list(&self.secrets, &store.secrets)
+    }
+}
+
+/// Whether two lists are one: the same tree, or (a list so short the vector holds it inline,
+/// where there is no tree to compare) the same objects.
+fn same_list<K>(a: &Objects<K>, b: &Objects<K>) -> bool {
+    if a.is_inline() && b.is_inline() {
+        return a.len() == b.len() && a.iter().zip(b).all(|(a, b)| Arc::ptr_eq(a, b));
+    }
+    a.ptr_eq(b)
 }
 
 /// The fewest compiled routes worth copying the memo for; tests copy at every chance, so the
@@ -120,6 +170,7 @@ impl RouteMemo {
         self.order.clear();
         self.totals = Totals::default();
         self.continuous = false;
+        self.read_inputs = None;
         self.clusters.clear();
         self.reads.clear();
         self.attached.clear();

@@ -416,6 +416,15 @@ fn a_pass_compiles_again_only_the_routes_whose_input_changed() {
         },
     );
     assert_eq!(pass(&store), (3, 1), "alt's endpoints changed");
+    // echo's ports: the route sending to it (0), whichever list changed.
+    apply(
+        &mut store,
+        &Change::Service {
+            n: 0,
+            ports: Some(false),
+        },
+    );
+    assert_eq!(pass(&store), (1, 3), "echo's Service changed");
     apply(&mut store, &Change::Grant(true));
     assert_eq!(pass(&store), (0, 4), "no route reads across namespaces");
     apply(
