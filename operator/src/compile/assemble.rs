@@ -15,6 +15,7 @@ use super::memo::ByAddress;
 use super::status::ObjectKey;
 use super::{ScopeKey, Slot, gateway, hostname};
 use coxswain_api::snapshot::{self as snap, Sealed};
+use prost::Message;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
@@ -30,6 +31,8 @@ pub struct Assembly {
     /// (no policy rewrote them): then the next pass may give only what changed.
     routes_as_kept: bool,
     ports: BTreeMap<(ScopeKey, u32), Port>,
+    /// The last pass's clusters, encoded.
+    cluster_encodings: ClusterEncodings,
 }
 
 /// A pass's entries.
@@ -96,7 +99,7 @@ pub(super) struct Assembled {
 /// What the assembler reads besides the entries.
 pub(super) struct Inputs<'a> {
     pub slots: Vec<Slot>,
-    pub clusters: Vec<snap::Cluster>,
+    pub clusters: Vec<Arc<snap::Cluster>>,
     pub certificates: &'a BTreeMap<String, (String, String)>,
     pub served: &'a BTreeMap<ObjectKey, gateway::ServedGateway>,
     pub backend_clients: &'a BTreeMap<ScopeKey, String>,
@@ -204,8 +207,10 @@ impl Assembly {
             }
         }
 
-        let cluster_by_name: BTreeMap<String, snap::Cluster> =
-            clusters.into_iter().map(|c| (c.name.clone(), c)).collect();
+        // A later cluster of a name replaces an earlier one.
+        let cluster_by_name: BTreeMap<&str, &Arc<snap::Cluster>> =
+            clusters.iter().map(|c| (c.name.as_str(), c)).collect();
+        let mut encoded_now = ClusterEncodings::default();
         let mut out = Assembled::default();
         for scope in scopes {
             let mut listeners = Vec::new();
@@ -229,15 +234,32 @@ impl Assembly {
             // The Gateway's client certificate goes to every TLS backend of its scope: its
             // proxy serves no other Gateway's routes.
             let backend_client = backend_clients.get(&scope);
-            let clusters: Vec<snap::Cluster> = used_clusters
+            let clusters: Vec<Arc<snap::Cluster>> = used_clusters
                 .iter()
-                .filter_map(|c| cluster_by_name.get(*c).cloned())
-                .map(|mut c| {
-                    if let (Some(tls), Some(name)) = (c.tls.as_mut(), backend_client) {
+                .filter_map(|c| cluster_by_name.get(*c))
+                .map(|c| {
+                    let mut c = Arc::clone(c);
+                    if let (Some(tls), Some(name)) = (&c.tls, backend_client)
+                        && tls.client_certificate != *name
+                        && let Some(tls) = Arc::make_mut(&mut c).tls.as_mut()
+                    {
                         tls.client_certificate = name.clone();
                     }
                     c
                 })
+                .collect();
+            // Each cluster encoded once while it stays the same `Arc`.
+            for c in &clusters {
+                let address = Arc::as_ptr(c).addr();
+                let kept = self.cluster_encodings.remove(&address);
+                encoded_now.entry(address).or_insert_with(|| {
+                    kept.unwrap_or_else(|| (Arc::clone(c), c.encode_to_vec().into()))
+                });
+            }
+            let encoded_clusters: Vec<&[u8]> = clusters
+                .iter()
+                .filter_map(|c| encoded_now.get(&Arc::as_ptr(c).addr()))
+                .map(|(_, bytes)| &bytes[..])
                 .collect();
             // The certificates clusters present: the dedicated Gateway's on all of its TLS
             // clusters, a shared Gateway's on its own (`backend_clients`).
@@ -259,7 +281,7 @@ impl Assembly {
                     }),
                 },
                 listeners,
-                clusters,
+                clusters: encoded_clusters,
                 certificates: used_certs
                     .iter()
                     .filter_map(|name| {
@@ -277,9 +299,15 @@ impl Assembly {
             .seal();
             out.snapshots.insert(scope, sealed);
         }
+        // Encodings of clusters no snapshot lists any more are dropped with their `Arc`s.
+        self.cluster_encodings = encoded_now;
         out
     }
 }
+
+/// Clusters' encodings by the address of the `Arc` they were encoded from (held beside).
+type ClusterEncodings = HashMap<usize, (Arc<snap::Cluster>, Box<[u8]>), BuildByAddress>;
+type BuildByAddress = std::hash::BuildHasherDefault<super::memo::AddressHasher>;
 
 /// `now` against `before`, by identity, per (scope, port), into `out`: the entries gone and
 /// those new (counted, so an entry listed twice is compared as twice).

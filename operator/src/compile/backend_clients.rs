@@ -18,7 +18,7 @@ use std::sync::Arc;
 /// name) onto clusters of its own for their TLS backends, and adds those clusters.
 pub fn give_own_clusters(
     entries: &mut [Arc<Entry>],
-    clusters: &mut Vec<snap::Cluster>,
+    clusters: &mut Vec<Arc<snap::Cluster>>,
     certificates: &BTreeMap<ObjectKey, String>,
 ) {
     if certificates.is_empty() {
@@ -27,7 +27,7 @@ pub fn give_own_clusters(
     let tls: BTreeMap<String, snap::Cluster> = clusters
         .iter()
         .filter(|c| c.tls.is_some())
-        .map(|c| (c.name.clone(), c.clone()))
+        .map(|c| (c.name.clone(), (**c).clone()))
         .collect();
     let mut own: BTreeMap<String, snap::Cluster> = BTreeMap::new();
     for e in entries
@@ -77,5 +77,5 @@ pub fn give_own_clusters(
         }
         Arc::make_mut(e).route = EncodedRoute::new(&route);
     }
-    clusters.extend(own.into_values());
+    clusters.extend(own.into_values().map(Arc::new));
 }

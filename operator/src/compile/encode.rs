@@ -118,7 +118,8 @@ pub trait HasRoute {
 pub struct Parts<'a> {
     pub scope: snap::Scope,
     pub listeners: Vec<Listener<'a>>,
-    pub clusters: Vec<snap::Cluster>,
+    /// Each `snap::Cluster` message, encoded, without its tag and length.
+    pub clusters: Vec<&'a [u8]>,
     pub certificates: Vec<snap::Certificate>,
     pub requires: Vec<String>,
 }
@@ -209,7 +210,11 @@ impl Parts<'_> {
                 .iter()
                 .map(|&n| delimited_len(3, n))
                 .sum::<usize>()
-            + encoding::message::encoded_len_repeated(4, &self.clusters)
+            + self
+                .clusters
+                .iter()
+                .map(|c| delimited_len(4, c.len()))
+                .sum::<usize>()
             + encoding::message::encoded_len_repeated(5, &self.certificates)
             + encoding::string::encoded_len_repeated(6, &self.requires);
         let mut buf = Vec::with_capacity(len);
@@ -240,7 +245,8 @@ impl Parts<'_> {
             }
         }
         for c in &self.clusters {
-            encoding::message::encode(4, c, &mut buf);
+            write_delimited_header(4, c.len(), &mut buf);
+            buf.extend_from_slice(c);
         }
         for c in &self.certificates {
             encoding::message::encode(5, c, &mut buf);

@@ -38,7 +38,7 @@ pub struct RouteOutput {
     /// (gateway, owning ListenerSet, listener name) -> number of attached routes
     pub attached: BTreeMap<Attachment, i32>,
     /// One per cluster name.
-    pub clusters: Vec<snap::Cluster>,
+    pub clusters: Vec<Arc<snap::Cluster>>,
 }
 
 /// Entries gone, entries new.

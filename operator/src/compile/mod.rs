@@ -314,12 +314,12 @@ fn compile_with(store: &Store, config: &Config, kept: Option<&mut Compiler>) -> 
     let mut certificates = gateways.certificates;
     certificates.extend(ingresses.certificates);
     let mut clusters = routes.clusters;
-    clusters.extend(ingresses.clusters);
-    clusters.append(&mut access.clusters);
+    clusters.extend(ingresses.clusters.into_iter().map(Arc::new));
+    clusters.extend(access.clusters.drain(..).map(Arc::new));
     // One cluster per Service port, whichever route sends to it: a policy's choice, else the
-    // Ingress annotations'.
+    // Ingress annotations'. Copied only where that changes it.
     for c in &mut clusters {
-        c.load_balancer = match index.backend_policy.for_cluster(&c.name) {
+        let load_balancer = match index.backend_policy.for_cluster(&c.name) {
             Some((_, lb)) => Some(lb.clone()),
             None => ingresses
                 .load_balancers
@@ -330,6 +330,9 @@ fn compile_with(store: &Store, config: &Config, kept: Option<&mut Compiler>) -> 
                 )
                 .cloned(),
         };
+        if c.load_balancer != load_balancer {
+            Arc::make_mut(c).load_balancer = load_balancer;
+        }
     }
 
     backend_clients::give_own_clusters(

@@ -44,18 +44,21 @@ pub fn permitted(
 }
 
 /// Indexes built once per compile so lookups are not linear scans per reference (hashed: they
-/// are looked up by exact name only).
+/// are looked up by exact name only, with foldhash: built every pass over every Service and
+/// EndpointSlice, where SipHash's cost showed).
 pub struct Index<'a> {
     /// The store's `Arc`s: an incremental compile tells an unchanged object by its identity.
-    services: HashMap<(&'a str, &'a str), &'a Arc<Service>>,
+    services: ByName<'a, &'a Arc<Service>>,
     /// (namespace, service name) -> slices
-    slices: HashMap<(&'a str, &'a str), Vec<&'a Arc<EndpointSlice>>>,
-    secrets: HashMap<(&'a str, &'a str), &'a Secret>,
+    slices: ByName<'a, Vec<&'a Arc<EndpointSlice>>>,
+    secrets: ByName<'a, &'a Secret>,
     /// BackendTLSPolicies, decided once: every cluster of a Service port they hold gets TLS.
     pub backend_tls: super::backendtls::Output,
     /// CoxswainBackendPolicies, decided once: the load balancer of the Service ports they hold.
     pub backend_policy: super::backendpolicy::Output,
 }
+
+type ByName<'a, V> = HashMap<(&'a str, &'a str), V, foldhash::fast::RandomState>;
 
 impl<'a> Index<'a> {
     pub fn new(store: &'a Store) -> Self {
@@ -65,7 +68,7 @@ impl<'a> Index<'a> {
                 m.name.as_deref().unwrap_or(""),
             )
         };
-        let mut slices: HashMap<_, Vec<_>> = HashMap::new();
+        let mut slices: ByName<'a, Vec<_>> = HashMap::default();
         for slice in &store.endpoint_slices {
             let Some(svc) = slice
                 .metadata

@@ -123,9 +123,11 @@ impl Totals {
         }
     }
 
-    /// Every cluster the routes send to, one per name, in name order.
-    pub fn clusters(&self) -> Vec<snap::Cluster> {
-        self.clusters.values().map(|(c, _)| (**c).clone()).collect()
+    /// Every cluster the routes send to, one per name, in name order: shared, so a cluster
+    /// that did not change is the same `Arc` pass after pass (the assembler keeps its
+    /// encoding by it).
+    pub fn clusters(&self) -> Vec<Arc<snap::Cluster>> {
+        self.clusters.values().map(|(c, _)| Arc::clone(c)).collect()
     }
 
     /// The Gateways whose routes send to `service`.
