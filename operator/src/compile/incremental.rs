@@ -21,13 +21,17 @@
 //!   Gateway's routes send to, clusters) is kept as totals ([`super::totals`]) that changed
 //!   routes are counted out of and into; the status maps are persistent, so each pass's
 //!   decisions are a copy made in constant time;
+//! - when none of the lists a route's reads look at changed (they are persistent vectors,
+//!   compared by identity: [`super::memo::ReadInputs`]), no read is looked up again;
 //! - the assembler keeps every port's virtual hosts and is given only the entries gone and
 //!   new ([`super::assemble::Entries::Changes`]), and makes again only the hosts those are
 //!   in. While an access policy or a Gateway's backend client certificate rewrites entries,
-//!   it is given every entry and compares them with the last pass's instead.
+//!   it is given every entry and compares them with the last pass's instead;
+//! - each virtual host keeps its encoding, and each cluster its encoding while it is the
+//!   same `Arc`, so sealing a snapshot is copying bytes and hashing them.
 //!
-//! Gateways, Ingresses, policies and the snapshots' encoding and hash are compiled in full
-//! each pass; a change to the Gateways or the configuration drops every kept route.
+//! Gateways, Ingresses, policies, the index of Services and the snapshots' hash are done in
+//! full each pass; a change to the Gateways or the configuration drops every kept route.
 
 use super::assemble::Assembly;
 use super::gateway::ServedGateway;
