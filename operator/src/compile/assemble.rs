@@ -129,7 +129,8 @@ impl Assembly {
         self.routes_as_kept = routes_as_kept;
         let mut changes = Changes::new();
         let mut listed: Option<Vec<Arc<Entry>>> = None;
-        let all: &dyn Fn() -> Vec<Arc<Entry>> = match entries {
+        // Every entry of the pass, listed when a port is made afresh after a changes pass.
+        let all: Option<&dyn Fn() -> Vec<Arc<Entry>>> = match entries {
             Entries::Full { all, routes } => {
                 // A port's hosts can be compared with a full list only if the last pass gave
                 // one: otherwise each is made afresh.
@@ -143,7 +144,7 @@ impl Assembly {
                 diff(&before, &all, &mut changes);
                 self.others = all.get(routes..).unwrap_or_default().to_vec();
                 self.entries = Some(all);
-                &|| Vec::new()
+                None
             }
             Entries::Changes {
                 removed,
@@ -153,14 +154,13 @@ impl Assembly {
             } => {
                 for (list, new) in [(removed, false), (added, true)] {
                     for e in list {
-                        let (gone, came) = changes.entry((e.scope.clone(), e.port)).or_default();
-                        if new { came } else { gone }.push(e);
+                        note(&mut changes, e, new);
                     }
                 }
                 diff(&self.others, &others, &mut changes);
                 self.others = others;
                 self.entries = None;
-                all
+                Some(all)
             }
         };
         let mut scopes: BTreeSet<ScopeKey> = served.values().map(|g| g.scope.clone()).collect();
@@ -191,9 +191,10 @@ impl Assembly {
             };
             let fresh = self.ports.get(key).is_none_or(|p| p.listeners != listeners);
             if fresh {
-                let every = match &self.entries {
-                    Some(list) => list,
-                    None => listed.get_or_insert_with(all),
+                let every = match (&self.entries, all) {
+                    (Some(list), _) => list,
+                    (None, Some(all)) => listed.get_or_insert_with(all),
+                    (None, None) => &Vec::new(),
                 };
                 let own = every
                     .iter()
@@ -326,13 +327,16 @@ fn diff(before: &[Arc<Entry>], now: &[Arc<Entry>], out: &mut Changes) {
         for e in list {
             match other.get_mut(&address(e)) {
                 Some(n) if *n > 0 => *n -= 1,
-                _ => {
-                    let (gone, added) = out.entry((e.scope.clone(), e.port)).or_default();
-                    if new { added } else { gone }.push(Arc::clone(e));
-                }
+                _ => note(out, Arc::clone(e), new),
             }
         }
     }
+}
+
+/// Files `e` under its (scope, port) as gone, or as new.
+fn note(changes: &mut Changes, e: Arc<Entry>, new: bool) {
+    let (gone, added) = changes.entry((e.scope.clone(), e.port)).or_default();
+    if new { added } else { gone }.push(e);
 }
 
 /// Per (scope, port): entries gone and entries new.

@@ -68,9 +68,9 @@ pub struct Referrer<'a> {
     pub index: &'a Index<'a>,
     pub kind: RouteKind,
     pub route: &'a ObjectKey,
-    /// Where an incremental compile records what resolution read, to tell at the next pass
-    /// whether the route's output still holds.
-    pub reads: Option<&'a RefCell<Vec<Read>>>,
+    /// Where resolution records what it read, to tell at the next pass whether the route's
+    /// output still holds.
+    pub reads: &'a RefCell<Vec<Read>>,
 }
 
 impl Referrer<'_> {
@@ -113,9 +113,7 @@ impl Referrer<'_> {
             ns,
             name,
         );
-        if let Some(reads) = reads
-            && ns != route.namespace
-        {
+        if ns != route.namespace {
             reads.borrow_mut().push(Read::Grant {
                 to_namespace: ns.to_owned(),
                 to_name: name.to_owned(),
@@ -138,11 +136,9 @@ impl Referrer<'_> {
                 format!("backendRef to Service {ns}/{name} needs a port"),
             ));
         };
-        if let Some(reads) = reads {
-            reads
-                .borrow_mut()
-                .push(Read::service(index, ns, name, port));
-        }
+        reads
+            .borrow_mut()
+            .push(Read::service(index, ns, name, port));
         if index.service(ns, name).is_none() {
             return Err(Problem::new(
                 reason::BACKEND_NOT_FOUND,

@@ -163,7 +163,7 @@ pub fn compile<'a>(
         }
         memo.compiled += 1;
         let reads = RefCell::new(Vec::new());
-        let part = compile_route(&inputs, &form, &rejected, Some(&reads)).map(|p| memo.keep(p));
+        let part = compile_route(&inputs, &form, &rejected, &reads).map(|p| memo.keep(p));
         let mut reads = reads.into_inner();
         reads.shrink_to_fit();
         let reads_grant = reads.iter().any(|r| matches!(r, Read::Grant { .. }));
@@ -324,7 +324,7 @@ fn compile_route(
     inputs: &Inputs<'_>,
     form: &RouteForm<'_>,
     rejected: &Rejections,
-    reads: Option<&RefCell<Vec<Read>>>,
+    reads: &RefCell<Vec<Read>>,
 ) -> Option<RoutePart> {
     let Inputs {
         store,

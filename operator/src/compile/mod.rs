@@ -250,12 +250,15 @@ fn compile_with(store: &Store, config: &Config, kept: Option<&mut Compiler>) -> 
     let changed = routes
         .changed
         .filter(|_| routes_as_kept && assembly.takes_changes());
+    // Every entry: the routes' in the order the pass met them, then the Ingresses'.
+    let listed = || {
+        let mut all = memo.entries();
+        all.extend(ingresses.entries.iter().cloned());
+        all
+    };
     let mut entries = Vec::new();
-    let mut route_entries = 0;
     if changed.is_none() {
-        entries = memo.entries();
-        route_entries = entries.len();
-        entries.extend(ingresses.entries.iter().cloned());
+        entries = listed();
         accesspolicy::apply(&mut access, &mut entries);
     }
     let access_policies = accesspolicy::ancestors(&access, &config.controller_name);
@@ -347,11 +350,6 @@ fn compile_with(store: &Store, config: &Config, kept: Option<&mut Compiler>) -> 
         served: &gateways.served,
         backend_clients: &gateways.backend_clients,
     };
-    let listed = || {
-        let mut all = memo.entries();
-        all.extend(ingresses.entries.iter().cloned());
-        all
-    };
     let entries = match changed {
         Some((removed, added)) => assemble::Entries::Changes {
             removed,
@@ -360,8 +358,8 @@ fn compile_with(store: &Store, config: &Config, kept: Option<&mut Compiler>) -> 
             all: &listed,
         },
         None => assemble::Entries::Full {
+            routes: entries.len() - ingresses.entries.len(),
             all: entries,
-            routes: route_entries,
         },
     };
     let assembled = assembly.assemble(entries, routes_as_kept, inputs);

@@ -104,11 +104,8 @@ impl Hosts<'_> {
             encoded: Vec::with_capacity(n),
             terminates_tls: Vec::with_capacity(n),
         };
-        // Whether every host is the previous table's host of the same place by name: then
-        // the index of names is the previous one's.
-        let mut same_index = before.is_some_and(|b| b.hosts.len() == n);
-        // Otherwise the index is the previous one moved: each previous host's place now (None:
-        // gone), and the names new here.
+        // How the hosts moved: each previous host's place now (None: gone), and the names new
+        // here. Every host in its previous place keeps the index; otherwise it is moved.
         let mut moves = Moves {
             to: vec![None; before.map_or(0, |b| b.hosts.len())],
             added: Vec::new(),
@@ -124,7 +121,6 @@ impl Hosts<'_> {
                         && unchanged(&b.hosts[k], self.clusters, self.clusters_same)
                 });
                 if let Some(k) = same {
-                    same_index &= k == i;
                     moves.claim(k, i);
                     out.hosts.push(Arc::clone(&b.hosts[k]));
                     out.encoded.push(bytes.clone());
@@ -140,7 +136,6 @@ impl Hosts<'_> {
             })?;
             let name = host.hostname.to_ascii_lowercase();
             let kept_at = before.and_then(|b| b.named_host(&name, host.single_label));
-            same_index &= kept_at == Some(i);
             match kept_at {
                 Some(k) => {
                     next = next.max(k + 1);
@@ -164,7 +159,7 @@ impl Hosts<'_> {
             out.terminates_tls.push(host.terminate_tls);
         }
         out.index = match before {
-            Some(b) if same_index => Arc::clone(&b.index),
+            Some(b) if moves.in_place(n) => Arc::clone(&b.index),
             Some(b) => match b.index.moved(moves) {
                 Some(index) => Arc::new(index),
                 None => Arc::new(HostIndex::of(&out.encoded, self.port)?),
@@ -186,6 +181,14 @@ struct Moves {
 }
 
 impl Moves {
+    /// Whether `n` hosts are the previous `n`, each in its place.
+    fn in_place(&self, n: usize) -> bool {
+        !self.clash
+            && self.added.is_empty()
+            && self.to.len() == n
+            && self.to.iter().enumerate().all(|(k, to)| *to == Some(k))
+    }
+
     fn claim(&mut self, previous: usize, now: usize) {
         match self.to.get_mut(previous) {
             Some(slot @ None) => *slot = Some(now),
