@@ -20,13 +20,15 @@ use crate::access_log::{AccessLine, access_line};
 use crate::conn::Buffered;
 use crate::http1;
 use crate::limits::Limits;
-use crate::request::{self, Arrival, Body, Decision, Head, Version};
+use crate::request::{self, Arrival, Body, ConnectionOption, Decision, Head, Version};
 use crate::table::SharedTable;
 use crate::upstream::{ClusterState, may_connect_again, pool};
 use backend::{connect, read_more, write_both};
 use coxswain_api::snapshot as snap;
-use heads::{edited_response_head, without_content_length, write_upstream_head};
-use read::{BodyRead, HeadRead, read_body, read_head};
+use heads::{
+    answer_head, edited_response_head, status_response, without_content_length, write_upstream_head,
+};
+use read::{BodyRead, HeadRead, read_body, read_head, request_end};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
@@ -144,11 +146,15 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
             }
             Step::Answer(answer) => {
                 answer.record.done(answer.status, None, started);
-                let head = answer_head(answer.status, answer.field);
-                if conn.write_all(head.as_bytes()).await.is_err()
-                    || conn.flush().await.is_err()
-                    || *env.shutdown.borrow()
-                {
+                let head = answer_head(answer.status, answer.field, answer.close_client);
+                if conn.write_all(head.as_bytes()).await.is_err() {
+                    return Next::Closed;
+                }
+                if answer.close_client {
+                    close(conn).await;
+                    return Next::Closed;
+                }
+                if conn.flush().await.is_err() || *env.shutdown.borrow() {
                     return Next::Closed;
                 }
                 // Then the body is read and dropped, so the next request starts after it (as
@@ -204,7 +210,7 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
                 }
             }
             Ok(_) => {
-                let _ = conn.flush().await;
+                close(conn).await;
                 return Next::Closed;
             }
             Err(status) => {
@@ -214,31 +220,6 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
             }
         }
     }
-}
-
-/// Where a request whose head is `len` bytes ends among `available` bytes read: after its
-/// Content-Length body, or, for a chunked body (whose end is not known here), at the end of
-/// what was read.
-fn request_end(head: &FastHead<'_, '_>, len: usize, available: usize) -> usize {
-    let mut body = 0u64;
-    for h in head.0.headers.iter() {
-        if h.name.eq_ignore_ascii_case("transfer-encoding") {
-            return available;
-        }
-        if h.name.eq_ignore_ascii_case("content-length") {
-            match std::str::from_utf8(h.value)
-                .ok()
-                .and_then(|v| v.trim().parse().ok())
-            {
-                Some(n) => body = n,
-                None => return available,
-            }
-        }
-    }
-    usize::try_from(body)
-        .ok()
-        .and_then(|b| b.checked_add(len))
-        .map_or(available, |e| e.min(available))
 }
 
 /// httparse's view of a request head, for the request layer.
@@ -302,6 +283,8 @@ struct Answered {
     record: Record,
     /// The request's body length: read and dropped so the connection can go on.
     body: usize,
+    /// The client asked to close after this request (`ConnectionOption::Close`).
+    close_client: bool,
 }
 
 /// How a request is counted and logged once its status is known.
@@ -334,14 +317,13 @@ impl Record {
     }
 }
 
-/// The head of an answer with no body that keeps the connection open.
-fn answer_head(status: u16, (name, value): (&str, String)) -> String {
-    let reason = match status {
-        401 => "Unauthorized",
-        429 => "Too Many Requests",
-        _ => "",
-    };
-    format!("HTTP/1.1 {status} {reason}\r\n{name}: {value}\r\ncontent-length: 0\r\n\r\n")
+/// Ends a client connection after its last answer: the bytes buffered, then TLS's
+/// close_notify, then the TCP FIN. The proxy closes first, as RFC 9112 section 9.6 asks of
+/// a server after answering a `close`, so the client is not the one left holding TIME_WAIT.
+async fn close(conn: &mut Buffered) {
+    if let Err(e) = conn.shutdown().await {
+        tracing::debug!(error = %e, "closing a client connection");
+    }
 }
 
 /// A request this path forwards, and what it needs to know afterwards.
@@ -361,6 +343,9 @@ struct Plan {
     response_edits: Option<Arc<[snap::HeaderModifier]>>,
     /// The Content-Length body after the head (at most `MAX_BODY`).
     body: usize,
+    /// The client asked to close after this request: the answer says so and the client
+    /// connection ends with it.
+    close_client: bool,
     /// The request counted against its route's limit on requests in progress.
     _slots: Vec<crate::ratelimit::Slot>,
 }
@@ -398,10 +383,17 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
         Body::Length(n) if n <= MAX_BODY => n as usize,
         _ => return Step::Pingora,
     };
+    let mut close = false;
     for h in head.0.headers.iter() {
         let name = h.name;
         let plain = if name.eq_ignore_ascii_case("connection") {
-            h.value.eq_ignore_ascii_case(b"keep-alive")
+            match request::connection_option(h.value) {
+                Some(option) => {
+                    close |= option == ConnectionOption::Close;
+                    true
+                }
+                None => false,
+            }
         } else {
             !(name.eq_ignore_ascii_case("transfer-encoding")
                 || name.eq_ignore_ascii_case("upgrade")
@@ -412,7 +404,13 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
             return Step::Pingora;
         }
     }
-    plan_checked(head, &checked, body, None, env, up_head)
+    let mut step = plan_checked(head, &checked, body, None, env, up_head);
+    match &mut step {
+        Step::Forward(plan) => plan.close_client = close,
+        Step::Answer(answer) => answer.close_client = close,
+        Step::Pingora | Step::Reject(_) => {}
+    }
+    step
 }
 
 /// What `plan` does once a head met the conditions of its protocol (HTTP/1 here, HTTP/2 in
@@ -485,6 +483,7 @@ fn plan_checked<H: Head + ?Sized>(
                 field: ("www-authenticate", challenge.to_owned()),
                 record: record(route),
                 body,
+                close_client: false,
             });
         }
         Decision::Limited { retry_after } => {
@@ -494,6 +493,7 @@ fn plan_checked<H: Head + ?Sized>(
                 field: ("retry-after", retry_after.to_string()),
                 record: record(route),
                 body,
+                close_client: false,
             });
         }
         // Not reached: a passthrough route has no other policy that answers by itself, and a
@@ -528,6 +528,7 @@ fn plan_checked<H: Head + ?Sized>(
         in_flight: forward.cluster.start(forward.endpoint),
         response_edits: forward.backend.response_edits.clone(),
         body,
+        close_client: false,
         _slots: forward.slots,
     })
 }
@@ -566,7 +567,7 @@ async fn exchange(
         }
         // Pingora runs the response filters on interim heads too.
         let written = match &plan.response_edits {
-            Some(edits) => match edited_response_head(&resp[..h.len], false, edits) {
+            Some(edits) => match edited_response_head(&resp[..h.len], false, edits, false) {
                 Some(edited) => write_head(conn, &edited, h.version).await,
                 None => return Err(502),
             },
@@ -582,9 +583,15 @@ async fn exchange(
 
     // The head, then the body as it arrives: each read is flushed to the client at once,
     // so streamed responses (server-sent events, long polls) are not held back.
-    let written = if let Some(edits) = &plan.response_edits {
+    let written = if plan.response_edits.is_some() || plan.close_client {
         // The head parsed once already; it parses again the same way.
-        match edited_response_head(&resp[..head.len], head.drop_length, edits) {
+        let edits = plan.response_edits.as_deref().unwrap_or_default();
+        match edited_response_head(
+            &resp[..head.len],
+            head.drop_length,
+            edits,
+            plan.close_client,
+        ) {
             Some(edited) => write_head(conn, &edited, head.version).await,
             None => return Err(502),
         }
@@ -646,7 +653,7 @@ async fn exchange(
     }
     Ok(Exchange {
         status,
-        keep_client: framing.delimited(),
+        keep_client: framing.delimited() && !plan.close_client,
     })
 }
 
@@ -769,19 +776,6 @@ async fn write_head(
         conn.write_all(&head[8..]).await
     } else {
         conn.write_all(head).await
-    }
-}
-
-/// The answers this path writes itself; the connection closes after each.
-pub fn status_response(status: u16) -> &'static [u8] {
-    match status {
-        400 => b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-        405 => b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-        408 => b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-        431 => b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
-        500 => b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\ncache-control: private, no-store\r\nconnection: close\r\n\r\n",
-        503 => b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\ncache-control: private, no-store\r\nconnection: close\r\n\r\n",
-        _ => b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\ncache-control: private, no-store\r\nconnection: close\r\n\r\n",
     }
 }
 

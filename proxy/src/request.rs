@@ -747,6 +747,34 @@ pub fn is_preflight<H: Head + ?Sized>(head: &H) -> bool {
         && head.get("access-control-request-method").is_some()
 }
 
+/// What a request's Connection field asks of the client connection, when it asks nothing
+/// else: only the `close` and `keep-alive` options (RFC 9112 section 9). Both are about this
+/// hop, so neither engine forwards such a field: the connection to the backend is the
+/// proxy's own and stays pooled (RFC 9110 section 7.6.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConnectionOption {
+    KeepAlive,
+    /// The client closes after this request: the answer says `connection: close` and the
+    /// proxy closes its side once it is sent.
+    Close,
+}
+
+/// The options of one Connection field value, or None when it names anything besides
+/// `close` and `keep-alive` (an upgrade, a hop-by-hop field): such a request goes on as
+/// it came, to Pingora. An empty value (or one of only commas) names nothing.
+pub fn connection_option(value: &[u8]) -> Option<ConnectionOption> {
+    let mut option = ConnectionOption::KeepAlive;
+    for token in value.split(|b| *b == b',') {
+        let token = token.trim_ascii();
+        if token.eq_ignore_ascii_case(b"close") {
+            option = ConnectionOption::Close;
+        } else if !(token.is_empty() || token.eq_ignore_ascii_case(b"keep-alive")) {
+            return None;
+        }
+    }
+    Some(option)
+}
+
 mod consult;
 pub use consult::{Consult, auth_request};
 

@@ -46,10 +46,13 @@ async fn raw_backend() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
+        let mut accepted = 0u32;
         loop {
             let Ok((mut s, _)) = listener.accept().await else {
                 continue;
             };
+            accepted += 1;
+            let connection = accepted;
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 loop {
@@ -80,7 +83,17 @@ async fn raw_backend() -> SocketAddr {
                     let line = head.lines().next().unwrap_or("").to_owned();
                     let path = line.split(' ').nth(1).unwrap_or("/");
                     let counted;
+                    let told;
                     let reply: &[u8] = match path {
+                        // Which of the backend's connections this is, and the head it got.
+                        "/raw/tell" => {
+                            let text = format!("connection {connection}\n{head}");
+                            told = format!(
+                                "HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n{text}",
+                                text.len()
+                            );
+                            told.as_bytes()
+                        }
                         "/raw/count" => {
                             let sum: u64 = body.iter().map(|b| u64::from(*b)).sum();
                             let text = format!("{} bytes, sum {sum}", body.len());
@@ -165,6 +178,51 @@ async fn response(s: &mut TcpStream, buf: &mut Vec<u8>, head_only: bool) -> (u16
         std::mem::take(buf)
     };
     (status, head, body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_asks_to_close_is_answered_and_closed_while_the_backend_connection_stays() {
+    let (proxy, port, _) = start().await;
+    let mut seen = std::collections::BTreeSet::new();
+    let options = ["close", "keep-alive, Close"];
+    for (i, option) in options.iter().cycle().take(8).enumerate() {
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let req =
+            format!("GET /raw/tell HTTP/1.1\r\nHost: a.example\r\nConnection: {option}\r\n\r\n");
+        s.write_all(req.as_bytes()).await.unwrap();
+        let mut buf = Vec::new();
+        let (status, head, body) = response(&mut s, &mut buf, false).await;
+        assert_eq!(status, 200);
+        let head = head.to_ascii_lowercase();
+        assert!(head.contains("\r\nconnection: close"), "{head}");
+        // Pingora writes a Date into every answer; the fast path passes the backend's head on,
+        // and this backend sends none.
+        assert!(!head.contains("\r\ndate:"), "served by Pingora: {head}");
+        // The proxy closes first (RFC 9112 section 9.6): the next read is the end.
+        assert_eq!(
+            read_more(&mut s, &mut buf).await,
+            0,
+            "request {i}: still open"
+        );
+        let told = String::from_utf8(body).unwrap();
+        // The option was about the client's hop: it is not forwarded.
+        assert!(!told.to_ascii_lowercase().contains("connection:"), "{told}");
+        seen.insert(told.lines().next().unwrap().to_owned());
+    }
+    // Backend connections stay in their worker's pool in between: at most one per worker
+    // (the test proxy has two) for eight client connections.
+    assert!(seen.len() <= 2, "{seen:?}");
+
+    // A Connection that names anything else goes on as it came (Pingora's).
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    s.write_all(b"GET /raw/tell HTTP/1.1\r\nHost: a.example\r\nConnection: close, x-private\r\nX-Private: 1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let (status, head, _) = response(&mut s, &mut buf, false).await;
+    assert_eq!(status, 200);
+    assert!(head.to_ascii_lowercase().contains("\r\ndate:"), "{head}");
+    proxy.stop().await;
 }
 
 async fn start() -> (Proxy, u16, SocketAddr) {

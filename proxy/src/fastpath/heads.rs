@@ -8,7 +8,8 @@ use coxswain_api::snapshot as snap;
 use std::borrow::Cow;
 
 /// The head sent upstream: the request line with the normalised target, `host` as a Host
-/// field (an HTTP/2 request's :authority), the received fields less the forwarded ones, then
+/// field (an HTTP/2 request's :authority), the received fields less the forwarded ones and
+/// the Connection field, then
 /// the forwarded fields this proxy sets; then the route's and the backend's header
 /// modifiers, in that order, as Pingora applies them.
 pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
@@ -31,7 +32,7 @@ pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
             fields.0.push((b"host"[..].into(), host.as_bytes().into()));
         }
         head.each_header(&mut |name, value| {
-            if !forwarded.replaces(name) {
+            if !(forwarded.replaces(name) || this_hop(name)) {
                 fields.0.push((name.into(), value.into()));
             }
         });
@@ -53,7 +54,7 @@ pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
         out.extend_from_slice(b"\r\n");
     }
     head.each_header(&mut |name, value| {
-        if forwarded.replaces(name) {
+        if forwarded.replaces(name) || this_hop(name) {
             return;
         }
         out.extend_from_slice(name);
@@ -70,6 +71,12 @@ pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
         out.extend_from_slice(b"\r\n");
     });
     out.extend_from_slice(b"\r\n");
+}
+
+/// The client's Connection field, which on this path only ever holds `close` or `keep-alive`
+/// (`request::connection_option`): about the client's connection, not the backend's.
+fn this_hop(name: &[u8]) -> bool {
+    name.eq_ignore_ascii_case(b"connection")
 }
 
 /// Header fields being edited by header modifiers: the received ones borrowed, the ones
@@ -110,11 +117,14 @@ impl crate::filters::EditHeaders for Fields<'_> {
 }
 
 /// The response head as it goes to the client: the status line, then the fields less any
-/// Content-Length beside a Transfer-Encoding (`drop_length`), edited by `edits`.
+/// Content-Length beside a Transfer-Encoding (`drop_length`), edited by `edits`; with
+/// `close`, its connection fields replaced by `connection: close` (after the edits, as
+/// Pingora sets the field when it writes the head).
 pub(super) fn edited_response_head(
     head: &[u8],
     drop_length: bool,
     edits: &[snap::HeaderModifier],
+    close: bool,
 ) -> Option<Vec<u8>> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
     let mut parsed = httparse::Response::new(&mut headers);
@@ -132,6 +142,11 @@ pub(super) fn edited_response_head(
     }
     for m in edits {
         crate::filters::modify_headers(&mut fields, m);
+    }
+    if close {
+        use crate::filters::EditHeaders;
+        fields.remove("keep-alive");
+        fields.set("connection", "close");
     }
     let mut out = Vec::with_capacity(head.len() + 64);
     out.extend_from_slice(status_line);
@@ -153,4 +168,31 @@ pub(super) fn without_content_length(head: &[u8]) -> Vec<u8> {
         }
     }
     out
+}
+
+/// The head of an answer with no body, which keeps the connection open unless the client
+/// asked to close it.
+pub(super) fn answer_head(status: u16, (name, value): (&str, String), close: bool) -> String {
+    let reason = match status {
+        401 => "Unauthorized",
+        429 => "Too Many Requests",
+        _ => "",
+    };
+    let connection = if close { "connection: close\r\n" } else { "" };
+    format!(
+        "HTTP/1.1 {status} {reason}\r\n{name}: {value}\r\ncontent-length: 0\r\n{connection}\r\n"
+    )
+}
+
+/// The answers this path writes itself; the connection closes after each.
+pub fn status_response(status: u16) -> &'static [u8] {
+    match status {
+        400 => b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        405 => b"HTTP/1.1 405 Method Not Allowed\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        408 => b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        431 => b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+        500 => b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\ncache-control: private, no-store\r\nconnection: close\r\n\r\n",
+        503 => b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\ncache-control: private, no-store\r\nconnection: close\r\n\r\n",
+        _ => b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\ncache-control: private, no-store\r\nconnection: close\r\n\r\n",
+    }
 }

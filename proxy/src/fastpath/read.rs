@@ -1,7 +1,7 @@
-//! Reading a request from the client: its head under the head deadline, and a small
-//! Content-Length body after it.
+//! Reading a request from the client: its head under the head deadline, a small
+//! Content-Length body after it, and where in the bytes read the request ends.
 
-use super::{Env, REQUEST_LINE};
+use super::{Env, FastHead, REQUEST_LINE};
 use crate::conn::Buffered;
 use crate::http1::H2_PREFACE;
 use tokio::io::AsyncReadExt;
@@ -136,4 +136,29 @@ pub(super) fn head_end(buf: &[u8]) -> Option<usize> {
         i = at + 1;
     }
     None
+}
+
+/// Where a request whose head is `len` bytes ends among `available` bytes read: after its
+/// Content-Length body, or, for a chunked body (whose end is not known here), at the end of
+/// what was read.
+pub(super) fn request_end(head: &FastHead<'_, '_>, len: usize, available: usize) -> usize {
+    let mut body = 0u64;
+    for h in head.0.headers.iter() {
+        if h.name.eq_ignore_ascii_case("transfer-encoding") {
+            return available;
+        }
+        if h.name.eq_ignore_ascii_case("content-length") {
+            match std::str::from_utf8(h.value)
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+            {
+                Some(n) => body = n,
+                None => return available,
+            }
+        }
+    }
+    usize::try_from(body)
+        .ok()
+        .and_then(|b| b.checked_add(len))
+        .map_or(available, |e| e.min(available))
 }

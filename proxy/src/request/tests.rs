@@ -241,3 +241,24 @@ fn only_idempotent_methods_may_be_replayed() {
         assert!(!idempotent(m), "{m}");
     }
 }
+
+#[test]
+fn only_close_and_keep_alive_are_this_hops_own_connection_options() {
+    use ConnectionOption::{Close, KeepAlive};
+    for (value, option) in [
+        ("close", Some(Close)),
+        ("Close", Some(Close)),
+        ("keep-alive", Some(KeepAlive)),
+        ("Keep-Alive , close", Some(Close)),
+        (" close,", Some(Close)),
+        ("", Some(KeepAlive)),
+        (",", Some(KeepAlive)),
+        ("upgrade", None),
+        ("close, Upgrade", None),
+        ("keep-alive, x-private", None),
+        ("closed", None),
+        ("close;q=1", None),
+    ] {
+        assert_eq!(connection_option(value.as_bytes()), option, "{value:?}");
+    }
+}
