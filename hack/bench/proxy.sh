@@ -14,10 +14,17 @@
 #              per request over the plain route's is the cost of those checks
 # Every scenario but http runs at 1 worker (BENCH_WORKERS overrides http's "1 2").
 #
-# Everything runs on loopback. On a 2-core machine the load generator, the proxy and the
-# backend share the cores, so absolute numbers are noise; the ratios within one run are the
-# result. CPU per request is the proxy's own CPU time (every process of it, from /proc) over
-# the measured seconds, divided by the requests the load generator completed.
+# Everything runs on loopback. Absolute numbers on a shared machine are noise; the ratios
+# within one run are the result. CPU per request is the proxy's own CPU time (every process
+# of it, from /proc) over the measured seconds, divided by the requests the load generator
+# completed.
+# A proxy with one worker gets the last CPU to itself; the load generator and the backend
+# share the others (a proxy with more workers may use every CPU). BENCH_PIN=0 lets every
+# process use every CPU, as runs before 2026-12-06 did. Unpinned on two cores, the load
+# generator and the backend take most of the CPU and a cheaper proxy mostly leaves more to
+# them, so req/s ratios stay near 1 however cheap the proxy is. Pinned, a proxy that fills
+# its CPU sets the req/s, which is what "faster at one worker" means; the "busy" column
+# says whether it filled it (when it did not, the load generator set the pace).
 # Settings: BENCH_SECONDS (default 10), BENCH_CONNECTIONS (default 50), COXSWAIN_BIN (a
 # binary to measure instead of building this tree's), BENCH_PERF=DIR (record coxswain's CPU
 # profile of each measured load with perf into DIR/<scenario>-<workers>.data and print where
@@ -29,6 +36,17 @@ seconds="${BENCH_SECONDS:-10}"
 connections="${BENCH_CONNECTIONS:-50}"
 scenarios="${BENCH_SCENARIOS:-http https tls-new h2 headers post-1k post-64k auth}"
 http_workers="${BENCH_WORKERS:-1 2}"
+cpus=$(nproc)
+pin="${BENCH_PIN:-1}"
+(( cpus < 2 )) && pin=0
+# Prefixes (commands exec'd by taskset keep their pid): the load generator and the backend
+# run under `on_load`, a proxy of one worker under `on_proxy`.
+on_load=() on_proxy=()
+if [[ $pin == 1 ]]; then
+  on_load=(taskset -c "0-$((cpus - 2))")
+  on_proxy=(taskset -c "$((cpus - 1))")
+fi
+proxy_pin() { if (( $1 == 1 )); then echo "${on_proxy[@]}"; fi; }
 work="$(mktemp -d /tmp/coxswain-bench.XXXXXX)"
 pids=()
 cleanup() {
@@ -104,7 +122,7 @@ http {
   }
 }
 CONF
-nginx -c "$work/backend/nginx.conf" -p "$work/backend" -g 'daemon off;' &
+"${on_load[@]}" nginx -c "$work/backend/nginx.conf" -p "$work/backend" -g 'daemon off;' &
 pids+=($!)
 wait_port "$backend_port" http
 
@@ -137,7 +155,7 @@ load() {
   if [[ $scenario == h2 ]]; then
     rm -f "$work/h2.log"
     # 50 connections x 10 concurrent streams; one thread, as each proxy gets one worker.
-    out=$(h2load -c"$connections" -m10 -t1 -D"$secs" --log-file="$work/h2.log" \
+    out=$("${on_load[@]}" h2load -c"$connections" -m10 -t1 -D"$secs" --log-file="$work/h2.log" \
       -H "$auth_header" -H 'X-Remove: yes' "$url" 2>&1)
     local requests rps p99 failed
     requests=$(awk '/^requests:/ {print $8}' <<<"$out")
@@ -151,7 +169,7 @@ load() {
     printf '%s\t%s\t%s\t%s\n' "${requests:-0}" "${rps:-0}" "$p99" "$notes"
     return
   fi
-  out=$(wrk "${wrk_args[@]}" "$url")
+  out=$("${on_load[@]}" wrk "${wrk_args[@]}" "$url")
   local requests rps p99 notes
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
   p99=$(awk '$1=="99%" {print $2}' <<<"$out")
@@ -281,7 +299,7 @@ $route
 YAML
   "$coxswain" snapshot compile -f "$work/app.yaml" -o json --ingress-http-port "$proxy_port" \
     > "$work/snapshot.json"
-  COXSWAIN_LOG=warn "$coxswain" serve proxy --snapshot-file "$work/snapshot.json" \
+  COXSWAIN_LOG=warn $(proxy_pin "$workers") "$coxswain" serve proxy --snapshot-file "$work/snapshot.json" \
     --bind-address 127.0.0.1 --threads "$workers" --health-addr "127.0.0.1:$(free_port)" &
   pids+=($!)
   wait_port "$proxy_port" "$(scheme "$scenario")"
@@ -337,7 +355,7 @@ http {
   }
 }
 CONF
-  nginx -c "$dir/nginx.conf" -p "$dir" -g 'daemon off;' &
+  $(proxy_pin "$workers") nginx -c "$dir/nginx.conf" -p "$dir" -g 'daemon off;' &
   pids+=($!)
   wait_port "$proxy_port" "$(scheme "$scenario")"
   measure "$scenario" nginx "$workers" "${pids[-1]}"
@@ -383,7 +401,7 @@ backend be
   $extra
   server b1 127.0.0.1:$backend_port
 CONF
-  haproxy -f "$work/haproxy.cfg" -db &
+  $(proxy_pin "$workers") haproxy -f "$work/haproxy.cfg" -db &
   pids+=($!)
   wait_port "$proxy_port" "$(scheme "$scenario")"
   measure "$scenario" haproxy "$workers" "${pids[-1]}"
@@ -407,12 +425,20 @@ done
 
 echo
 echo "load: wrk -t2 -c$connections (h2: h2load -c$connections -m10 -t1), ${seconds}s after a 2 s warm-up;"
+if [[ $pin == 1 ]]; then
+  echo "a proxy of 1 worker on CPU $((cpus - 1)) alone; load generator and backend on CPUs 0-$((cpus - 2))"
+else
+  echo "every process on every CPU (BENCH_PIN=0 or one CPU)"
+fi
 echo "backend: nginx (1 worker), 3-byte body; every proxy sets X-Forwarded-For/-Proto/-Host/-Port and X-Real-IP"
-printf '%-9s %-9s %7s %12s %10s %11s %14s %s\n' scenario proxy workers "req/s" p99 "CPU us/req" "coxswain/this" notes
+# "busy": the proxy's CPU time over the seconds measured (req/s x CPU per request), in CPUs. A
+# pinned proxy near 1.00 set the pace; one well below it waited for the load generator.
+printf '%-9s %-9s %7s %12s %10s %11s %6s %14s %s\n' scenario proxy workers "req/s" p99 "CPU us/req" busy "coxswain/this" notes
 while IFS=$'\t' read -r scenario name workers rps p99 cpu notes; do
   base=$(awk -F'\t' -v s="$scenario" -v w="$workers" '$1==s && $2=="coxswain" && $3==w {print $4}' "$work/results.tsv")
   ratio=$(awk -v a="$base" -v b="$rps" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
-  printf '%-9s %-9s %7s %12s %10s %11s %14s %s\n' "$scenario" "$name" "$workers" "$rps" "$p99" "$cpu" "$ratio" "$notes"
+  busy=$(awk -v r="$rps" -v c="$cpu" 'BEGIN { if (c + 0 > 0) printf "%.2f", r * c / 1e6; else print "n/a" }')
+  printf '%-9s %-9s %7s %12s %10s %11s %6s %14s %s\n' "$scenario" "$name" "$workers" "$rps" "$p99" "$cpu" "$busy" "$ratio" "$notes"
 done < "$work/results.tsv"
 cpu_of() { awk -F'\t' -v s="$1" '$1==s && $2=="coxswain" && $3==1 {print $6}' "$work/results.tsv"; }
 if [[ " $scenarios " == *" auth "* && " $scenarios " == *" http "* ]]; then
