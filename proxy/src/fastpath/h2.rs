@@ -338,7 +338,9 @@ fn response_header(head: &[u8], drop_length: bool) -> Option<ResponseHeader> {
     let mut fields = [httparse::EMPTY_HEADER; super::MAX_RESPONSE_HEADERS];
     let mut parsed = httparse::Response::new(&mut fields);
     parsed.parse(head).ok()?;
-    let mut header = ResponseHeader::build(parsed.code?, Some(parsed.headers.len())).ok()?;
+    // HTTP/2 names are lowercase on the wire: no map of the names' case to fill per field.
+    let mut header =
+        ResponseHeader::build_no_case(parsed.code?, Some(parsed.headers.len())).ok()?;
     for h in parsed.headers.iter() {
         if drop_length && h.name.eq_ignore_ascii_case("content-length") {
             continue;
@@ -353,7 +355,7 @@ fn response_header(head: &[u8], drop_length: bool) -> Option<ResponseHeader> {
 /// An answer without a body, decided here: 401 and 429 with their field, or the status of a
 /// request that could not be forwarded (as the HTTP/1 fast path's `status_response`).
 fn respond(session: &mut HttpSession, status: u16, field: Option<(&'static str, &str)>) {
-    let Ok(mut header) = ResponseHeader::build(status, Some(3)) else {
+    let Ok(mut header) = ResponseHeader::build_no_case(status, Some(3)) else {
         return;
     };
     if let Some((name, value)) = field {
