@@ -548,17 +548,9 @@ impl ProxyHttp for Gateway {
     ) -> pingora::Result<()> {
         ctx.upstream_sent = Some(std::time::Instant::now());
         ctx.body_pos = 0;
-        // A Connection of only close/keep-alive is about the client's connection; the one to
-        // the backend stays pooled, as on the fast path. Any other (an upgrade) goes on.
-        let this_hop = upstream.version == pingora::http::Version::HTTP_11
-            && upstream
-                .headers
-                .get_all("connection")
-                .iter()
-                .all(|v| request::connection_option(v.as_bytes()).is_some());
-        if this_hop {
-            upstream.remove_header("connection");
-        }
+        // Pingora's default request policy has already taken the hop-by-hop fields off,
+        // Connection and the fields it names included (RFC 9110 section 7.6.1), as the fast
+        // path does; an upgrade to WebSocket keeps `Connection: Upgrade`.
         // Before the route's filters, so a header modifier can still override them.
         for name in forwarded::FIELDS {
             if !(ctx.keep_forwarded && name == "forwarded") {

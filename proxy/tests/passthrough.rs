@@ -213,15 +213,30 @@ async fn a_client_that_asks_to_close_is_answered_and_closed_while_the_backend_co
     // (the test proxy has two) for eight client connections.
     assert!(seen.len() <= 2, "{seen:?}");
 
-    // A Connection that names anything else goes on as it came (Pingora's).
+    // A Connection that names a field is Pingora's, and the named field stays on the client's
+    // hop (RFC 9110 section 7.6.1).
     let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    s.write_all(b"GET /raw/tell HTTP/1.1\r\nHost: a.example\r\nConnection: close, x-private\r\nX-Private: 1\r\n\r\n")
+    s.write_all(b"GET /raw/tell HTTP/1.1\r\nHost: a.example\r\nConnection: close, X-Private\r\nX-Private: 1\r\nX-Public: 2\r\n\r\n")
         .await
         .unwrap();
     let mut buf = Vec::new();
-    let (status, head, _) = response(&mut s, &mut buf, false).await;
-    assert_eq!(status, 200);
+    let (status, head, body) = response(&mut s, &mut buf, false).await;
+    assert_eq!(status, 200, "{head} {}", String::from_utf8_lossy(&body));
     assert!(head.to_ascii_lowercase().contains("\r\ndate:"), "{head}");
+    let told = String::from_utf8(body).unwrap().to_ascii_lowercase();
+    assert!(!told.contains("x-private"), "{told}");
+    assert!(!told.contains("connection:"), "{told}");
+    assert!(told.contains("\r\nx-public: 2\r\n"), "{told}");
+    assert!(told.contains("\r\nhost: a.example\r\n"), "{told}");
+
+    // Naming Host (or a forwarded field) would strip what routing and the backend rely on:
+    // refused, whichever engine the route would take.
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    s.write_all(b"GET /raw/tell HTTP/1.1\r\nHost: a.example\r\nConnection: Host\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, _, _) = response(&mut s, &mut buf, false).await;
+    assert_eq!(status, 400);
     proxy.stop().await;
 }
 

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 
 /// The head sent upstream: the request line with the normalised target, `host` as a Host
 /// field (an HTTP/2 request's :authority), the received fields less the forwarded ones and
-/// the Connection field, then
+/// this hop's (`this_hop`), then
 /// the forwarded fields this proxy sets; then the route's and the backend's header
 /// modifiers, in that order, as Pingora applies them.
 pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
@@ -73,10 +73,25 @@ pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
     out.extend_from_slice(b"\r\n");
 }
 
-/// The client's Connection field, which on this path only ever holds `close` or `keep-alive`
-/// (`request::connection_option`): about the client's connection, not the backend's.
+/// The fields about the client's hop that Pingora's request policy takes off before a
+/// request goes upstream (RFC 9110 section 7.6.1), taken off here too so both engines send
+/// the same head: Connection (only ever `close` or `keep-alive` on this path, naming no
+/// field), Keep-Alive, Proxy-Connection, the proxy's own credentials, and the framing and
+/// upgrade fields, which requests with them never reach this path with. Sorted out by length
+/// first: most fields are none of these.
 fn this_hop(name: &[u8]) -> bool {
-    name.eq_ignore_ascii_case(b"connection")
+    let is = |hop: &str| name.eq_ignore_ascii_case(hop.as_bytes());
+    match name.len() {
+        2 => is("te"),
+        7 => is("trailer") || is("upgrade"),
+        10 => is("connection") || is("keep-alive"),
+        14 => is("http2-settings"),
+        16 => is("proxy-connection"),
+        17 => is("transfer-encoding"),
+        18 => is("proxy-authenticate"),
+        19 => is("proxy-authorization"),
+        _ => false,
+    }
 }
 
 /// Header fields being edited by header modifiers: the received ones borrowed, the ones
