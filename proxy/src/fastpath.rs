@@ -151,7 +151,7 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
                     return Next::Closed;
                 }
                 if answer.close_client {
-                    close(conn).await;
+                    close(conn, env.limits.request_head).await;
                     return Next::Closed;
                 }
                 if conn.flush().await.is_err() || *env.shutdown.borrow() {
@@ -210,7 +210,7 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
                 }
             }
             Ok(_) => {
-                close(conn).await;
+                close(conn, env.limits.request_head).await;
                 return Next::Closed;
             }
             Err(status) => {
@@ -320,9 +320,13 @@ impl Record {
 /// Ends a client connection after its last answer: the bytes buffered, then TLS's
 /// close_notify, then the TCP FIN. The proxy closes first, as RFC 9112 section 9.6 asks of
 /// a server after answering a `close`, so the client is not the one left holding TIME_WAIT.
-async fn close(conn: &mut Buffered) {
-    if let Err(e) = conn.shutdown().await {
-        tracing::debug!(error = %e, "closing a client connection");
+/// A client that takes none of the last bytes holds the task no longer than `within`; the
+/// socket is dropped then all the same.
+async fn close(conn: &mut Buffered, within: std::time::Duration) {
+    match tokio::time::timeout(within, conn.shutdown()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::debug!(error = %e, "closing a client connection"),
+        Err(_) => tracing::debug!("client took none of the last answer's bytes in time"),
     }
 }
 
