@@ -151,6 +151,14 @@ impl Rng {
     fn chance(&mut self, percent: usize) -> bool {
         self.below(100) < percent
     }
+    /// With `percent` chance, one of `values` as a header line after `prefix` (a field name
+    /// and its colon, or nothing when the values are whole lines).
+    fn field(&mut self, req: &mut Vec<u8>, percent: usize, prefix: &str, values: &[&'static str]) {
+        if self.chance(percent) {
+            let value = self.word(values);
+            req.extend_from_slice(format!("{prefix}{value}\r\n").as_bytes());
+        }
+    }
 }
 
 /// One generated request, as raw bytes.
@@ -206,42 +214,48 @@ fn generate(rng: &mut Rng) -> Vec<u8> {
         req.extend_from_slice(b"X-Custom: Value\r\nx-custom: second\r\n");
     }
     // Credentials for /auth ("u:pw"), wrong ones, and schemes that are not Basic.
-    if rng.chance(20) {
-        let value = rng.word(&[
+    rng.field(
+        &mut req,
+        20,
+        "Authorization: ",
+        &[
             "Basic dTpwdw==",
             "basic dTpwdw==",
             "Basic dTp4",
             "Basic !!",
             "Bearer dTpwdw==",
-        ]);
-        req.extend_from_slice(format!("Authorization: {value}\r\n").as_bytes());
-    }
+        ],
+    );
     // Forwarded fields, believed or not depending on the proxy's trusted blocks; an address
     // in 10/8 opens the allowlisted /admin when it is believed.
-    if rng.chance(30) {
-        let list = rng.word(&[
+    rng.field(
+        &mut req,
+        30,
+        "X-Forwarded-For: ",
+        &[
             "10.1.2.3",
             "192.0.2.1",
             "10.1.2.3, 127.0.0.5",
             "garbage, 10.2.3.4",
             "[2001:db8::1]:80",
             "",
-        ]);
-        req.extend_from_slice(format!("X-Forwarded-For: {list}\r\n").as_bytes());
-    }
+        ],
+    );
     if rng.chance(10) {
         req.extend_from_slice(b"x-forwarded-for: 10.9.9.9\r\n");
     }
-    if rng.chance(15) {
-        let field = rng.word(&[
+    rng.field(
+        &mut req,
+        15,
+        "",
+        &[
             "X-Forwarded-Proto: https",
             "X-Forwarded-Host: other.example",
             "X-Forwarded-Port: 8443",
             "X-Real-IP: 6.6.6.6",
             "Forwarded: for=192.0.2.60;proto=http",
-        ]);
-        req.extend_from_slice(format!("{field}\r\n").as_bytes());
-    }
+        ],
+    );
     if method == "OPTIONS" && rng.chance(50) {
         req.extend_from_slice(
             b"Origin: https://app.example\r\nAccess-Control-Request-Method: GET\r\n",
@@ -255,30 +269,36 @@ fn generate(rng: &mut Rng) -> Vec<u8> {
         4 if rng.chance(20) => b"Content-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
         _ => b"\r\n",
     };
-    if version == "HTTP/1.1" && rng.chance(30) {
+    if version == "HTTP/1.1" {
         // This hop's own options, which neither engine forwards, and one (an upgrade with no
         // Upgrade) that goes on as it came.
-        let options = rng.word(&[
-            "keep-alive",
-            "keep-alive",
-            "close",
-            "Keep-Alive, Close",
-            "upgrade",
-        ]);
-        req.extend_from_slice(format!("Connection: {options}\r\n").as_bytes());
+        rng.field(
+            &mut req,
+            30,
+            "Connection: ",
+            &[
+                "keep-alive",
+                "keep-alive",
+                "close",
+                "Keep-Alive, Close",
+                "upgrade",
+            ],
+        );
     }
-    if rng.chance(20) {
-        // Fields about this hop alone, which must not reach the backend on either engine
-        // (the proxy's own credentials above all).
-        let field = rng.word(&[
+    // Fields about this hop alone, which must not reach the backend on either engine (the
+    // proxy's own credentials above all).
+    rng.field(
+        &mut req,
+        20,
+        "",
+        &[
             "Keep-Alive: timeout=5",
             "Proxy-Connection: keep-alive",
             "Proxy-Authorization: Basic dTpwdw==",
             "Trailer: x-checksum",
             "HTTP2-Settings: AAMAAABkAAQAAP__",
-        ]);
-        req.extend_from_slice(format!("{field}\r\n").as_bytes());
-    }
+        ],
+    );
     req.extend_from_slice(body);
     req
 }
