@@ -9,6 +9,9 @@
 //!
 //! Over TLS, rustls seals every write into a record of its own and sends it at once; a
 //! buffer above it makes a small response's head and body one record and one `send`.
+//!
+//! Every write goes through one bound, for both engines alike: a write the client takes no
+//! byte of within `Limits::client_send` fails (`SendDeadline`).
 
 use async_trait::async_trait;
 use pingora::protocols::l4::socket::SocketAddr as PingoraSocketAddr;
@@ -24,7 +27,7 @@ use std::os::unix::io::AsRawFd;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 use tokio::io::{
     AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufStream, BufWriter, ReadBuf,
 };
@@ -59,6 +62,58 @@ pub struct Buffered {
     fd: UniqueIDType,
     socket: Option<Arc<SocketDigest>>,
     accepted: SystemTime,
+    send: Option<SendDeadline>,
+}
+
+/// How long a write may wait on a client that takes none of its bytes. The timer is armed
+/// when a write (or flush) first has to wait and disarmed when one completes, so it bounds a
+/// stall, not a transfer, and costs nothing while the socket takes every write at once.
+#[derive(Debug)]
+struct SendDeadline {
+    within: Duration,
+    /// Kept between stalls and reset, rather than allocated per stall.
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    armed: bool,
+    expired: bool,
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+impl SendDeadline {
+    /// What a write's poll returns once the deadline had its say: a result as it came (and
+    /// the timer disarmed), a wait, or a timed-out error once the client stalled too long.
+    fn check<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        polled: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if polled.is_ready() {
+            self.armed = false;
+            return polled;
+        }
+        if !self.armed {
+            self.armed = true;
+            let deadline = tokio::time::Instant::now() + self.within;
+            match &mut self.timer {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => self.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
+            }
+        }
+        let Some(timer) = &mut self.timer else {
+            return Poll::Pending;
+        };
+        if timer.as_mut().poll(cx).is_pending() {
+            return Poll::Pending;
+        }
+        if !self.expired {
+            self.expired = true;
+            crate::metrics::Metrics::count(&self.metrics.client_send_timeouts);
+            tracing::debug!(within = ?self.within, "client took no bytes within the send timeout");
+        }
+        Poll::Ready(Err(io::Error::new(
+            io::ErrorKind::TimedOut,
+            "the client took none of the bytes sent within the send timeout",
+        )))
+    }
 }
 
 impl Buffered {
@@ -75,7 +130,25 @@ impl Buffered {
             fd,
             socket: Some(Arc::new(digest)),
             accepted: SystemTime::now(),
+            send: None,
         }
+    }
+
+    /// Bounds every write by `within` of no progress (`Limits::client_send`), counted in
+    /// `metrics` when it ends a connection.
+    pub fn bounding_sends(
+        mut self,
+        within: Duration,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Self {
+        self.send = Some(SendDeadline {
+            within,
+            timer: None,
+            armed: false,
+            expired: false,
+            metrics,
+        });
+        self
     }
 
     /// Wraps a connection whose TLS handshake is done; its socket digest (with the client
@@ -88,6 +161,7 @@ impl Buffered {
             io: Io::Tls(BufWriter::with_capacity(TLS_WRITE_BUFFER, Box::new(stream))),
             rewound: Vec::new(),
             held: Vec::new(),
+            send: None,
         }
     }
 
@@ -201,7 +275,9 @@ impl AsyncWrite for Buffered {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write(cx, buf)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_write(cx, buf);
+        bounded(&mut this.send, cx, polled)
     }
 
     fn poll_write_vectored(
@@ -209,7 +285,9 @@ impl AsyncWrite for Buffered {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_write_vectored(cx, bufs);
+        bounded(&mut this.send, cx, polled)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -217,11 +295,27 @@ impl AsyncWrite for Buffered {
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_flush(cx)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_flush(cx);
+        bounded(&mut this.send, cx, polled)
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.io).poll_shutdown(cx)
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.io).poll_shutdown(cx);
+        bounded(&mut this.send, cx, polled)
+    }
+}
+
+/// A write's poll under the connection's send deadline, if it has one.
+fn bounded<T>(
+    send: &mut Option<SendDeadline>,
+    cx: &mut Context<'_>,
+    polled: Poll<io::Result<T>>,
+) -> Poll<io::Result<T>> {
+    match send {
+        Some(deadline) => deadline.check(cx, polled),
+        None => polled,
     }
 }
 
@@ -379,5 +473,85 @@ mod tests {
         let mut got = vec![0u8; 41];
         client.read_exact(&mut got).await.unwrap();
         assert!(got.ends_with(b"\r\n\r\nok\n"));
+    }
+
+    /// A connection whose socket buffers stay small (64 KiB each way, no autotuning), so a
+    /// client that reads slowly holds the writer back at once.
+    async fn small_pair() -> (Buffered, TcpStream) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_send_buffer_size(64 * 1024).unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let listener = socket.listen(4).unwrap();
+        let client = tokio::net::TcpSocket::new_v4().unwrap();
+        client.set_recv_buffer_size(64 * 1024).unwrap();
+        let client = client
+            .connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, peer) = listener.accept().await.unwrap();
+        (Buffered::new(server, peer), client)
+    }
+
+    #[tokio::test]
+    async fn a_write_the_client_takes_nothing_of_fails_at_the_send_deadline() {
+        let (conn, mut client) = small_pair().await;
+        let metrics = Arc::new(crate::metrics::Metrics::default());
+        let within = Duration::from_millis(300);
+        let mut conn = conn.bounding_sends(within, metrics.clone());
+        let timeouts = || {
+            metrics
+                .client_send_timeouts
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+
+        // A client that reads slowly, 256 KiB every 50 ms: the writer waits on it again and
+        // again, for far longer than the deadline in all, but never that long at once.
+        let total = 4 * 1024 * 1024;
+        let reader = tokio::spawn(async move {
+            let mut got = 0;
+            let mut buf = vec![0u8; 64 * 1024];
+            while got < total {
+                let mut taken = 0;
+                while taken < 256 * 1024 && got < total {
+                    let n = client.read(&mut buf).await.unwrap();
+                    assert!(n > 0);
+                    taken += n;
+                    got += n;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            client
+        });
+        let started = std::time::Instant::now();
+        let chunk = vec![b'x'; 64 * 1024];
+        for _ in 0..total / chunk.len() {
+            conn.write_all(&chunk).await.unwrap();
+        }
+        conn.flush().await.unwrap();
+        assert!(
+            started.elapsed() > 2 * within,
+            "the writer was held back for {:?} in all: the test exercised no stalls",
+            started.elapsed()
+        );
+        let client = reader.await.unwrap();
+        assert_eq!(timeouts(), 0);
+
+        // Now it stops reading: once its window and the socket buffers are full, the next
+        // write waits, and fails when the deadline passes.
+        let mut sent = 0usize;
+        let err = loop {
+            match conn.write_all(&chunk).await {
+                Ok(()) => sent += chunk.len(),
+                Err(e) => break e,
+            }
+            assert!(sent < 64 * 1024 * 1024, "the socket never filled");
+        };
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(timeouts(), 1);
+        // The connection stays failed: the next write does not wait another round.
+        let again = tokio::time::timeout(within / 2, conn.write_all(&chunk)).await;
+        assert!(matches!(again, Ok(Err(_))), "{again:?}");
+        assert_eq!(timeouts(), 1, "one connection is counted once");
+        drop(client);
     }
 }

@@ -22,8 +22,8 @@ use crate::http1;
 use crate::limits::Limits;
 use crate::request::{self, Arrival, Body, ConnectionOption, Decision, Head, Version};
 use crate::table::SharedTable;
-use crate::upstream::{ClusterState, may_connect_again, pool};
-use backend::{connect, read_more, write_both};
+use crate::upstream::{ClusterState, pool};
+use backend::{next_head, read_more, send};
 use coxswain_api::snapshot as snap;
 use heads::{
     answer_head, edited_response_head, status_response, without_content_length, write_upstream_head,
@@ -640,10 +640,14 @@ async fn exchange(
         }
         resp.clear();
         pos = 0;
-        match read_more(&mut upstream, resp).await {
+        match read_more(&mut upstream, resp, env.limits.upstream_timeout).await {
             Ok(n) if n > 0 => {}
-            _ => {
-                // End of stream: the end of a close-delimited body, else a truncated one.
+            end => {
+                // End of stream: the end of a close-delimited body, else a truncated one. A
+                // backend that stalled is cut off all the same.
+                if end.is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut) {
+                    plan.stalled(env);
+                }
                 let _ = conn.flush().await;
                 return Ok(Exchange::client_done(status));
             }
@@ -659,113 +663,6 @@ async fn exchange(
         status,
         keep_client: framing.delimited() && !plan.close_client,
     })
-}
-
-/// Writes a request to `plan`'s endpoint, over a pooled connection or a new one, until the
-/// first bytes of an answer are in `resp`; returns the connection and when the request went.
-/// Err(status): no answer came, and nothing was sent to the client.
-async fn send(
-    (head, body): (&[u8], &[u8]),
-    plan: &mut Plan,
-    resp: &mut Vec<u8>,
-    env: &Env<'_>,
-) -> Result<(tokio::net::TcpStream, Instant), u16> {
-    // A pooled connection the backend closed meanwhile fails on first use, and a new one to a
-    // Pod shutting down may be reset: an idempotent request is sent again (at most
-    // `policy::BROKEN_RESENDS` times); any other may have been acted on. A connection that
-    // cannot be opened sent nothing: another endpoint is tried.
-    let mut resent = 0;
-    // Endpoints whose connect failed; allocated only when one does.
-    let mut tried: Vec<usize> = Vec::new();
-    let (mut failed, mut slow) = (0, 0);
-    loop {
-        let target = plan.upstream;
-        let (mut up, reused) = match pool::take(target) {
-            Some(up) => (up, true),
-            None => match connect(target, env.limits.upstream_connect).await {
-                Ok(up) => {
-                    let _ = up.set_nodelay(true);
-                    (up, false)
-                }
-                Err(e) => {
-                    tracing::debug!(upstream = %target, error = %e, "connect failed");
-                    plan.cluster
-                        .record(plan.endpoint, true, &env.limits.outlier);
-                    failed += 1;
-                    if e.kind() != std::io::ErrorKind::ConnectionRefused {
-                        slow += 1;
-                    }
-                    if may_connect_again(failed, slow) && plan.move_on(env, &mut tried) {
-                        crate::metrics::Metrics::count(&env.table.metrics().connect_retries);
-                        continue;
-                    }
-                    return Err(502);
-                }
-            },
-        };
-        let sent = Instant::now();
-        resp.clear();
-        let ok = write_both(&mut up, head, body).await.is_ok()
-            && matches!(read_more(&mut up, resp).await, Ok(n) if n > 0);
-        if ok {
-            return Ok((up, sent));
-        }
-        // A new connection that broke without an answer is the endpoint failing (as on
-        // Pingora); a pooled one the backend closed meanwhile is routine.
-        if !reused {
-            plan.cluster
-                .record(plan.endpoint, true, &env.limits.outlier);
-        }
-        if resent >= crate::request::BROKEN_RESENDS || !plan.idempotent {
-            return Err(502);
-        }
-        resent += 1;
-        // Nothing of the answer came: on a new connection, an idempotent request goes again
-        // to an endpoint it was not sent to (as on Pingora: `Gateway::resend_elsewhere` says
-        // why).
-        if !reused {
-            if !plan.move_on(env, &mut tried) {
-                return Err(502);
-            }
-            crate::metrics::Metrics::count(&env.table.metrics().broken_resends);
-        }
-    }
-}
-
-/// Reads until a whole response head (interim or final) starts `resp`. Err(502): the
-/// backend closed or sent something that is not a response head (counted against it), or
-/// a 101.
-async fn next_head(
-    upstream: &mut tokio::net::TcpStream,
-    resp: &mut Vec<u8>,
-    plan: &Plan,
-    env: &Env<'_>,
-) -> Result<http1::ResponseHead, u16> {
-    loop {
-        match http1::parse_response(resp, plan.head_only, MAX_RESPONSE_HEADERS) {
-            // 101 answers an Upgrade, which the fast path never forwards.
-            Ok(Some(h)) if h.status == 101 => return Err(502),
-            Ok(Some(h)) => return Ok(h),
-            Ok(None) if resp.len() < MAX_RESPONSE_HEAD => {
-                if !matches!(read_more(upstream, resp).await, Ok(n) if n > 0) {
-                    plan.cluster
-                        .record(plan.endpoint, true, &env.limits.outlier);
-                    return Err(502);
-                }
-            }
-            Ok(None) => {
-                plan.cluster
-                    .record(plan.endpoint, true, &env.limits.outlier);
-                return Err(502);
-            }
-            Err(e) => {
-                tracing::debug!(upstream = %plan.upstream, error = %e, "response refused");
-                plan.cluster
-                    .record(plan.endpoint, true, &env.limits.outlier);
-                return Err(502);
-            }
-        }
-    }
 }
 
 /// Writes a response head to the client; an HTTP/1.0 backend's status line goes out as

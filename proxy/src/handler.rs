@@ -190,6 +190,11 @@ impl ProxyHttp for Gateway {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<bool> {
         ctx.started = Some(std::time::Instant::now());
+        // A stream whose client takes none of the answer is reset (HTTP/1 connections have
+        // this bound under every write already: `conn::Buffered`).
+        if session.is_http2() {
+            session.set_write_timeout(Some(self.limits.client_send));
+        }
         let peer = session
             .client_addr()
             .and_then(|a| a.as_inet())
@@ -430,7 +435,21 @@ impl ProxyHttp for Gateway {
         matches!(error.esource(), pingora::ErrorSource::Downstream)
     }
 
-    async fn logging(&self, session: &mut Session, _e: Option<&pingora::Error>, ctx: &mut Ctx) {
+    async fn logging(&self, session: &mut Session, e: Option<&pingora::Error>, ctx: &mut Ctx) {
+        if let Some(e) = e {
+            use pingora::ErrorType::{ReadTimedout, WriteTimedout};
+            let metrics = self.table.metrics();
+            match (e.esource(), e.etype()) {
+                (pingora::ErrorSource::Upstream, ReadTimedout | WriteTimedout) => {
+                    crate::metrics::Metrics::count(&metrics.upstream_timeouts);
+                }
+                // An HTTP/2 stream's send timeout (HTTP/1's is counted by `conn::Buffered`).
+                (pingora::ErrorSource::Downstream, WriteTimedout) => {
+                    crate::metrics::Metrics::count(&metrics.client_send_timeouts);
+                }
+                _ => {}
+            }
+        }
         self.record(session, ctx);
         if !ctx.access_log_off {
             access_log(session, ctx);
@@ -450,7 +469,7 @@ impl ProxyHttp for Gateway {
 
     async fn upstream_peer(
         &self,
-        _session: &mut Session,
+        session: &mut Session,
         ctx: &mut Ctx,
     ) -> pingora::Result<Box<HttpPeer>> {
         let Some(addr) = ctx.upstream else {
@@ -499,44 +518,7 @@ impl ProxyHttp for Gateway {
                 h.finish()
             }
         };
-        // Gateway API timeouts: the request timeout bounds every attempt by what is left of
-        // it; the backend request timeout bounds each attempt. Pingora has no whole-exchange
-        // timer, so the budget caps connecting and each read and write, and the body filters
-        // end a response still streaming at the deadline.
-        let now = std::time::Instant::now();
-        let mut budget = match ctx.deadline {
-            Some(d) if d <= now => return Err(timed_out()),
-            Some(d) => Some(d - now),
-            None => None,
-        };
-        let timeouts = ctx.route.as_ref().and_then(|r| r.timeouts);
-        if let Some(ms) = timeouts.map(|t| t.backend_request_ms).filter(|ms| *ms > 0) {
-            let d = Duration::from_millis(ms);
-            budget = Some(budget.map_or(d, |b| b.min(d)));
-        }
-        ctx.attempt_deadline = budget.and_then(|b| now.checked_add(b));
-        if let Some(b) = budget {
-            peer.options.read_timeout = Some(b);
-            peer.options.write_timeout = Some(b);
-            peer.options.total_connection_timeout = Some(b);
-        }
-        // Connecting is bounded even without a route timeout (`Limits::upstream_connect`).
-        peer.options.connection_timeout = Some(self.limits.upstream_connect);
-        if let Some(t) = timeouts {
-            // The Ingress timeouts: connect, and each read and write.
-            let at_most = |a: Option<Duration>, ms: u64| match (a, ms) {
-                (a, 0) => a,
-                (None, ms) => Some(Duration::from_millis(ms)),
-                (Some(a), ms) => Some(a.min(Duration::from_millis(ms))),
-            };
-            if t.connect_ms > 0 {
-                peer.options.connection_timeout = Some(Duration::from_millis(t.connect_ms));
-                peer.options.total_connection_timeout =
-                    at_most(peer.options.total_connection_timeout, t.connect_ms);
-            }
-            peer.options.read_timeout = at_most(peer.options.read_timeout, t.read_ms);
-            peer.options.write_timeout = at_most(peer.options.write_timeout, t.send_ms);
-        }
+        self.bound_attempt(&mut peer, ctx, session.is_upgrade_req())?;
         Ok(Box::new(peer))
     }
 
@@ -785,3 +767,4 @@ mod answers;
 mod consult;
 mod edits;
 mod retries;
+mod timeouts;

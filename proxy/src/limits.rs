@@ -29,6 +29,18 @@ pub struct Limits {
     /// An idle pooled connection to a backend is closed after this long (the fast path's
     /// pool is swept, so sockets to Pods that went away do not stay open).
     pub upstream_idle: Duration,
+    /// A write to a client may wait this long for the client to take any of its bytes; then
+    /// the connection ends. Unlike the deadlines above it restarts with progress, as nginx's
+    /// `send_timeout` does: a large download to a slow client is not cut, one to a client
+    /// that stopped reading (its receive window shut) is.
+    pub client_send: Duration,
+    /// Each read from a backend (the answer's head, each part of its body) and each write to
+    /// it may wait this long, unless the route sets timeouts of its own (Gateway API
+    /// `timeouts`, Ingress `proxy-read-timeout`/`proxy-send-timeout`). Past it, a request
+    /// whose answer has not begun gets 504; one whose answer was streaming ends its
+    /// connection. A backend that accepts and then says nothing otherwise holds the request,
+    /// its client and a backend connection for as long as TCP keeps the socket.
+    pub upstream_timeout: Duration,
     /// Opening a connection to a backend may take this long, unless the route says otherwise
     /// (Ingress proxy-connect-timeout): a vanished Pod's address can swallow connection
     /// attempts for minutes, and the request should move to another endpoint instead.
@@ -58,6 +70,8 @@ impl Default for Limits {
             max_request_head_bytes: 32 * 1024,
             upstream_idle: Duration::from_secs(60),
             upstream_connect: Duration::from_secs(5),
+            client_send: Duration::from_secs(60),
+            upstream_timeout: Duration::from_secs(60),
             fast_path: true,
             client_address: crate::forwarded::ClientAddress::default(),
             outlier: crate::outlier::Settings::default(),

@@ -471,7 +471,11 @@ impl Connection {
             return;
         }
         match self.tls.clone() {
-            None => self.serve_http1(Buffered::new(tcp, self.peer)).await,
+            None => {
+                let conn = Buffered::new(tcp, self.peer)
+                    .bounding_sends(self.limits.client_send, self.table.metrics().clone());
+                self.serve_http1(conn).await;
+            }
             Some(acceptor) => {
                 let handshake = acceptor.tls_handshake(crate::conn::l4_stream(tcp, self.peer));
                 let stream = match tokio::time::timeout(self.limits.tls_handshake, handshake).await
@@ -490,7 +494,9 @@ impl Connection {
                 if matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
                     self.serve_h2(Box::new(stream)).await;
                 } else {
-                    self.serve_http1(Buffered::tls(stream)).await;
+                    let conn = Buffered::tls(stream)
+                        .bounding_sends(self.limits.client_send, self.table.metrics().clone());
+                    self.serve_http1(conn).await;
                 }
             }
         }

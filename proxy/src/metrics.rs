@@ -50,6 +50,10 @@ pub struct Metrics {
     pub request_head_timeouts: AtomicU64,
     /// TLS handshakes not complete within their deadline.
     pub tls_handshake_timeouts: AtomicU64,
+    /// Client connections ended because a write to them made no progress in time.
+    pub client_send_timeouts: AtomicU64,
+    /// Requests whose backend took or sent nothing within the upstream timeout.
+    pub upstream_timeouts: AtomicU64,
     /// Connections closed because their PROXY protocol header was missing, malformed or late.
     pub proxy_protocol_refused: AtomicU64,
     /// UDP datagrams dropped because their port's flow table was full.
@@ -251,6 +255,18 @@ impl Metrics {
                 "coxswain_proxy_tls_handshake_timeouts_total",
                 "TLS handshakes that did not finish within their deadline.",
                 &self.tls_handshake_timeouts,
+            ),
+            (
+                "coxswain_proxy_client_send_timeouts_total",
+                "Client connections ended because the client took none of a response's bytes \
+                 within the send timeout.",
+                &self.client_send_timeouts,
+            ),
+            (
+                "coxswain_proxy_upstream_timeouts_total",
+                "Requests whose backend sent nothing (or took none of the request) within the \
+                 upstream timeout: 504 before the answer began, the connection ended after.",
+                &self.upstream_timeouts,
             ),
             (
                 "coxswain_proxy_proxy_protocol_refused_total",

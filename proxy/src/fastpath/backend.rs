@@ -1,9 +1,19 @@
 //! The fast path's side of a backend: opening a connection within the limit, sending a
 //! request, reading its answer, and where a request goes when an attempt failed before any
 //! of the answer came.
+//!
+//! Every wait on a backend is bounded by `Limits::upstream_timeout`, as Pingora's per-read
+//! and per-write timeouts bound it on the other engine: a backend that accepts and then says
+//! nothing gets the request 504 (counted against the endpoint, never sent again, since it
+//! may be at work on it); one that stops halfway through a body ends the exchange.
 
-use super::{Env, Plan};
+use super::{Env, MAX_RESPONSE_HEAD, MAX_RESPONSE_HEADERS, Plan};
+use crate::http1;
+use crate::metrics::Metrics;
+use crate::upstream::{may_connect_again, pool};
+use std::io::ErrorKind;
 use std::net::SocketAddr;
+use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -11,7 +21,7 @@ impl Plan {
     /// The backend's final answer came, `status`, for a request sent at `sent`: its latency
     /// is observed, and a 5xx counts toward the endpoint's ejection (anything else clears
     /// its streak).
-    pub(super) fn answered(&self, env: &Env<'_>, sent: std::time::Instant, status: u16) {
+    pub(super) fn answered(&self, env: &Env<'_>, sent: Instant, status: u16) {
         env.table.metrics().upstream_latency(sent.elapsed());
         self.cluster
             .record(self.endpoint, status >= 500, &env.limits.outlier);
@@ -33,50 +43,197 @@ impl Plan {
         self.in_flight = self.cluster.start(next);
         true
     }
-}
 
-/// Opens a connection to a backend within `limit`; past it, a timed-out error.
-pub(super) async fn connect(
-    target: SocketAddr,
-    limit: std::time::Duration,
-) -> std::io::Result<TcpStream> {
-    match tokio::time::timeout(limit, TcpStream::connect(target)).await {
-        Ok(result) => result,
-        Err(_) => Err(std::io::ErrorKind::TimedOut.into()),
+    /// The backend outlasted the upstream timeout before its answer began: counted, and held
+    /// against the endpoint whether the connection was new or pooled (a pooled one that is
+    /// merely closed fails at once instead). The request's status, 504.
+    pub(super) fn timed_out(&self, env: &Env<'_>) -> u16 {
+        self.stalled(env);
+        self.cluster
+            .record(self.endpoint, true, &env.limits.outlier);
+        504
+    }
+
+    /// The backend outlasted the upstream timeout: counted. Past the answer's head it is not
+    /// held against the endpoint, which answered; a stream that pauses longer than the
+    /// timeout (server-sent events) is a route's to allow with a timeout of its own.
+    pub(super) fn stalled(&self, env: &Env<'_>) {
+        tracing::debug!(upstream = %self.upstream, within = ?env.limits.upstream_timeout,
+            "backend sent nothing within the upstream timeout");
+        Metrics::count(&env.table.metrics().upstream_timeouts);
     }
 }
 
-/// Writes a request's head and body with as few sends as the socket allows: with Nagle off, a
-/// write each would put them in separate segments.
+/// Writes a request to `plan`'s endpoint, over a pooled connection or a new one, until the
+/// first bytes of an answer are in `resp`; returns the connection and when the request went.
+/// Err(status): no answer came, and nothing was sent to the client.
+pub(super) async fn send(
+    (head, body): (&[u8], &[u8]),
+    plan: &mut Plan,
+    resp: &mut Vec<u8>,
+    env: &Env<'_>,
+) -> Result<(TcpStream, Instant), u16> {
+    // A pooled connection the backend closed meanwhile fails on first use, and a new one to a
+    // Pod shutting down may be reset: an idempotent request is sent again (at most
+    // `policy::BROKEN_RESENDS` times); any other may have been acted on. A connection that
+    // cannot be opened sent nothing: another endpoint is tried.
+    let mut resent = 0;
+    // Endpoints whose connect failed; allocated only when one does.
+    let mut tried: Vec<usize> = Vec::new();
+    let (mut failed, mut slow) = (0, 0);
+    let within = env.limits.upstream_timeout;
+    loop {
+        let target = plan.upstream;
+        let (mut up, reused) = match pool::take(target) {
+            Some(up) => (up, true),
+            None => match connect(target, env.limits.upstream_connect).await {
+                Ok(up) => {
+                    let _ = up.set_nodelay(true);
+                    (up, false)
+                }
+                Err(e) => {
+                    tracing::debug!(upstream = %target, error = %e, "connect failed");
+                    plan.cluster
+                        .record(plan.endpoint, true, &env.limits.outlier);
+                    failed += 1;
+                    if e.kind() != ErrorKind::ConnectionRefused {
+                        slow += 1;
+                    }
+                    if may_connect_again(failed, slow) && plan.move_on(env, &mut tried) {
+                        Metrics::count(&env.table.metrics().connect_retries);
+                        continue;
+                    }
+                    return Err(502);
+                }
+            },
+        };
+        let sent = Instant::now();
+        resp.clear();
+        let answered = match write_both(&mut up, head, body, within).await {
+            Ok(()) => read_more(&mut up, resp, within).await,
+            Err(e) => Err(e),
+        };
+        match answered {
+            Ok(n) if n > 0 => return Ok((up, sent)),
+            // The backend may be at work on the request: it is not sent again.
+            Err(e) if e.kind() == ErrorKind::TimedOut => return Err(plan.timed_out(env)),
+            _ => {}
+        }
+        // A new connection that broke without an answer is the endpoint failing (as on
+        // Pingora); a pooled one the backend closed meanwhile is routine.
+        if !reused {
+            plan.cluster
+                .record(plan.endpoint, true, &env.limits.outlier);
+        }
+        if resent >= crate::request::BROKEN_RESENDS || !plan.idempotent {
+            return Err(502);
+        }
+        resent += 1;
+        // Nothing of the answer came: on a new connection, an idempotent request goes again
+        // to an endpoint it was not sent to (as on Pingora: `Gateway::resend_elsewhere` says
+        // why).
+        if !reused {
+            if !plan.move_on(env, &mut tried) {
+                return Err(502);
+            }
+            Metrics::count(&env.table.metrics().broken_resends);
+        }
+    }
+}
+
+/// Reads until a whole response head (interim or final) starts `resp`. Err(502): the
+/// backend closed or sent something that is not a response head (counted against it), or
+/// a 101; Err(504): it sent nothing more within the upstream timeout.
+pub(super) async fn next_head(
+    upstream: &mut TcpStream,
+    resp: &mut Vec<u8>,
+    plan: &Plan,
+    env: &Env<'_>,
+) -> Result<http1::ResponseHead, u16> {
+    loop {
+        match http1::parse_response(resp, plan.head_only, MAX_RESPONSE_HEADERS) {
+            // 101 answers an Upgrade, which the fast path never forwards.
+            Ok(Some(h)) if h.status == 101 => return Err(502),
+            Ok(Some(h)) => return Ok(h),
+            Ok(None) if resp.len() < MAX_RESPONSE_HEAD => {
+                match read_more(upstream, resp, env.limits.upstream_timeout).await {
+                    Ok(n) if n > 0 => {}
+                    Err(e) if e.kind() == ErrorKind::TimedOut => return Err(plan.timed_out(env)),
+                    _ => {
+                        plan.cluster
+                            .record(plan.endpoint, true, &env.limits.outlier);
+                        return Err(502);
+                    }
+                }
+            }
+            Ok(None) => {
+                plan.cluster
+                    .record(plan.endpoint, true, &env.limits.outlier);
+                return Err(502);
+            }
+            Err(e) => {
+                tracing::debug!(upstream = %plan.upstream, error = %e, "response refused");
+                plan.cluster
+                    .record(plan.endpoint, true, &env.limits.outlier);
+                return Err(502);
+            }
+        }
+    }
+}
+
+/// Opens a connection to a backend within `limit`; past it, a timed-out error.
+pub(super) async fn connect(target: SocketAddr, limit: Duration) -> std::io::Result<TcpStream> {
+    match tokio::time::timeout(limit, TcpStream::connect(target)).await {
+        Ok(result) => result,
+        Err(_) => Err(ErrorKind::TimedOut.into()),
+    }
+}
+
+/// Writes a request's head and body with as few sends as the socket allows (with Nagle off,
+/// a write each would put them in separate segments), all of it within `within`.
 pub(super) async fn write_both(
     up: &mut TcpStream,
     head: &[u8],
     body: &[u8],
+    within: Duration,
 ) -> std::io::Result<()> {
-    if body.is_empty() {
-        return up.write_all(head).await;
-    }
-    let (mut head, mut body) = (head, body);
-    while !head.is_empty() {
-        let parts = [std::io::IoSlice::new(head), std::io::IoSlice::new(body)];
-        let n = up.write_vectored(&parts).await?;
-        if n == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
+    let write = async {
+        if body.is_empty() {
+            return up.write_all(head).await;
         }
-        if n >= head.len() {
-            body = &body[n - head.len()..];
-            head = &[];
-        } else {
-            head = &head[n..];
+        let (mut head, mut body) = (head, body);
+        while !head.is_empty() {
+            let parts = [std::io::IoSlice::new(head), std::io::IoSlice::new(body)];
+            let n = up.write_vectored(&parts).await?;
+            if n == 0 {
+                return Err(ErrorKind::WriteZero.into());
+            }
+            if n >= head.len() {
+                body = &body[n - head.len()..];
+                head = &[];
+            } else {
+                head = &head[n..];
+            }
         }
-    }
-    up.write_all(body).await
+        up.write_all(body).await
+    };
+    // A request the socket takes at once (the usual case) never arms the timer.
+    tokio::time::timeout(within, write)
+        .await
+        .unwrap_or_else(|_| Err(ErrorKind::TimedOut.into()))
 }
 
-/// Reads what is available into the spare capacity of `buf`.
-pub(super) async fn read_more(up: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<usize> {
+/// Reads what is available into the spare capacity of `buf`, waiting at most `within` for it;
+/// past that, a timed-out error.
+pub(super) async fn read_more(
+    up: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    within: Duration,
+) -> std::io::Result<usize> {
     if buf.capacity() - buf.len() < 4096 {
         buf.reserve(16 * 1024);
     }
-    up.read_buf(buf).await
+    tokio::time::timeout(within, up.read_buf(buf))
+        .await
+        .unwrap_or_else(|_| Err(ErrorKind::TimedOut.into()))
 }

@@ -168,7 +168,7 @@ async fn stream<P: HttpServerApp + Send + Sync + 'static>(
     };
     // A client that takes none of the answer (its flow-control window shut) holds the
     // backend connection only this long without progress; then the stream is reset.
-    session.set_write_timeout(Some(env.limits.request_head));
+    session.set_write_timeout(Some(env.limits.client_send));
     let mut resp = Vec::with_capacity(16 * 1024);
     let outcome = exchange(&mut session, (&up_head, &body), &mut plan, &mut resp, env).await;
     let status = match outcome {
@@ -300,7 +300,10 @@ async fn exchange(
             }
             for r in ranges.drain(..) {
                 let data = Bytes::copy_from_slice(&resp[pos + r.start..pos + r.end]);
-                if session.write_body(data, false).await.is_err() {
+                if let Err(e) = session.write_body(data, false).await {
+                    if e.etype() == &pingora::ErrorType::WriteTimedout {
+                        Metrics::count(&env.table.metrics().client_send_timeouts);
+                    }
                     return Ok(status);
                 }
             }
@@ -311,8 +314,13 @@ async fn exchange(
             }
             resp.clear();
             pos = 0;
-            if !matches!(super::read_more(&mut upstream, resp).await, Ok(n) if n > 0) {
-                if framing.delimited() {
+            let read = super::read_more(&mut upstream, resp, env.limits.upstream_timeout).await;
+            if !matches!(read, Ok(n) if n > 0) {
+                let stalled = read.is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut);
+                if stalled {
+                    plan.stalled(env);
+                }
+                if framing.delimited() || stalled {
                     // Cut short: the client must not take a truncated body for the whole.
                     session.shutdown();
                     return Ok(status);

@@ -208,6 +208,7 @@ pub fn status_response(status: u16) -> &'static [u8] {
         431 => b"HTTP/1.1 431 Request Header Fields Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
         500 => b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 0\r\ncache-control: private, no-store\r\nconnection: close\r\n\r\n",
         503 => b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\ncache-control: private, no-store\r\nconnection: close\r\n\r\n",
+        504 => b"HTTP/1.1 504 Gateway Timeout\r\ncontent-length: 0\r\ncache-control: private, no-store\r\nconnection: close\r\n\r\n",
         _ => b"HTTP/1.1 502 Bad Gateway\r\ncontent-length: 0\r\ncache-control: private, no-store\r\nconnection: close\r\n\r\n",
     }
 }

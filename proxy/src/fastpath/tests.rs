@@ -1,5 +1,7 @@
+use super::backend::write_both;
 use super::read::head_end;
 use super::*;
+use std::time::Duration;
 use tokio::io::AsyncReadExt;
 
 #[test]
@@ -37,10 +39,35 @@ async fn head_and_body_survive_partial_writes() {
         peer.read_to_end(&mut got).await.unwrap();
         got
     });
-    write_both(&mut up, &head, &body).await.unwrap();
-    write_both(&mut up, b"tail", b"").await.unwrap();
+    let within = Duration::from_secs(30);
+    write_both(&mut up, &head, &body, within).await.unwrap();
+    write_both(&mut up, b"tail", b"", within).await.unwrap();
     drop(up);
     let got = reader.await.unwrap();
     assert_eq!(got.len(), expected.len() + 4);
     assert!(got.starts_with(&expected) && got.ends_with(b"tail"));
+}
+
+/// A backend that takes none of a request holds its write no longer than the limit.
+#[tokio::test]
+async fn a_request_the_backend_does_not_take_times_out() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_send_buffer_size(4096).unwrap();
+    let mut up = socket
+        .connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    // Accepted and never read.
+    let (_peer, _) = listener.accept().await.unwrap();
+    let body = vec![b'x'; 8 * 1024 * 1024];
+    let err = write_both(
+        &mut up,
+        b"POST / HTTP/1.1\r\n\r\n",
+        &body,
+        Duration::from_millis(200),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::TimedOut);
 }

@@ -65,8 +65,16 @@ impl Gateway {
             && *e.esource() == pingora::ErrorSource::Upstream
             && attempt_failure(e.etype())
         {
-            // A pooled connection found closed is routine, not the endpoint failing.
-            if !client_reused && let Some(cluster) = &ctx.cluster {
+            // A pooled connection found closed is routine, not the endpoint failing; one that
+            // outlasted its timeout is the endpoint failing, pooled or not (as on the fast
+            // path).
+            let stalled = matches!(
+                e.etype(),
+                pingora::ErrorType::ReadTimedout | pingora::ErrorType::WriteTimedout
+            );
+            if (!client_reused || stalled)
+                && let Some(cluster) = &ctx.cluster
+            {
                 cluster.record(ctx.endpoint, true, &self.limits.outlier);
             }
             let policy_retries = ctx
