@@ -28,7 +28,9 @@
 # Settings: BENCH_SECONDS (default 10), BENCH_CONNECTIONS (default 50), COXSWAIN_BIN (a
 # binary to measure instead of building this tree's), BENCH_PERF=DIR (record coxswain's CPU
 # profile of each measured load with perf into DIR/<scenario>-<workers>.data and print where
-# its CPU went; the sampling costs a little CPU of its own, so take figures from a run without).
+# its CPU went; the sampling costs a little CPU of its own, so take figures from a run without;
+# BENCH_PERF_CALL_GRAPH=dwarf gives call chains through code built without frame pointers,
+# at a much larger file).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -185,7 +187,7 @@ measure() {
   local before after requests rps p99 notes cpu_us perf_pid=""
   if [[ -n ${BENCH_PERF:-} && $2 == coxswain ]]; then
     mkdir -p "$BENCH_PERF"
-    perf record -q -F 999 -g -p "$4" -o "$BENCH_PERF/$1-$3.data" -- sleep "$seconds" 2>/dev/null &
+    perf record -q -F 999 --call-graph "${BENCH_PERF_CALL_GRAPH:-fp}" -p "$4" -o "$BENCH_PERF/$1-$3.data" -- sleep "$seconds" 2>/dev/null &
     perf_pid=$!
   fi
   before=$(cpu_ticks "$4")

@@ -126,7 +126,8 @@ async fn stream<P: HttpServerApp + Send + Sync + 'static>(
     pingora: &Arc<P>,
 ) {
     let started = Instant::now();
-    let mut up_head = Vec::new();
+    // Room for a usual head with the forwarded fields, so writing it does not reallocate.
+    let mut up_head = Vec::with_capacity(1024);
     let step = if env.limits.fast_path {
         plan(&session, env, &mut up_head)
     } else {
