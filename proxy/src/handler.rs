@@ -190,11 +190,6 @@ impl ProxyHttp for Gateway {
 
     async fn request_filter(&self, session: &mut Session, ctx: &mut Ctx) -> pingora::Result<bool> {
         ctx.started = Some(std::time::Instant::now());
-        // A stream whose client takes none of the answer is reset (HTTP/1 connections have
-        // this bound under every write already: `conn::Buffered`).
-        if session.is_http2() {
-            session.set_write_timeout(Some(self.limits.client_send));
-        }
         let peer = session
             .client_addr()
             .and_then(|a| a.as_inet())

@@ -88,15 +88,15 @@ struct Setup {
 async fn setup(backend: std::net::SocketAddr, fast_path: bool) -> Setup {
     let port = free_port();
     let tls_port = free_port();
-    let c = rcgen::generate_simple_self_signed(vec!["gw.example".to_owned()]).unwrap();
+    let c = cert("gw.example");
     let snap = snapshot(
         ROUTES,
         &[
             ("PORT", port.to_string()),
             ("TLS_PORT", tls_port.to_string()),
             ("A", backend.port().to_string()),
-            ("CERT", c.cert.pem().replace('\n', "\\n")),
-            ("KEY", c.signing_key.serialize_pem().replace('\n', "\\n")),
+            ("CERT", yaml_escape(&c.pem)),
+            ("KEY", yaml_escape(&c.key)),
         ],
     );
     let limits = Limits {

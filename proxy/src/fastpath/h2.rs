@@ -126,6 +126,10 @@ async fn stream<P: HttpServerApp + Send + Sync + 'static>(
     pingora: &Arc<P>,
 ) {
     let started = Instant::now();
+    // A client that takes none of the answer (its flow-control window shut) holds the stream
+    // only this long without progress; then it is reset. Set here, it holds on either engine:
+    // Pingora serves the stream with this session.
+    session.set_write_timeout(Some(env.limits.client_send));
     // Room for a usual head with the forwarded fields, so writing it does not reallocate.
     let mut up_head = Vec::with_capacity(1024);
     let step = if env.limits.fast_path {
@@ -167,9 +171,6 @@ async fn stream<P: HttpServerApp + Send + Sync + 'static>(
     } else {
         Vec::new()
     };
-    // A client that takes none of the answer (its flow-control window shut) holds the
-    // backend connection only this long without progress; then the stream is reset.
-    session.set_write_timeout(Some(env.limits.client_send));
     let mut resp = Vec::with_capacity(16 * 1024);
     let outcome = exchange(&mut session, (&up_head, &body), &mut plan, &mut resp, env).await;
     let status = match outcome {

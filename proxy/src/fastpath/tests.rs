@@ -19,18 +19,24 @@ fn header_values_are_text_only_when_visible_ascii() {
     assert_eq!(visible(b"a\x01"), None);
 }
 
+/// A connection to a backend whose sending side has a 4 KiB buffer, and the backend's end.
+async fn small_sender() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_send_buffer_size(4096).unwrap();
+    let up = socket
+        .connect(listener.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (peer, _) = listener.accept().await.unwrap();
+    (up, peer)
+}
+
 /// A head and body larger than the socket's send buffer leave in several writes; every byte
 /// arrives once, in order.
 #[tokio::test]
 async fn head_and_body_survive_partial_writes() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_send_buffer_size(4096).unwrap();
-    let mut up = socket
-        .connect(listener.local_addr().unwrap())
-        .await
-        .unwrap();
-    let (mut peer, _) = listener.accept().await.unwrap();
+    let (mut up, mut peer) = small_sender().await;
     let head: Vec<u8> = (0..20_000u32).map(|i| (i % 251) as u8).collect();
     let body: Vec<u8> = (0..300_000u32).map(|i| (i % 241) as u8).collect();
     let expected = [head.clone(), body.clone()].concat();
@@ -51,15 +57,8 @@ async fn head_and_body_survive_partial_writes() {
 /// A backend that takes none of a request holds its write no longer than the limit.
 #[tokio::test]
 async fn a_request_the_backend_does_not_take_times_out() {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_send_buffer_size(4096).unwrap();
-    let mut up = socket
-        .connect(listener.local_addr().unwrap())
-        .await
-        .unwrap();
     // Accepted and never read.
-    let (_peer, _) = listener.accept().await.unwrap();
+    let (mut up, _peer) = small_sender().await;
     let body = vec![b'x'; 8 * 1024 * 1024];
     let err = write_both(
         &mut up,

@@ -61,6 +61,10 @@ impl Gateway {
         let mut e = e.more_context(format!("Peer: {peer}"));
         let method = session.req_header().method.as_str();
         let truncated = session.as_ref().retry_buffer_truncated();
+        let stalled = matches!(
+            e.etype(),
+            pingora::ErrorType::ReadTimedout | pingora::ErrorType::WriteTimedout
+        );
         if !ctx.answer_started
             && *e.esource() == pingora::ErrorSource::Upstream
             && attempt_failure(e.etype())
@@ -68,10 +72,6 @@ impl Gateway {
             // A pooled connection found closed is routine, not the endpoint failing; one that
             // outlasted its timeout is the endpoint failing, pooled or not (as on the fast
             // path).
-            let stalled = matches!(
-                e.etype(),
-                pingora::ErrorType::ReadTimedout | pingora::ErrorType::WriteTimedout
-            );
             if (!client_reused || stalled)
                 && let Some(cluster) = &ctx.cluster
             {
@@ -97,10 +97,7 @@ impl Gateway {
         let broke = !ctx.answer_started
             && *e.esource() == pingora::ErrorSource::Upstream
             && attempt_failure(e.etype())
-            && !matches!(
-                e.etype(),
-                pingora::ErrorType::ReadTimedout | pingora::ErrorType::WriteTimedout
-            );
+            && !stalled;
         if !allowed || truncated || (broke && ctx.resent >= request::BROKEN_RESENDS) {
             e.set_retry(false);
         } else if broke && !client_reused && request::idempotent(method) {
