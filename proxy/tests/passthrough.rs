@@ -550,3 +550,58 @@ async fn http2_streams_take_the_fast_path_and_get_every_framing_as_frames() {
     assert_eq!((status, body.unwrap().as_slice()), (200, &b"ok"[..]));
     proxy.stop().await;
 }
+
+/// The frames of stream 1 on a raw HTTP/2 connection (prior knowledge) after a GET of `path`,
+/// up to the one that ends the stream: (type, flags, payload).
+async fn h2_frames_of_one_get(port: u16, path: &str) -> Vec<(u8, u8, Vec<u8>)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    // HPACK by hand: :method GET, :scheme http (static entries), :path and :authority as
+    // literals with a static name.
+    let mut block = vec![0x82, 0x86, 0x04, path.len() as u8];
+    block.extend_from_slice(path.as_bytes());
+    block.extend_from_slice(&[0x01, 1, b'x']);
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // SETTINGS, empty
+    out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x5, 0, 0, 0, 1]); // HEADERS, END_STREAM|END_HEADERS
+    out.extend_from_slice(&block);
+    s.write_all(&out).await.unwrap();
+    let mut frames = Vec::new();
+    loop {
+        let mut header = [0u8; 9];
+        tokio::time::timeout(Duration::from_secs(10), s.read_exact(&mut header))
+            .await
+            .expect("the stream did not end")
+            .unwrap();
+        let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let (kind, flags) = (header[3], header[4]);
+        let id = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
+        let mut payload = vec![0u8; length];
+        s.read_exact(&mut payload).await.unwrap();
+        if id != 1 {
+            continue;
+        }
+        frames.push((kind, flags, payload));
+        // RST_STREAM, or END_STREAM on HEADERS or DATA.
+        if kind == 3 || ((kind == 0 || kind == 1) && flags & 0x1 != 0) {
+            return frames;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_answer_ends_on_its_last_data_frame() {
+    let (proxy, port, _) = start().await;
+    // A Content-Length body: HEADERS, then one DATA frame that ends the stream, no empty
+    // DATA frame after it.
+    let frames = h2_frames_of_one_get(port, "/raw/plain").await;
+    let kinds: Vec<(u8, u8)> = frames.iter().map(|(k, f, _)| (*k, *f & 0x1)).collect();
+    assert_eq!(kinds, [(1, 0), (0, 1)], "{frames:?}");
+    assert_eq!(frames[1].2, b"ok");
+    // Chunked: the chunks' data in order, and the stream ends on a DATA frame.
+    let frames = h2_frames_of_one_get(port, "/raw/chunked").await;
+    assert_eq!(frames[0].0, 1, "{frames:?}");
+    let body: Vec<u8> = frames[1..].iter().flat_map(|(_, _, p)| p.clone()).collect();
+    assert_eq!(body, b"hello world");
+    assert!(frames[1..].iter().all(|(k, _, _)| *k == 0), "{frames:?}");
+    proxy.stop().await;
+}

@@ -300,9 +300,12 @@ async fn exchange(
             if done {
                 plan.in_flight = None;
             }
-            for r in ranges.drain(..) {
+            let last = ranges.len();
+            for (i, r) in ranges.drain(..).enumerate() {
                 let data = Bytes::copy_from_slice(&resp[pos + r.start..pos + r.end]);
-                if let Err(e) = session.write_body(data, false).await {
+                // The body's last DATA frame carries END_STREAM: no empty frame after it.
+                let end = done && i + 1 == last;
+                if let Err(e) = session.write_body(data, end).await {
                     if e.etype() == &pingora::ErrorType::WriteTimedout {
                         Metrics::count(&env.table.metrics().client_send_timeouts);
                     }
