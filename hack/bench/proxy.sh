@@ -12,6 +12,10 @@
 #   post-64k   POST with a 64 KB body
 #   auth       coxswain only: Basic authentication and a rate limit no client reaches; its CPU
 #              per request over the plain route's is the cost of those checks
+#   idle       memory per idle keep-alive client connection: BENCH_IDLE_CONNECTIONS (default
+#              5,000) connections, one GET answered on each, then held; the proxy's resident
+#              memory (every process of it) after, less before, over their number
+#   idle-tls   the same over TLS 1.3
 # Every scenario but http runs at 1 worker (BENCH_WORKERS overrides http's "1 2").
 #
 # Everything runs on loopback. Absolute numbers on a shared machine are noise; the ratios
@@ -32,11 +36,14 @@
 # BENCH_PERF_CALL_GRAPH=dwarf gives call chains through code built without frame pointers,
 # at a much larger file).
 set -euo pipefail
+# The idle scenarios hold thousands of connections open, on each side.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 seconds="${BENCH_SECONDS:-10}"
 connections="${BENCH_CONNECTIONS:-50}"
-scenarios="${BENCH_SCENARIOS:-http https tls-new h2 headers post-1k post-64k auth}"
+scenarios="${BENCH_SCENARIOS:-http https tls-new h2 headers post-1k post-64k auth idle idle-tls}"
+idle_connections="${BENCH_IDLE_CONNECTIONS:-5000}"
 http_workers="${BENCH_WORKERS:-1 2}"
 cpus=$(nproc)
 pin="${BENCH_PIN:-1}"
@@ -82,7 +89,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 backend_port=$(free_port)
 proxy_port=$(free_port)
 
-tls_scenario() { [[ $1 == https || $1 == tls-new || $1 == h2 ]]; }
+tls_scenario() { [[ $1 == https || $1 == tls-new || $1 == h2 || $1 == idle-tls ]]; }
 scheme() { if tls_scenario "$1"; then echo https; else echo http; fi; }
 
 wait_port() { # port scheme
@@ -180,9 +187,41 @@ load() {
   printf '%s\t%s\t%s\t%s\n' "${requests:-0}" "${rps:-0}" "$p99" "$notes"
 }
 
+# Resident memory of a process and its children, in KiB.
+rss_kib() {
+  local total=0 p
+  for p in "$1" $(pgrep -P "$1" || true); do
+    [[ -r /proc/$p/status ]] || continue
+    total=$(( total + $(awk '/^VmRSS:/ {print $2}' "/proc/$p/status") ))
+  done
+  echo "$total"
+}
+
+# The idle scenarios: memory per held connection. $1 scenario, $2 proxy name, $3 pid.
+measure_idle() {
+  local before after held tls=""
+  [[ $1 == idle-tls ]] && tls=tls
+  before=$(rss_kib "$3")
+  coproc HOLD { "${on_load[@]}" python3 "$here/hold.py" "$proxy_port" "$idle_connections" $tls; }
+  read -r _ held <&"${HOLD[0]}" || held=0
+  after=$(rss_kib "$3")
+  exec {HOLD[1]}>&-
+  wait "$HOLD_PID" || held=0
+  if [[ $held != "$idle_connections" ]]; then
+    echo "$2 ($1): the connections were not all held" >&2
+    return
+  fi
+  awk -v s="$1" -v n="$2" -v b="$before" -v a="$after" -v c="$held" \
+    'BEGIN { printf "%s\t%s\t%d\t%d\t%d\t%.1f\n", s, n, c, b, a, (a - b) / c }' >> "$work/idle.tsv"
+}
+
 # Warm-up, then the measured load with the proxy's CPU time around it. $1 scenario, $2 proxy
 # name, $3 workers, $4 pid.
 measure() {
+  if [[ $1 == idle* ]]; then
+    measure_idle "$1" "$2" "$4"
+    return
+  fi
   load "$1" 2 >/dev/null
   local before after requests rps p99 notes cpu_us perf_pid=""
   if [[ -n ${BENCH_PERF:-} && $2 == coxswain ]]; then
@@ -331,7 +370,7 @@ run_nginx() { # scenario workers
 worker_processes $workers;
 pid $dir/nginx.pid;
 error_log $dir/error.log warn;
-events { worker_connections 4096; }
+events { worker_connections 16384; }
 http {
   access_log off;
   keepalive_requests 1000000;
@@ -382,7 +421,8 @@ run_haproxy() { # scenario workers
   cat > "$work/haproxy.cfg" <<CONF
 global
   nbthread $workers
-  maxconn 4096
+  # Room for the idle scenarios' connections within 20,000 descriptors (2 per connection).
+  maxconn 8192
 defaults
   mode http
   timeout connect 5s
@@ -425,25 +465,37 @@ for scenario in $scenarios; do
   done
 done
 
-echo
-echo "load: wrk -t2 -c$connections (h2: h2load -c$connections -m10 -t1), ${seconds}s after a 2 s warm-up;"
-if [[ $pin == 1 ]]; then
-  echo "a proxy of 1 worker on CPU $((cpus - 1)) alone; load generator and backend on CPUs 0-$((cpus - 2))"
-else
-  echo "every process on every CPU (BENCH_PIN=0 or one CPU)"
+if [[ -s $work/results.tsv ]]; then
+  echo
+  echo "load: wrk -t2 -c$connections (h2: h2load -c$connections -m10 -t1), ${seconds}s after a 2 s warm-up;"
+  if [[ $pin == 1 ]]; then
+    echo "a proxy of 1 worker on CPU $((cpus - 1)) alone; load generator and backend on CPUs 0-$((cpus - 2))"
+  else
+    echo "every process on every CPU (BENCH_PIN=0 or one CPU)"
+  fi
+  echo "backend: nginx (1 worker), 3-byte body; every proxy sets X-Forwarded-For/-Proto/-Host/-Port and X-Real-IP"
+  # "busy": the proxy's CPU time over the seconds measured (req/s x CPU per request), in CPUs. A
+  # pinned proxy near 1.00 set the pace; one well below it waited for the load generator.
+  printf '%-9s %-9s %7s %12s %10s %11s %6s %14s %s\n' scenario proxy workers "req/s" p99 "CPU us/req" busy "coxswain/this" notes
+  while IFS=$'\t' read -r scenario name workers rps p99 cpu notes; do
+    base=$(awk -F'\t' -v s="$scenario" -v w="$workers" '$1==s && $2=="coxswain" && $3==w {print $4}' "$work/results.tsv")
+    ratio=$(awk -v a="$base" -v b="$rps" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
+    busy=$(awk -v r="$rps" -v c="$cpu" 'BEGIN { if (c + 0 > 0) printf "%.2f", r * c / 1e6; else print "n/a" }')
+    printf '%-9s %-9s %7s %12s %10s %11s %6s %14s %s\n' "$scenario" "$name" "$workers" "$rps" "$p99" "$cpu" "$busy" "$ratio" "$notes"
+  done < "$work/results.tsv"
+  cpu_of() { awk -F'\t' -v s="$1" '$1==s && $2=="coxswain" && $3==1 {print $6}' "$work/results.tsv"; }
+  if [[ " $scenarios " == *" auth "* && " $scenarios " == *" http "* ]]; then
+    awk -v a="$(cpu_of auth)" -v b="$(cpu_of http)" 'BEGIN {
+      if (b > 0) printf "\nCPU per request with Basic auth and a rate limit / without (1 worker): %.2f\n", a / b }'
+  fi
 fi
-echo "backend: nginx (1 worker), 3-byte body; every proxy sets X-Forwarded-For/-Proto/-Host/-Port and X-Real-IP"
-# "busy": the proxy's CPU time over the seconds measured (req/s x CPU per request), in CPUs. A
-# pinned proxy near 1.00 set the pace; one well below it waited for the load generator.
-printf '%-9s %-9s %7s %12s %10s %11s %6s %14s %s\n' scenario proxy workers "req/s" p99 "CPU us/req" busy "coxswain/this" notes
-while IFS=$'\t' read -r scenario name workers rps p99 cpu notes; do
-  base=$(awk -F'\t' -v s="$scenario" -v w="$workers" '$1==s && $2=="coxswain" && $3==w {print $4}' "$work/results.tsv")
-  ratio=$(awk -v a="$base" -v b="$rps" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
-  busy=$(awk -v r="$rps" -v c="$cpu" 'BEGIN { if (c + 0 > 0) printf "%.2f", r * c / 1e6; else print "n/a" }')
-  printf '%-9s %-9s %7s %12s %10s %11s %6s %14s %s\n' "$scenario" "$name" "$workers" "$rps" "$p99" "$cpu" "$busy" "$ratio" "$notes"
-done < "$work/results.tsv"
-cpu_of() { awk -F'\t' -v s="$1" '$1==s && $2=="coxswain" && $3==1 {print $6}' "$work/results.tsv"; }
-if [[ " $scenarios " == *" auth "* && " $scenarios " == *" http "* ]]; then
-  awk -v a="$(cpu_of auth)" -v b="$(cpu_of http)" 'BEGIN {
-    if (b > 0) printf "\nCPU per request with Basic auth and a rate limit / without (1 worker): %.2f\n", a / b }'
+if [[ -s $work/idle.tsv ]]; then
+  echo
+  echo "idle keep-alive client connections, one GET answered on each (1 worker):"
+  printf '%-9s %-9s %11s %14s %13s %13s %14s\n' scenario proxy connections "RSS before KiB" "RSS held KiB" "KiB per conn" "coxswain/this"
+  while IFS=$'\t' read -r scenario name held before after per; do
+    base=$(awk -F'\t' -v s="$scenario" '$1==s && $2=="coxswain" {print $6}' "$work/idle.tsv")
+    ratio=$(awk -v a="$base" -v b="$per" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
+    printf '%-9s %-9s %11s %14s %13s %13s %14s\n' "$scenario" "$name" "$held" "$before" "$after" "$per" "$ratio"
+  done < "$work/idle.tsv"
 fi
