@@ -4,8 +4,9 @@
 //! MSS, flushed when a response is done), but that switch is private to its listener code,
 //! and these accept loops are ours. Unbuffered, a response went out as one `send` for the
 //! header and another for the body: an extra syscall, an extra wake-up of the client and an
-//! extra loopback round of TCP processing per request. This type gives Pingora the same
-//! buffered stream its listeners would.
+//! extra loopback round of TCP processing per request. This type buffers writes the same
+//! way; reads go straight into the reader's own buffer, and no read buffer is held while a
+//! connection waits (see `Plain`).
 //!
 //! Over TLS, rustls seals every write into a record of its own and sends it at once; a
 //! buffer above it makes a small response's head and body one record and one `send`.
@@ -28,19 +29,20 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
-use tokio::io::{
-    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter, ReadBuf,
-};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 
-/// Read buffer: one large read takes a whole pipelined burst for a reader that asks for
-/// little at a time.
-const READ_BUFFER: usize = 64 * 1024;
-/// A read asking for at least this much, with nothing buffered, goes straight into the
+mod gather;
+use gather::Gather;
+
+/// A read asking for at least this much, with nothing staged, goes straight into the
 /// reader's own buffer: the fast path and Pingora read heads and bodies into buffers of their
 /// own, and staging those bytes here first would copy every one of them twice (a 64 KiB body
 /// cost a 64 KiB memmove per request).
 const DIRECT_READ: usize = 1024;
+/// A smaller read (a peek) takes up to this much from the socket at once, staged for the
+/// reads after it.
+const STAGE: usize = 16 * 1024;
 /// Write buffer: about one MSS, so small responses leave in one segment and large bodies
 /// are not held back.
 const WRITE_BUFFER: usize = 1460;
@@ -51,9 +53,9 @@ const TLS_WRITE_BUFFER: usize = 16 * 1024;
 /// The transport under the buffers.
 #[derive(Debug)]
 enum Io {
-    Tcp(BufReader<BufWriter<TcpStream>>),
+    Tcp(Plain),
     /// No read buffer: rustls holds decrypted bytes already.
-    Tls(BufWriter<Box<TlsStream<L4Stream>>>),
+    Tls(Gather<Box<TlsStream<L4Stream>>>),
 }
 
 #[derive(Debug)]
@@ -130,10 +132,11 @@ impl Buffered {
         let digest = SocketDigest::from_raw_fd(fd);
         let _ = digest.peer_addr.set(Some(PingoraSocketAddr::Inet(peer)));
         Self {
-            io: Io::Tcp(BufReader::with_capacity(
-                READ_BUFFER,
-                BufWriter::with_capacity(WRITE_BUFFER, tcp),
-            )),
+            io: Io::Tcp(Plain {
+                stream: Gather::new(WRITE_BUFFER, tcp),
+                staged: Vec::new(),
+                pos: 0,
+            }),
             rewound: Vec::new(),
             held: Vec::new(),
             fd,
@@ -162,12 +165,12 @@ impl Buffered {
 
     /// Wraps a connection whose TLS handshake is done; its socket digest (with the client
     /// address) and its TLS digest (with the SNI) stay the stream's.
-    pub fn tls(stream: TlsStream<L4Stream>) -> Self {
+    pub fn tls(stream: Box<TlsStream<L4Stream>>) -> Self {
         Self {
             fd: stream.id(),
             socket: stream.get_socket_digest(),
             accepted: SystemTime::now(),
-            io: Io::Tls(BufWriter::with_capacity(TLS_WRITE_BUFFER, Box::new(stream))),
+            io: Io::Tls(Gather::new(TLS_WRITE_BUFFER, stream)),
             rewound: Vec::new(),
             held: Vec::new(),
             send: None,
@@ -183,6 +186,64 @@ impl Buffered {
     }
 }
 
+/// A cleartext connection: writes gathered into one MSS; reads straight into the reader's
+/// buffer, except small ones, staged in a buffer that exists only while it holds bytes. An
+/// idle keep-alive connection then holds no read buffer (a 64 KiB one each made 5,000 idle
+/// connections cost 200 MB).
+#[derive(Debug)]
+struct Plain {
+    stream: Gather<TcpStream>,
+    staged: Vec<u8>,
+    /// How much of `staged` was read already.
+    pos: usize,
+}
+
+impl Plain {
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        if self.pos < self.staged.len() {
+            let n = (self.staged.len() - self.pos).min(buf.remaining());
+            buf.put_slice(&self.staged[self.pos..self.pos + n]);
+            self.pos += n;
+            if self.pos == self.staged.len() {
+                self.staged = Vec::new();
+                self.pos = 0;
+            }
+            return Poll::Ready(Ok(()));
+        }
+        if buf.remaining() >= DIRECT_READ {
+            return Pin::new(self.stream.get_mut()).poll_read(cx, buf);
+        }
+        // The buffer is allocated once the socket has bytes, not while it waits for them.
+        let tcp = self.stream.get_ref();
+        loop {
+            std::task::ready!(tcp.poll_read_ready(cx))?;
+            let mut staged = Vec::with_capacity(STAGE);
+            match tcp.try_read_buf(&mut staged) {
+                Ok(0) => return Poll::Ready(Ok(())),
+                Ok(_) => {
+                    let n = staged.len().min(buf.remaining());
+                    buf.put_slice(&staged[..n]);
+                    if n < staged.len() {
+                        self.staged = staged;
+                        self.pos = n;
+                    }
+                    return Poll::Ready(Ok(()));
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Poll::Ready(Err(e)),
+            }
+        }
+    }
+
+    /// Waits until a read would not wait, holding no buffer meanwhile.
+    fn poll_readable(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.pos < self.staged.len() {
+            return Poll::Ready(Ok(()));
+        }
+        self.stream.get_ref().poll_read_ready(cx)
+    }
+}
+
 impl AsyncRead for Io {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -190,11 +251,8 @@ impl AsyncRead for Io {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Io::Tcp(s) if s.buffer().is_empty() && buf.remaining() >= DIRECT_READ => {
-                Pin::new(s.get_mut()).poll_read(cx, buf)
-            }
-            Io::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Io::Tls(s) => Pin::new(s).poll_read(cx, buf),
+            Io::Tcp(s) => s.poll_read(cx, buf),
+            Io::Tls(s) => Pin::new(s.get_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -206,7 +264,7 @@ impl AsyncWrite for Io {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Io::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Tcp(s) => Pin::new(&mut s.stream).poll_write(cx, buf),
             Io::Tls(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
@@ -217,28 +275,28 @@ impl AsyncWrite for Io {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Io::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Tcp(s) => Pin::new(&mut s.stream).poll_write_vectored(cx, bufs),
             Io::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
         match self {
-            Io::Tcp(s) => s.is_write_vectored(),
+            Io::Tcp(s) => s.stream.is_write_vectored(),
             Io::Tls(s) => s.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Io::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Io::Tcp(s) => Pin::new(&mut s.stream).poll_flush(cx),
             Io::Tls(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Io::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Tcp(s) => Pin::new(&mut s.stream).poll_shutdown(cx),
             Io::Tls(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
@@ -250,6 +308,19 @@ impl Buffered {
     pub fn hand_over(&mut self, now: &[u8], later: &[u8]) {
         self.rewound.extend_from_slice(now);
         self.held.extend_from_slice(later);
+    }
+
+    /// Waits until a read would not wait, without a buffer to read into: the fast path waits
+    /// for a keep-alive connection's next request this way. Over TLS it returns at once
+    /// (rustls may hold decrypted bytes the socket no longer shows).
+    pub async fn readable(&mut self) -> io::Result<()> {
+        if !self.rewound.is_empty() || !self.held.is_empty() {
+            return Ok(());
+        }
+        match &self.io {
+            Io::Tcp(plain) => std::future::poll_fn(|cx| plain.poll_readable(cx)).await,
+            Io::Tls(_) => Ok(()),
+        }
     }
 
     /// What was put back and not read, for the fast path's reader.
@@ -485,6 +556,42 @@ mod tests {
         let mut got = vec![0u8; 41];
         client.read_exact(&mut got).await.unwrap();
         assert!(got.ends_with(b"\r\n\r\nok\n"));
+    }
+
+    /// Bytes staged for a small read, if any (None over TLS).
+    fn staged(conn: &Buffered) -> Option<(usize, usize)> {
+        match &conn.io {
+            Io::Tcp(plain) => Some((plain.staged.len() - plain.pos, plain.staged.capacity())),
+            Io::Tls(_) => None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_connection_holds_a_read_buffer_only_while_it_has_bytes_in_it() {
+        let (mut conn, mut client) = pair().await;
+        assert_eq!(staged(&conn), Some((0, 0)));
+        client.write_all(b"abcdef").await.unwrap();
+        // Waiting for the bytes takes no buffer.
+        conn.readable().await.unwrap();
+        assert_eq!(staged(&conn), Some((0, 0)));
+        // A small read takes what the socket has and hands the rest to the next reads.
+        let mut two = [0u8; 2];
+        conn.read_exact(&mut two).await.unwrap();
+        assert_eq!(&two, b"ab");
+        assert_eq!(staged(&conn).unwrap().0, 4);
+        let mut rest = [0u8; 4];
+        conn.read_exact(&mut rest).await.unwrap();
+        assert_eq!(&rest, b"cdef");
+        assert_eq!(staged(&conn), Some((0, 0)), "a drained buffer is freed");
+        // A large read goes straight into the reader's buffer.
+        client.write_all(&[9u8; 3000]).await.unwrap();
+        let mut big = vec![0u8; 4096];
+        let mut got = 0;
+        while got < 3000 {
+            got += conn.read(&mut big[got..]).await.unwrap();
+            assert_eq!(staged(&conn), Some((0, 0)));
+        }
+        assert!(big[..3000].iter().all(|&b| b == 9));
     }
 
     /// A connection whose socket buffers stay small (64 KiB each way, no autotuning), so a

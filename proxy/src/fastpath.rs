@@ -87,10 +87,6 @@ pub struct Env<'a> {
 /// no request was read on this connection yet (the head deadline runs from accept).
 pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next {
     let mut req: Vec<u8> = conn.take_unread();
-    req.reserve(4096);
-    let mut resp: Vec<u8> = Vec::with_capacity(16 * 1024);
-    // The head as it goes upstream, rebuilt per request in this one buffer.
-    let mut up_head: Vec<u8> = Vec::with_capacity(4096);
     let mut first = first;
     loop {
         let len = match read_head(conn, &mut req, env, first).await {
@@ -108,116 +104,134 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
             }
         };
         first = false;
-        let started = Instant::now();
-        // Where the request ends in `req`: Pingora gets that much, the rest waits.
-        let mut end = req.len();
-        let step = {
-            let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let mut parsed = httparse::Request::new(&mut headers);
-            match parsed.parse(&req[..len]) {
-                Ok(httparse::Status::Complete(_)) => {
-                    let head = FastHead(&parsed);
-                    end = request_end(&head, len, req.len());
-                    if env.limits.fast_path {
-                        plan(&head, env, &mut up_head)
-                    } else {
-                        Step::Pingora
-                    }
+        // A request's state (its buffers, the backend exchange) lives in a box of its own for
+        // as long as the request does: the connection's task, which an idle keep-alive
+        // connection holds, stays as small as waiting for a head needs.
+        if let Some(next) = Box::pin(request(conn, env, &mut req, len)).await {
+            return next;
+        }
+    }
+}
+
+/// Serves the request whose head of `len` bytes starts `req`. None: the connection goes on
+/// to its next request.
+async fn request(
+    conn: &mut Buffered,
+    env: &Env<'_>,
+    req: &mut Vec<u8>,
+    len: usize,
+) -> Option<Next> {
+    let started = Instant::now();
+    // Buffers a request needs live as long as it does (from jemalloc's thread cache, so
+    // allocating them costs about what reusing them would): a connection waiting for its
+    // next request holds none.
+    let mut up_head: Vec<u8> = Vec::with_capacity(4096);
+    // Where the request ends in `req`: Pingora gets that much, the rest waits.
+    let mut end = req.len();
+    let step = {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut parsed = httparse::Request::new(&mut headers);
+        match parsed.parse(&req[..len]) {
+            Ok(httparse::Status::Complete(_)) => {
+                let head = FastHead(&parsed);
+                end = request_end(&head, len, req.len());
+                if env.limits.fast_path {
+                    plan(&head, env, &mut up_head)
+                } else {
+                    Step::Pingora
                 }
-                Err(httparse::Error::TooManyHeaders)
-                    if env.limits.fast_path && env.limits.max_request_headers < MAX_HEADERS =>
-                {
-                    Step::Reject(431)
-                }
-                // Anything httparse leaves to others: Pingora parses it and decides.
-                _ => Step::Pingora,
             }
-        };
-        let mut plan = match step {
-            Step::Pingora => {
-                conn.hand_over(&req[..end], &req[end..]);
-                return Next::Pingora;
+            Err(httparse::Error::TooManyHeaders)
+                if env.limits.fast_path && env.limits.max_request_headers < MAX_HEADERS =>
+            {
+                Step::Reject(431)
             }
-            Step::Reject(status) => {
-                crate::metrics::Metrics::count(&env.table.metrics().requests_refused);
-                let _ = conn.write_all(status_response(status)).await;
+            // Anything httparse leaves to others: Pingora parses it and decides.
+            _ => Step::Pingora,
+        }
+    };
+    let mut plan = match step {
+        Step::Pingora => {
+            conn.hand_over(&req[..end], &req[end..]);
+            return Some(Next::Pingora);
+        }
+        Step::Reject(status) => {
+            crate::metrics::Metrics::count(&env.table.metrics().requests_refused);
+            let _ = conn.write_all(status_response(status)).await;
+            let _ = conn.flush().await;
+            return Some(Next::Closed);
+        }
+        Step::Answer(answer) => {
+            answer.record.done(answer.status, None, started);
+            let head = answer_head(answer.status, answer.field, answer.close_client);
+            if conn.write_all(head.as_bytes()).await.is_err() {
+                return Some(Next::Closed);
+            }
+            if answer.close_client {
+                close(conn, env.limits.request_head).await;
+                return Some(Next::Closed);
+            }
+            if conn.flush().await.is_err() || *env.shutdown.borrow() {
+                return Some(Next::Closed);
+            }
+            // Then the body is read and dropped, so the next request starts after it (as
+            // Pingora drains one); a body that does not come ends the connection.
+            if answer.body > 0 && read_body(conn, req, len + answer.body, env).await.is_err() {
+                return Some(Next::Closed);
+            }
+            req.drain(..len + answer.body);
+            return None;
+        }
+        Step::Forward(plan) => plan,
+    };
+    if plan.body > 0 {
+        match read_body(conn, req, len + plan.body, env).await {
+            Ok(()) => {}
+            // A client that stopped sending in time gets 408; one that left gets nothing.
+            // Either way nothing went upstream.
+            Err(BodyRead::TimedOut) => {
+                plan.record.done(408, None, started);
+                let _ = conn.write_all(status_response(408)).await;
                 let _ = conn.flush().await;
-                return Next::Closed;
+                return Some(Next::Closed);
             }
-            Step::Answer(answer) => {
-                answer.record.done(answer.status, None, started);
-                let head = answer_head(answer.status, answer.field, answer.close_client);
-                if conn.write_all(head.as_bytes()).await.is_err() {
-                    return Next::Closed;
-                }
-                if answer.close_client {
-                    close(conn, env.limits.request_head).await;
-                    return Next::Closed;
-                }
-                if conn.flush().await.is_err() || *env.shutdown.borrow() {
-                    return Next::Closed;
-                }
-                // Then the body is read and dropped, so the next request starts after it (as
-                // Pingora drains one); a body that does not come ends the connection.
-                if answer.body > 0
-                    && read_body(conn, &mut req, len + answer.body, env)
-                        .await
-                        .is_err()
-                {
-                    return Next::Closed;
-                }
-                req.drain(..len + answer.body);
-                continue;
-            }
-            Step::Forward(plan) => plan,
-        };
-        if plan.body > 0 {
-            match read_body(conn, &mut req, len + plan.body, env).await {
-                Ok(()) => {}
-                // A client that stopped sending in time gets 408; one that left gets nothing.
-                // Either way nothing went upstream.
-                Err(BodyRead::TimedOut) => {
-                    plan.record.done(408, None, started);
-                    let _ = conn.write_all(status_response(408)).await;
-                    let _ = conn.flush().await;
-                    return Next::Closed;
-                }
-                Err(BodyRead::Closed) => {
-                    plan.record.done(0, None, started);
-                    return Next::Closed;
-                }
+            Err(BodyRead::Closed) => {
+                plan.record.done(0, None, started);
+                return Some(Next::Closed);
             }
         }
-        let outcome = exchange(
-            conn,
-            (&up_head, &req[len..len + plan.body]),
-            &mut plan,
-            &mut resp,
-            env,
-        )
-        .await;
-        let status = match outcome {
-            Ok(Exchange { status, .. }) | Err(status) => status,
-        };
-        plan.record.done(status, Some(plan.upstream), started);
-        match outcome {
-            Ok(Exchange { keep_client, .. }) if keep_client && !*env.shutdown.borrow() => {
-                req.drain(..len + plan.body);
-                // A large body grew the buffer; a connection idling between requests keeps
-                // only what a head needs.
-                if req.capacity() > 2 * KEPT_BUFFER && req.len() < KEPT_BUFFER {
-                    req.shrink_to(KEPT_BUFFER);
-                }
+    }
+    let mut resp: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let outcome = exchange(
+        conn,
+        (&up_head, &req[len..len + plan.body]),
+        &mut plan,
+        &mut resp,
+        env,
+    )
+    .await;
+    let status = match outcome {
+        Ok(Exchange { status, .. }) | Err(status) => status,
+    };
+    plan.record.done(status, Some(plan.upstream), started);
+    match outcome {
+        Ok(Exchange { keep_client, .. }) if keep_client && !*env.shutdown.borrow() => {
+            req.drain(..len + plan.body);
+            // A large body grew the buffer; a connection idling between requests keeps
+            // only what a head needs.
+            if req.capacity() > 2 * KEPT_BUFFER && req.len() < KEPT_BUFFER {
+                req.shrink_to(KEPT_BUFFER);
             }
-            Ok(_) => {
-                close(conn, env.limits.request_head).await;
-                return Next::Closed;
-            }
-            Err(status) => {
-                let _ = conn.write_all(status_response(status)).await;
-                let _ = conn.flush().await;
-                return Next::Closed;
-            }
+            None
+        }
+        Ok(_) => {
+            close(conn, env.limits.request_head).await;
+            Some(Next::Closed)
+        }
+        Err(status) => {
+            let _ = conn.write_all(status_response(status)).await;
+            let _ = conn.flush().await;
+            Some(Next::Closed)
         }
     }
 }

@@ -435,13 +435,16 @@ struct Connection {
 }
 
 impl Connection {
+    /// A connection's task holds this future, as large as its largest state, for as long as
+    /// the connection lives. The one-off steps with large states (PROXY header, passthrough
+    /// relay, TLS handshake) are boxed, so an idle keep-alive connection does not carry them.
     async fn serve(mut self, mut tcp: tokio::net::TcpStream) {
         if self.limits.client_address.proxy_protocol {
             // The load balancer's header names the client; without it, the connection's
             // peer would be mistaken for one.
             let header = tokio::time::timeout(
                 self.limits.request_head,
-                crate::proxy_protocol::read(&mut tcp),
+                Box::pin(crate::proxy_protocol::read(&mut tcp)),
             )
             .await;
             match header {
@@ -459,14 +462,14 @@ impl Connection {
             }
         }
         if let Some(relay) = &self.relay {
-            crate::relay::serve(
+            Box::pin(crate::relay::serve(
                 tcp,
                 &self.table,
                 self.port,
                 self.peer,
                 relay,
                 self.limits.relay_idle,
-            )
+            ))
             .await;
             return;
         }
@@ -477,10 +480,13 @@ impl Connection {
                 self.serve_http1(conn).await;
             }
             Some(acceptor) => {
-                let handshake = acceptor.tls_handshake(crate::conn::l4_stream(tcp, self.peer));
+                let handshake =
+                    Box::pin(acceptor.tls_handshake(crate::conn::l4_stream(tcp, self.peer)));
+                // Boxed at once: a future keeps room for a local that was ever borrowed, even
+                // after it moved, and this one is 4.7 KB.
                 let stream = match tokio::time::timeout(self.limits.tls_handshake, handshake).await
                 {
-                    Ok(Ok(s)) => s,
+                    Ok(Ok(s)) => Box::new(s),
                     Ok(Err(e)) => {
                         tracing::debug!(error = %e, "TLS handshake failed");
                         return;
@@ -492,7 +498,7 @@ impl Connection {
                     }
                 };
                 if matches!(stream.selected_alpn_proto(), Some(ALPN::H2)) {
-                    self.serve_h2(Box::new(stream)).await;
+                    self.serve_h2(stream).await;
                 } else {
                     let conn = Buffered::tls(stream)
                         .bounding_sends(self.limits.client_send, self.table.metrics().clone());
@@ -580,7 +586,8 @@ impl Connection {
             closing: &mut self.closing,
             shutdown: &self.shutdown,
         };
-        fastpath::h2::serve(io, &env, &self.proxy).await;
+        // Boxed: an HTTP/2 connection's state is not carried by every HTTP/1 one.
+        Box::pin(fastpath::h2::serve(io, &env, &self.proxy)).await;
     }
 }
 

@@ -53,10 +53,7 @@ pub(super) async fn read_head(
                 }
             }
         }
-        if req.capacity() - req.len() < 1024 {
-            req.reserve(4096);
-        }
-        let read = conn.read_buf(req);
+        let read = read_some(conn, req);
         let result = match deadline {
             Some(d) => match tokio::time::timeout_at(d, read).await {
                 Ok(r) => r,
@@ -87,6 +84,19 @@ pub(super) async fn read_head(
             Ok(_) => {}
         }
     }
+}
+
+/// Reads what the client sends next into `req`. With nothing pending, the connection waits
+/// holding no buffer: an idle keep-alive connection costs no head buffer.
+async fn read_some(conn: &mut Buffered, req: &mut Vec<u8>) -> std::io::Result<usize> {
+    if req.is_empty() {
+        *req = Vec::new();
+        conn.readable().await?;
+    }
+    if req.capacity() - req.len() < 1024 {
+        req.reserve(4096);
+    }
+    conn.read_buf(req).await
 }
 
 /// Why a request body did not arrive whole.
