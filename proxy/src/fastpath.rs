@@ -49,6 +49,10 @@ const REQUEST_LINE: usize = 8 * 1024;
 const MAX_BODY: u64 = 64 * 1024;
 /// What a client connection's request buffer shrinks back to after a large body.
 const KEPT_BUFFER: usize = 16 * 1024;
+/// A request's buffer for its answer: jemalloc's largest small size class. Allocated per
+/// request, it must stay below 16 KiB, where allocations leave the thread cache for the arena
+/// (a 16 KiB one cost about 0.5 µs per request).
+const ANSWER_BUFFER: usize = 14 * 1024;
 
 /// What the connection does after `serve` returns.
 #[derive(Debug, PartialEq, Eq)]
@@ -122,9 +126,9 @@ async fn request(
     len: usize,
 ) -> Option<Next> {
     let started = Instant::now();
-    // Buffers a request needs live as long as it does (from jemalloc's thread cache, so
-    // allocating them costs about what reusing them would): a connection waiting for its
-    // next request holds none.
+    // Buffers a request needs live as long as it does (from jemalloc's thread cache, below
+    // 16 KiB, so allocating them costs about what reusing them would): a connection waiting
+    // for its next request holds none.
     let mut up_head: Vec<u8> = Vec::with_capacity(4096);
     // Where the request ends in `req`: Pingora gets that much, the rest waits.
     let mut end = req.len();
@@ -201,7 +205,7 @@ async fn request(
             }
         }
     }
-    let mut resp: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut resp: Vec<u8> = Vec::with_capacity(ANSWER_BUFFER);
     let outcome = exchange(
         conn,
         (&up_head, &req[len..len + plan.body]),

@@ -171,7 +171,7 @@ async fn stream<P: HttpServerApp + Send + Sync + 'static>(
     } else {
         Vec::new()
     };
-    let mut resp = Vec::with_capacity(16 * 1024);
+    let mut resp = Vec::with_capacity(super::ANSWER_BUFFER);
     let outcome = exchange(&mut session, (&up_head, &body), &mut plan, &mut resp, env).await;
     let status = match outcome {
         Ok(status) | Err(status) => status,
