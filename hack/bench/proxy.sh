@@ -10,6 +10,10 @@
 #              response fields
 #   post-1k    POST with a 1 KB body
 #   post-64k   POST with a 64 KB body
+#   latency    HTTP/1.1 cleartext keep-alive at a fixed rate every proxy sustains (BENCH_RATE,
+#              default 40,000 req/s, h2load --h1 --rps): latency at equal load, which the
+#              saturated scenarios' p99 cannot compare (there it mostly follows req/s)
+#   latency-tls  the same over TLS 1.3
 #   auth       coxswain only: Basic authentication and a rate limit no client reaches; its CPU
 #              per request over the plain route's is the cost of those checks
 #   idle       memory per idle keep-alive client connection: BENCH_IDLE_CONNECTIONS (default
@@ -42,7 +46,8 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 seconds="${BENCH_SECONDS:-10}"
 connections="${BENCH_CONNECTIONS:-50}"
-scenarios="${BENCH_SCENARIOS:-http https tls-new h2 headers post-1k post-64k auth idle idle-tls}"
+scenarios="${BENCH_SCENARIOS:-http https tls-new h2 headers post-1k post-64k latency latency-tls auth idle idle-tls}"
+rate="${BENCH_RATE:-40000}"
 idle_connections="${BENCH_IDLE_CONNECTIONS:-5000}"
 http_workers="${BENCH_WORKERS:-1 2}"
 cpus=$(nproc)
@@ -89,7 +94,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 backend_port=$(free_port)
 proxy_port=$(free_port)
 
-tls_scenario() { [[ $1 == https || $1 == tls-new || $1 == h2 || $1 == idle-tls ]]; }
+tls_scenario() { [[ $1 == https || $1 == tls-new || $1 == h2 || $1 == idle-tls || $1 == latency-tls ]]; }
 scheme() { if tls_scenario "$1"; then echo https; else echo http; fi; }
 
 wait_port() { # port scheme
@@ -187,6 +192,45 @@ load() {
   printf '%s\t%s\t%s\t%s\n' "${requests:-0}" "${rps:-0}" "$p99" "$notes"
 }
 
+# The latency scenarios' load: BENCH_RATE requests per second spread over the connections,
+# each request's time from h2load's log. Prints "requests rps p50 p99 p99.9 max" (ms).
+# $1 scenario, $2 seconds.
+paced_load() {
+  local url out log="$work/paced.log"
+  url="$(scheme "$1")://127.0.0.1:$proxy_port/"
+  rm -f "$log"
+  out=$("${on_load[@]}" h2load --h1 -c"$connections" -t1 --rps=$(( rate / connections )) -D"$2" \
+    --log-file="$log" -H "$auth_header" -H 'X-Remove: yes' "$url" 2>&1)
+  local requests rps failed
+  requests=$(awk '/^requests:/ {print $8}' <<<"$out")
+  failed=$(awk '/^requests:/ {print $10 + $12}' <<<"$out")
+  rps=$(awk '/^finished in/ {sub(",", "", $4); print $4}' <<<"$out")
+  # The log's third column is each request's time in microseconds.
+  awk '{print $3}' "$log" | sort -n | awk -v req="${requests:-0}" -v rps="${rps:-0}" -v f="${failed:-0}" '
+    { v[NR] = $1 }
+    function at(q) { i = int(NR * q); if (i < 1) i = 1; return v[i] / 1000 }
+    END {
+      if (!NR) { printf "0\t0\tn/a\tn/a\tn/a\tn/a\t\n"; exit }
+      printf "%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%s\n", req, rps, at(0.5), at(0.99), at(0.999), v[NR] / 1000, (f > 0 ? "failed: " f : "")
+    }'
+}
+
+# A latency scenario: warm-up, then the paced load with the proxy's CPU time around it.
+# $1 scenario, $2 proxy name, $3 pid.
+measure_paced() {
+  paced_load "$1" 2 >/dev/null
+  local before after requests rps p50 p99 p999 max notes cpu_us
+  before=$(cpu_ticks "$3")
+  IFS=$'\t' read -r requests rps p50 p99 p999 max notes < <(paced_load "$1" "$seconds")
+  after=$(cpu_ticks "$3")
+  cpu_us=$(awk -v t=$((after - before)) -v hz="$clk_tck" -v n="$requests" \
+    'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "n/a" }')
+  # Short of the rate: the proxy did not keep up, and its latencies are not at equal load.
+  awk -v r="$rps" -v want="$rate" 'BEGIN { exit !(r < want * 0.97) }' && notes="${notes:+$notes; }below the rate"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$rps" "$p50" "$p99" "$p999" "$max" "$cpu_us" "$notes" \
+    >> "$work/latency.tsv"
+}
+
 # Resident memory of a process and its children, in KiB.
 rss_kib() {
   local total=0 p
@@ -220,6 +264,10 @@ measure_idle() {
 measure() {
   if [[ $1 == idle* ]]; then
     measure_idle "$1" "$2" "$4"
+    return
+  fi
+  if [[ $1 == latency* ]]; then
+    measure_paced "$1" "$2" "$4"
     return
   fi
   load "$1" 2 >/dev/null
@@ -488,6 +536,16 @@ if [[ -s $work/results.tsv ]]; then
     awk -v a="$(cpu_of auth)" -v b="$(cpu_of http)" 'BEGIN {
       if (b > 0) printf "\nCPU per request with Basic auth and a rate limit / without (1 worker): %.2f\n", a / b }'
   fi
+fi
+if [[ -s $work/latency.tsv ]]; then
+  echo
+  echo "latency at a fixed $rate req/s (h2load --h1 -c$connections -t1 --rps=$(( rate / connections )), ${seconds}s; 1 worker), in ms:"
+  printf '%-11s %-9s %10s %7s %7s %7s %7s %11s %16s %s\n' scenario proxy "req/s" p50 p99 p99.9 max "CPU us/req" "p99 coxswain/this" notes
+  while IFS=$'\t' read -r scenario name rps p50 p99 p999 max cpu notes; do
+    base=$(awk -F'\t' -v s="$scenario" '$1==s && $2=="coxswain" {print $5}' "$work/latency.tsv")
+    ratio=$(awk -v a="$base" -v b="$p99" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
+    printf '%-11s %-9s %10s %7s %7s %7s %7s %11s %16s %s\n' "$scenario" "$name" "$rps" "$p50" "$p99" "$p999" "$max" "$cpu" "$ratio" "$notes"
+  done < "$work/latency.tsv"
 fi
 if [[ -s $work/idle.tsv ]]; then
   echo
