@@ -148,7 +148,7 @@ bench-propagation: ## Route changes at ROUTES=N existing HTTPRoutes (default 1,0
 	  $(TARGET_DIR)/release/examples/propagation
 
 .PHONY: bench-proxy
-bench-proxy: ## coxswain vs nginx vs HAProxy: HTTP, HTTPS, new TLS connections, HTTP/2, header edits, POST bodies, latency at a fixed rate, idle memory (installs wrk, h2load, nginx, HAProxy; not part of make test)
+bench-proxy: ## coxswain vs nginx vs HAProxy: HTTP, HTTPS, new TLS connections, HTTP/2, header edits, POST bodies, latency at a fixed rate, idle memory (HTTP/1, TLS, HTTP/2) (installs wrk, h2load, nginx, HAProxy; not part of make test)
 	hack/bench/proxy.sh
 
 .PHONY: bench-memory

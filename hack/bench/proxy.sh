@@ -20,6 +20,7 @@
 #              5,000) connections, one GET answered on each, then held; the proxy's resident
 #              memory (every process of it) after, less before, over their number
 #   idle-tls   the same over TLS 1.3
+#   idle-h2    the same over HTTP/2 (TLS 1.3, ALPN h2): one stream answered on each
 # Every scenario but http runs at 1 worker (BENCH_WORKERS overrides http's "1 2").
 #
 # Everything runs on loopback. Absolute numbers on a shared machine are noise; the ratios
@@ -46,7 +47,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 seconds="${BENCH_SECONDS:-10}"
 connections="${BENCH_CONNECTIONS:-50}"
-scenarios="${BENCH_SCENARIOS:-http https tls-new h2 headers post-1k post-64k latency latency-tls auth idle idle-tls}"
+scenarios="${BENCH_SCENARIOS:-http https tls-new h2 headers post-1k post-64k latency latency-tls auth idle idle-tls idle-h2}"
 rate="${BENCH_RATE:-40000}"
 idle_connections="${BENCH_IDLE_CONNECTIONS:-5000}"
 http_workers="${BENCH_WORKERS:-1 2}"
@@ -94,7 +95,7 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 backend_port=$(free_port)
 proxy_port=$(free_port)
 
-tls_scenario() { [[ $1 == https || $1 == tls-new || $1 == h2 || $1 == idle-tls || $1 == latency-tls ]]; }
+tls_scenario() { [[ $1 == https || $1 == tls-new || $1 == h2 || $1 == idle-tls || $1 == latency-tls || $1 == idle-h2 ]]; }
 scheme() { if tls_scenario "$1"; then echo https; else echo http; fi; }
 
 wait_port() { # port scheme
@@ -243,10 +244,11 @@ rss_kib() {
 
 # The idle scenarios: memory per held connection. $1 scenario, $2 proxy name, $3 pid.
 measure_idle() {
-  local before after held tls=""
-  [[ $1 == idle-tls ]] && tls=tls
+  local before after held mode=""
+  [[ $1 == idle-tls ]] && mode=tls
+  [[ $1 == idle-h2 ]] && mode=h2
   before=$(rss_kib "$3")
-  coproc HOLD { "${on_load[@]}" python3 "$here/hold.py" "$proxy_port" "$idle_connections" $tls; }
+  coproc HOLD { "${on_load[@]}" python3 "$here/hold.py" "$proxy_port" "$idle_connections" $mode; }
   read -r _ held <&"${HOLD[0]}" || held=0
   after=$(rss_kib "$3")
   exec {HOLD[1]}>&-
