@@ -12,7 +12,9 @@
 #   post-64k   POST with a 64 KB body
 #   latency    HTTP/1.1 cleartext keep-alive at a fixed rate every proxy sustains (BENCH_RATE,
 #              default 40,000 req/s, h2load --h1 --rps): latency at equal load, which the
-#              saturated scenarios' p99 cannot compare (there it mostly follows req/s)
+#              saturated scenarios' p99 cannot compare (there it mostly follows req/s). The
+#              load generator's and the backend's CPU per request are printed beside it: on a
+#              small machine they share a CPU, and their queueing is most of each request's time
 #   latency-tls  the same over TLS 1.3
 #   auth       coxswain only: Basic authentication and a rate limit no client reaches; its CPU
 #              per request over the plain route's is the cost of those checks
@@ -26,7 +28,7 @@
 # Everything runs on loopback. Absolute numbers on a shared machine are noise; the ratios
 # within one run are the result. CPU per request is the proxy's own CPU time (every process
 # of it, from /proc) over the measured seconds, divided by the requests the load generator
-# completed.
+# completed; "user" is the part of it spent outside the kernel.
 # A proxy with one worker gets the last CPU to itself; the load generator and the backend
 # share the others (a proxy with more workers may use every CPU). BENCH_PIN=0 lets every
 # process use every CPU, as runs before 2026-12-06 did. Unpinned on two cores, the load
@@ -139,6 +141,7 @@ http {
 CONF
 "${on_load[@]}" nginx -c "$work/backend/nginx.conf" -p "$work/backend" -g 'daemon off;' &
 pids+=($!)
+backend_pid=$!
 wait_port "$backend_port" http
 
 # Every request carries credentials, so the auth scenario is the only difference between runs;
@@ -146,14 +149,20 @@ wait_port "$backend_port" http
 auth_header="Authorization: Basic $(printf 'bench:correct horse' | base64)"
 
 # CPU time (clock ticks) of a process and its children: nginx and HAProxy work in workers.
+# $2 = user: user-space time only.
 cpu_ticks() {
-  local total=0 p
+  local total=0 p fields='$12 + $13'
+  [[ ${2:-} == user ]] && fields='$12'
   for p in "$1" $(pgrep -P "$1" || true); do
     [[ -r /proc/$p/stat ]] || continue
     # Fields 14 and 15: user and system time; the name (field 2) may hold spaces.
-    total=$(( total + $(sed 's/^.*) //' "/proc/$p/stat" | awk '{print $12 + $13}') ))
+    total=$(( total + $(sed 's/^.*) //' "/proc/$p/stat" | awk "{print $fields}") ))
   done
   echo "$total"
+}
+# Ticks over requests, in µs per request. $1 ticks, $2 requests.
+per_request() {
+  awk -v t="$1" -v hz="$clk_tck" -v n="$2" 'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "n/a" }'
 }
 clk_tck=$(getconf CLK_TCK)
 
@@ -200,19 +209,24 @@ paced_load() {
   local url out log="$work/paced.log"
   url="$(scheme "$1")://127.0.0.1:$proxy_port/"
   rm -f "$log"
+  # `times` in the same subshell: the CPU time of its child, the load generator.
   out=$("${on_load[@]}" h2load --h1 -c"$connections" -t1 --rps=$(( rate / connections )) -D"$2" \
-    --log-file="$log" -H "$auth_header" -H 'X-Remove: yes' "$url" 2>&1)
-  local requests rps failed
+    --log-file="$log" -H "$auth_header" -H 'X-Remove: yes' "$url" 2>&1; times)
+  local requests rps failed load_us
   requests=$(awk '/^requests:/ {print $8}' <<<"$out")
   failed=$(awk '/^requests:/ {print $10 + $12}' <<<"$out")
   rps=$(awk '/^finished in/ {sub(",", "", $4); print $4}' <<<"$out")
+  # The last line is the children's user and system time, as "0m1.234s 0m0.567s".
+  load_us=$(tail -n 1 <<<"$out" | awk -v n="${requests:-0}" '
+    function secs(t) { split(t, a, "m"); sub("s", "", a[2]); return a[1] * 60 + a[2] }
+    { if (n > 0) printf "%.1f", (secs($1) + secs($2)) * 1e6 / n; else print "n/a" }')
   # The log's third column is each request's time in microseconds.
-  awk '{print $3}' "$log" | sort -n | awk -v req="${requests:-0}" -v rps="${rps:-0}" -v f="${failed:-0}" '
+  awk '{print $3}' "$log" | sort -n | awk -v req="${requests:-0}" -v rps="${rps:-0}" -v f="${failed:-0}" -v load="$load_us" '
     { v[NR] = $1 }
     function at(q) { i = int(NR * q); if (i < 1) i = 1; return v[i] / 1000 }
     END {
-      if (!NR) { printf "0\t0\tn/a\tn/a\tn/a\tn/a\t\n"; exit }
-      printf "%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%s\n", req, rps, at(0.5), at(0.99), at(0.999), v[NR] / 1000, (f > 0 ? "failed: " f : "")
+      if (!NR) { printf "0\t0\tn/a\tn/a\tn/a\tn/a\tn/a\t\n"; exit }
+      printf "%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%s\n", req, rps, at(0.5), at(0.99), at(0.999), v[NR] / 1000, load, (f > 0 ? "failed: " f : "")
     }'
 }
 
@@ -220,16 +234,17 @@ paced_load() {
 # $1 scenario, $2 proxy name, $3 pid.
 measure_paced() {
   paced_load "$1" 2 >/dev/null
-  local before after requests rps p50 p99 p999 max notes cpu_us
+  local before after backend_before backend_after requests rps p50 p99 p999 max load_us notes
   before=$(cpu_ticks "$3")
-  IFS=$'\t' read -r requests rps p50 p99 p999 max notes < <(paced_load "$1" "$seconds")
+  backend_before=$(cpu_ticks "$backend_pid")
+  IFS=$'\t' read -r requests rps p50 p99 p999 max load_us notes < <(paced_load "$1" "$seconds")
   after=$(cpu_ticks "$3")
-  cpu_us=$(awk -v t=$((after - before)) -v hz="$clk_tck" -v n="$requests" \
-    'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "n/a" }')
+  backend_after=$(cpu_ticks "$backend_pid")
   # Short of the rate: the proxy did not keep up, and its latencies are not at equal load.
   awk -v r="$rps" -v want="$rate" 'BEGIN { exit !(r < want * 0.97) }' && notes="${notes:+$notes; }below the rate"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$rps" "$p50" "$p99" "$p999" "$max" "$cpu_us" "$notes" \
-    >> "$work/latency.tsv"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$rps" "$p50" "$p99" "$p999" "$max" \
+    "$(per_request $((after - before)) "$requests")" "$load_us" \
+    "$(per_request $((backend_after - backend_before)) "$requests")" "$notes" >> "$work/latency.tsv"
 }
 
 # Resident memory of a process and its children, in KiB.
@@ -273,24 +288,26 @@ measure() {
     return
   fi
   load "$1" 2 >/dev/null
-  local before after requests rps p99 notes cpu_us perf_pid=""
+  local before after user_before user_after requests rps p99 notes cpu_us perf_pid=""
   if [[ -n ${BENCH_PERF:-} && $2 == coxswain ]]; then
     mkdir -p "$BENCH_PERF"
     perf record -q -F 999 --call-graph "${BENCH_PERF_CALL_GRAPH:-fp}" -p "$4" -o "$BENCH_PERF/$1-$3.data" -- sleep "$seconds" 2>/dev/null &
     perf_pid=$!
   fi
   before=$(cpu_ticks "$4")
+  user_before=$(cpu_ticks "$4" user)
   IFS=$'\t' read -r requests rps p99 notes < <(load "$1" "$seconds")
   after=$(cpu_ticks "$4")
+  user_after=$(cpu_ticks "$4" user)
   if [[ -n $perf_pid ]]; then
     wait "$perf_pid" || true
     echo "where coxswain's CPU went ($1, $3 worker(s)), self time:" >&2
     perf report -i "$BENCH_PERF/$1-$3.data" --no-children --stdio --sort dso,symbol \
       --percent-limit 0.7 2>/dev/null | grep -E '^ +[0-9]' | head -45 >&2 || true
   fi
-  cpu_us=$(awk -v t=$((after - before)) -v hz="$clk_tck" -v n="$requests" \
-    'BEGIN { if (n > 0) printf "%.1f", t / hz * 1e6 / n; else print "n/a" }')
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$rps" "$p99" "$cpu_us" "$notes" >> "$work/results.tsv"
+  cpu_us=$(per_request $((after - before)) "$requests")
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$rps" "$p99" "$cpu_us" \
+    "$(per_request $((user_after - user_before)) "$requests")" "$notes" >> "$work/results.tsv"
 }
 
 stop_last() { kill "${pids[-1]}" 2>/dev/null || true; wait "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'; sleep 0.5; }
@@ -526,12 +543,13 @@ if [[ -s $work/results.tsv ]]; then
   echo "backend: nginx (1 worker), 3-byte body; every proxy sets X-Forwarded-For/-Proto/-Host/-Port and X-Real-IP"
   # "busy": the proxy's CPU time over the seconds measured (req/s x CPU per request), in CPUs. A
   # pinned proxy near 1.00 set the pace; one well below it waited for the load generator.
-  printf '%-9s %-9s %7s %12s %10s %11s %6s %14s %s\n' scenario proxy workers "req/s" p99 "CPU us/req" busy "coxswain/this" notes
-  while IFS=$'\t' read -r scenario name workers rps p99 cpu notes; do
+  # "user": the part of the CPU per request spent in the proxy's own code, not the kernel's.
+  printf '%-9s %-9s %7s %12s %10s %11s %5s %6s %14s %s\n' scenario proxy workers "req/s" p99 "CPU us/req" user busy "coxswain/this" notes
+  while IFS=$'\t' read -r scenario name workers rps p99 cpu user notes; do
     base=$(awk -F'\t' -v s="$scenario" -v w="$workers" '$1==s && $2=="coxswain" && $3==w {print $4}' "$work/results.tsv")
     ratio=$(awk -v a="$base" -v b="$rps" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
     busy=$(awk -v r="$rps" -v c="$cpu" 'BEGIN { if (c + 0 > 0) printf "%.2f", r * c / 1e6; else print "n/a" }')
-    printf '%-9s %-9s %7s %12s %10s %11s %6s %14s %s\n' "$scenario" "$name" "$workers" "$rps" "$p99" "$cpu" "$busy" "$ratio" "$notes"
+    printf '%-9s %-9s %7s %12s %10s %11s %5s %6s %14s %s\n' "$scenario" "$name" "$workers" "$rps" "$p99" "$cpu" "$user" "$busy" "$ratio" "$notes"
   done < "$work/results.tsv"
   cpu_of() { awk -F'\t' -v s="$1" '$1==s && $2=="coxswain" && $3==1 {print $6}' "$work/results.tsv"; }
   if [[ " $scenarios " == *" auth "* && " $scenarios " == *" http "* ]]; then
@@ -542,11 +560,13 @@ fi
 if [[ -s $work/latency.tsv ]]; then
   echo
   echo "latency at a fixed $rate req/s (h2load --h1 -c$connections -t1 --rps=$(( rate / connections )), ${seconds}s; 1 worker), in ms:"
-  printf '%-11s %-9s %10s %7s %7s %7s %7s %11s %16s %s\n' scenario proxy "req/s" p50 p99 p99.9 max "CPU us/req" "p99 coxswain/this" notes
-  while IFS=$'\t' read -r scenario name rps p50 p99 p999 max cpu notes; do
+  # "load" and "backend": CPU per request of the load generator and of the backend, which share
+  # the other CPU; a proxy that costs them more adds to every request's wait.
+  printf '%-11s %-9s %10s %7s %7s %7s %7s %11s %5s %8s %16s %s\n' scenario proxy "req/s" p50 p99 p99.9 max "CPU us/req" load backend "p99 coxswain/this" notes
+  while IFS=$'\t' read -r scenario name rps p50 p99 p999 max cpu load backend notes; do
     base=$(awk -F'\t' -v s="$scenario" '$1==s && $2=="coxswain" {print $5}' "$work/latency.tsv")
     ratio=$(awk -v a="$base" -v b="$p99" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
-    printf '%-11s %-9s %10s %7s %7s %7s %7s %11s %16s %s\n' "$scenario" "$name" "$rps" "$p50" "$p99" "$p999" "$max" "$cpu" "$ratio" "$notes"
+    printf '%-11s %-9s %10s %7s %7s %7s %7s %11s %5s %8s %16s %s\n' "$scenario" "$name" "$rps" "$p50" "$p99" "$p999" "$max" "$cpu" "$load" "$backend" "$ratio" "$notes"
   done < "$work/latency.tsv"
 fi
 if [[ -s $work/idle.tsv ]]; then
