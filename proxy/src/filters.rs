@@ -3,15 +3,19 @@
 
 use coxswain_api::snapshot::{self as snap, path_modifier};
 
-/// Header edits a filter makes: set replaces, add appends, remove deletes.
-pub trait EditHeaders {
-    fn set(&mut self, name: &str, value: &str);
-    fn add(&mut self, name: &str, value: &str);
+/// Header edits a filter makes: set replaces, add appends, remove deletes. Names and values
+/// live for `'v` (the snapshot's modifier), so a list of fields may borrow them.
+pub trait EditHeaders<'v> {
+    fn set(&mut self, name: &'v str, value: &'v str);
+    fn add(&mut self, name: &'v str, value: &'v str);
     fn remove(&mut self, name: &str);
 }
 
 /// Applies a header modifier in the order the Gateway API defines: set, add, remove.
-pub fn modify_headers<H: EditHeaders + ?Sized>(headers: &mut H, m: &snap::HeaderModifier) {
+pub fn modify_headers<'v, H: EditHeaders<'v> + ?Sized>(
+    headers: &mut H,
+    m: &'v snap::HeaderModifier,
+) {
     for h in &m.set {
         headers.set(&h.name, &h.value);
     }
@@ -255,7 +259,7 @@ mod tests {
     #[derive(Default)]
     struct Headers(Vec<(String, String)>);
 
-    impl EditHeaders for Headers {
+    impl EditHeaders<'_> for Headers {
         fn set(&mut self, name: &str, value: &str) {
             self.remove(name);
             self.0.push((name.to_ascii_lowercase(), value.into()));

@@ -135,8 +135,12 @@ impl<'h> Forwarded<'h> {
         }
     }
 
-    /// Calls `f` with each field to send, in a fixed order; a value comes in parts that
-    /// are sent one after the other.
+    /// The most fields [`Forwarded::each`] sends: X-Forwarded-For, -Proto, -Host and -Port,
+    /// X-Real-IP and traceparent, each once at most.
+    pub const MOST_FIELDS: usize = 6;
+
+    /// Calls `f` with each field to send, in a fixed order, at most `MOST_FIELDS` times; a
+    /// value comes in parts that are sent one after the other.
     pub fn each(&self, f: &mut dyn FnMut(&'static str, &[&str])) {
         let mut peer = Text::new();
         if let Some(p) = self.peer {

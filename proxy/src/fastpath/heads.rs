@@ -5,7 +5,6 @@ use super::MAX_RESPONSE_HEADERS;
 use crate::forwarded::Forwarded;
 use crate::request::Head;
 use coxswain_api::snapshot as snap;
-use std::borrow::Cow;
 
 /// The head sent upstream: the request line with the normalised target, `host` as a Host
 /// field (an HTTP/2 request's :authority), the received fields less the forwarded ones and
@@ -27,20 +26,37 @@ pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
     out.extend_from_slice(b" HTTP/1.1\r\n");
     let mut edits = edits.peekable();
     if edits.peek().is_some() {
+        // The forwarded fields' values, rendered one after another into one buffer that the
+        // list borrows: one allocation, not one per field.
+        let mut rendered = Vec::with_capacity(256);
+        let mut spans = [("", 0, 0); Forwarded::MOST_FIELDS];
+        let mut count = 0;
+        forwarded.each(&mut |name, parts| {
+            let start = rendered.len();
+            for p in parts {
+                rendered.extend_from_slice(p.as_bytes());
+            }
+            debug_assert!(
+                count < spans.len(),
+                "more forwarded fields than MOST_FIELDS"
+            );
+            if let Some(span) = spans.get_mut(count) {
+                *span = (name, start, rendered.len());
+                count += 1;
+            }
+        });
         let mut fields = Fields(Vec::with_capacity(24));
         if let Some(host) = host {
-            fields.0.push((b"host"[..].into(), host.as_bytes().into()));
+            fields.0.push((b"host", host.as_bytes()));
         }
         head.each_header(&mut |name, value| {
             if !(forwarded.replaces(name) || this_hop(name)) {
-                fields.0.push((name.into(), value.into()));
+                fields.0.push((name, value));
             }
         });
-        forwarded.each(&mut |name, parts| {
-            fields
-                .0
-                .push((name.as_bytes().into(), parts.concat().into_bytes().into()));
-        });
+        for &(name, start, end) in &spans[..count] {
+            fields.0.push((name.as_bytes(), &rendered[start..end]));
+        }
         for m in edits {
             crate::filters::modify_headers(&mut fields, m);
         }
@@ -94,12 +110,13 @@ fn this_hop(name: &[u8]) -> bool {
     }
 }
 
-/// Header fields being edited by header modifiers: the received ones borrowed, the ones
-/// the proxy or a filter sets owned. Only routes with modifiers pay for the list.
+/// Header fields being edited by header modifiers, all borrowed: from the received head,
+/// the proxy's rendered values and the snapshot's modifiers. Only routes with modifiers pay
+/// for the list.
 struct Fields<'a>(Vec<Field<'a>>);
 
 /// A field's name and value.
-type Field<'a> = (Cow<'a, [u8]>, Cow<'a, [u8]>);
+type Field<'a> = (&'a [u8], &'a [u8]);
 
 impl Fields<'_> {
     fn write(&self, out: &mut Vec<u8>) {
@@ -114,16 +131,13 @@ impl Fields<'_> {
 
 /// The semantics of Pingora's header maps, which the other engine edits: set replaces every
 /// field of that name, add appends one, remove drops them all; names compare without case.
-impl crate::filters::EditHeaders for Fields<'_> {
-    fn set(&mut self, name: &str, value: &str) {
+impl<'a> crate::filters::EditHeaders<'a> for Fields<'a> {
+    fn set(&mut self, name: &'a str, value: &'a str) {
         self.remove(name);
         self.add(name, value);
     }
-    fn add(&mut self, name: &str, value: &str) {
-        self.0.push((
-            name.as_bytes().to_vec().into(),
-            value.as_bytes().to_vec().into(),
-        ));
+    fn add(&mut self, name: &'a str, value: &'a str) {
+        self.0.push((name.as_bytes(), value.as_bytes()));
     }
     fn remove(&mut self, name: &str) {
         self.0
@@ -152,7 +166,7 @@ pub(super) fn edited_response_head(
     let mut fields = Fields(Vec::with_capacity(parsed.headers.len() + edits.len()));
     for h in parsed.headers.iter() {
         if !(drop_length && h.name.eq_ignore_ascii_case("content-length")) {
-            fields.0.push((h.name.as_bytes().into(), h.value.into()));
+            fields.0.push((h.name.as_bytes(), h.value));
         }
     }
     for m in edits {

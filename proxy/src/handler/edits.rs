@@ -70,7 +70,7 @@ pub(super) fn feed_mirrors(
     }
 }
 
-impl EditHeaders for RequestHeader {
+impl EditHeaders<'_> for RequestHeader {
     fn set(&mut self, name: &str, value: &str) {
         let _ = self.insert_header(name.to_owned(), value);
     }
@@ -82,7 +82,7 @@ impl EditHeaders for RequestHeader {
     }
 }
 
-impl EditHeaders for ResponseHeader {
+impl EditHeaders<'_> for ResponseHeader {
     fn set(&mut self, name: &str, value: &str) {
         let _ = self.insert_header(name.to_owned(), value);
     }
