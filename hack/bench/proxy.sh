@@ -166,6 +166,23 @@ per_request() {
 }
 clk_tck=$(getconf CLK_TCK)
 
+# h2load's summary and its log's percentiles. Prints "requests rps failed p50 p99 p99.9 max",
+# times in ms. $1 h2load's output, $2 its --log-file.
+h2load_result() {
+  local requests failed rps
+  requests=$(awk '/^requests:/ {print $8}' <<<"$1")
+  failed=$(awk '/^requests:/ {print $10 + $12}' <<<"$1")
+  rps=$(awk '/^finished in/ {sub(",", "", $4); print $4}' <<<"$1")
+  # The log's third column is each request's time in microseconds.
+  awk '{print $3}' "$2" | sort -n | awk -v req="${requests:-0}" -v rps="${rps:-0}" -v f="${failed:-0}" '
+    { v[NR] = $1 }
+    function at(q) { i = int(NR * q); if (i < 1) i = 1; return sprintf("%.2f", v[i] / 1000) }
+    END {
+      if (NR) printf "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", req, rps, f, at(0.5), at(0.99), at(0.999), at(1)
+      else printf "%s\t%s\t%s\tn/a\tn/a\tn/a\tn/a\n", req, rps, f
+    }'
+}
+
 # The load of a scenario; prints "requests rps p99 errors". $1 scenario, $2 seconds.
 load() {
   local scenario=$1 secs=$2 url out
@@ -181,16 +198,11 @@ load() {
     # 50 connections x 10 concurrent streams; one thread, as each proxy gets one worker.
     out=$("${on_load[@]}" h2load -c"$connections" -m10 -t1 -D"$secs" --log-file="$work/h2.log" \
       -H "$auth_header" -H 'X-Remove: yes' "$url" 2>&1)
-    local requests rps p99 failed
-    requests=$(awk '/^requests:/ {print $8}' <<<"$out")
-    failed=$(awk '/^requests:/ {print $10 + $12}' <<<"$out")
-    rps=$(awk '/^finished in/ {sub(",", "", $4); print $4}' <<<"$out")
-    # The log's third column is each request's time in microseconds.
-    p99=$(awk '{print $3}' "$work/h2.log" | sort -n |
-      awk '{v[NR] = $1} END { if (NR) printf "%.2fms", v[int(NR * 0.99)] / 1000; else print "n/a" }')
-    local notes=""
+    local requests rps failed p99 notes=""
+    IFS=$'\t' read -r requests rps failed _ p99 _ _ < <(h2load_result "$out" "$work/h2.log")
+    [[ $p99 != n/a ]] && p99="${p99}ms"
     (( failed > 0 )) && notes="failed: $failed"
-    printf '%s\t%s\t%s\t%s\n' "${requests:-0}" "${rps:-0}" "$p99" "$notes"
+    printf '%s\t%s\t%s\t%s\n' "$requests" "$rps" "$p99" "$notes"
     return
   fi
   out=$("${on_load[@]}" wrk "${wrk_args[@]}" "$url")
@@ -203,8 +215,8 @@ load() {
 }
 
 # The latency scenarios' load: BENCH_RATE requests per second spread over the connections,
-# each request's time from h2load's log. Prints "requests rps p50 p99 p99.9 max" (ms).
-# $1 scenario, $2 seconds.
+# each request's time from h2load's log. Prints "requests rps p50 p99 p99.9 max load-CPU
+# notes" (ms, and the load generator's µs per request). $1 scenario, $2 seconds.
 paced_load() {
   local url out log="$work/paced.log"
   url="$(scheme "$1")://127.0.0.1:$proxy_port/"
@@ -212,22 +224,14 @@ paced_load() {
   # `times` in the same subshell: the CPU time of its child, the load generator.
   out=$("${on_load[@]}" h2load --h1 -c"$connections" -t1 --rps=$(( rate / connections )) -D"$2" \
     --log-file="$log" -H "$auth_header" -H 'X-Remove: yes' "$url" 2>&1; times)
-  local requests rps failed load_us
-  requests=$(awk '/^requests:/ {print $8}' <<<"$out")
-  failed=$(awk '/^requests:/ {print $10 + $12}' <<<"$out")
-  rps=$(awk '/^finished in/ {sub(",", "", $4); print $4}' <<<"$out")
+  local requests rps failed p50 p99 p999 max load_us notes=""
+  IFS=$'\t' read -r requests rps failed p50 p99 p999 max < <(h2load_result "$out" "$log")
   # The last line is the children's user and system time, as "0m1.234s 0m0.567s".
-  load_us=$(tail -n 1 <<<"$out" | awk -v n="${requests:-0}" '
+  load_us=$(tail -n 1 <<<"$out" | awk -v n="$requests" '
     function secs(t) { split(t, a, "m"); sub("s", "", a[2]); return a[1] * 60 + a[2] }
     { if (n > 0) printf "%.1f", (secs($1) + secs($2)) * 1e6 / n; else print "n/a" }')
-  # The log's third column is each request's time in microseconds.
-  awk '{print $3}' "$log" | sort -n | awk -v req="${requests:-0}" -v rps="${rps:-0}" -v f="${failed:-0}" -v load="$load_us" '
-    { v[NR] = $1 }
-    function at(q) { i = int(NR * q); if (i < 1) i = 1; return v[i] / 1000 }
-    END {
-      if (!NR) { printf "0\t0\tn/a\tn/a\tn/a\tn/a\tn/a\t\n"; exit }
-      printf "%s\t%s\t%.2f\t%.2f\t%.2f\t%.2f\t%s\t%s\n", req, rps, at(0.5), at(0.99), at(0.999), v[NR] / 1000, load, (f > 0 ? "failed: " f : "")
-    }'
+  (( failed > 0 )) && notes="failed: $failed"
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$requests" "$rps" "$p50" "$p99" "$p999" "$max" "$load_us" "$notes"
 }
 
 # A latency scenario: warm-up, then the paced load with the proxy's CPU time around it.
