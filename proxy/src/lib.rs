@@ -23,6 +23,7 @@ pub mod filters;
 pub mod forwarded;
 pub mod handler;
 pub mod head;
+pub mod hpack;
 pub mod http1;
 pub mod jwt;
 pub mod limits;

@@ -1,0 +1,272 @@
+//! Property tests of HPACK, the first thing a client's HTTP/2 bytes meet once decoded: hostile
+//! header blocks must never panic or grow memory past the list bound, and the dynamic table
+//! must evict exactly as a model of RFC 7541 section 4 does, across blocks. `make fuzz` runs
+//! these with many more cases (PROPTEST_CASES).
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+
+use coxswain_proxy::hpack::{DecodeError, Decoder, Encoder, Fields, STATIC, huffman};
+use proptest::prelude::*;
+
+fn cases(default: u32) -> ProptestConfig {
+    ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(default),
+        ..ProptestConfig::default()
+    }
+}
+
+/// The table size the decoder announces in these tests: small, so blocks evict often.
+const TABLE: usize = 256;
+
+/// One representation in a block, as a client's encoder may choose it.
+#[derive(Debug, Clone)]
+enum Op {
+    /// Literal with incremental indexing; the name by static index when `static_name` is set.
+    Insert {
+        static_name: Option<usize>,
+        name: Vec<u8>,
+        value: Vec<u8>,
+        huffman: bool,
+    },
+    /// Literal without indexing (or never indexed).
+    Literal {
+        name: Vec<u8>,
+        value: Vec<u8>,
+        never: bool,
+    },
+    /// An indexed field: the table entry this picks (modulo what the tables hold).
+    Indexed(usize),
+    /// A dynamic table size update, kept only at the start of a block.
+    Resize(usize),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let name = "[a-z][a-z0-9-]{0,15}".prop_map(String::into_bytes);
+    let value = prop::collection::vec(any::<u8>(), 0..48);
+    prop_oneof![
+        4 => (prop::option::of(1..=61usize), name.clone(), value.clone(), any::<bool>())
+            .prop_map(|(static_name, name, value, huffman)| Op::Insert { static_name, name, value, huffman }),
+        2 => (name, value, any::<bool>()).prop_map(|(name, value, never)| Op::Literal { name, value, never }),
+        3 => any::<usize>().prop_map(Op::Indexed),
+        1 => (0..=TABLE).prop_map(Op::Resize),
+    ]
+}
+
+fn integer(value: usize, prefix: u32, flags: u8, out: &mut Vec<u8>) {
+    let max = (1usize << prefix) - 1;
+    if value < max {
+        out.push(flags | value as u8);
+        return;
+    }
+    out.push(flags | max as u8);
+    let mut rest = value - max;
+    while rest >= 0x80 {
+        out.push(0x80 | (rest & 0x7f) as u8);
+        rest >>= 7;
+    }
+    out.push(rest as u8);
+}
+
+fn string(s: &[u8], huffman_coded: bool, out: &mut Vec<u8>) {
+    if huffman_coded {
+        let mut coded = Vec::new();
+        huffman::encode(s, &mut coded);
+        integer(coded.len(), 7, 0x80, out);
+        out.extend_from_slice(&coded);
+    } else {
+        integer(s.len(), 7, 0, out);
+        out.extend_from_slice(s);
+    }
+}
+
+/// RFC 7541's dynamic table, written as plainly as the text: newest first, sizes of 32 + octets.
+struct Model {
+    entries: Vec<(Vec<u8>, Vec<u8>)>,
+    max: usize,
+}
+
+impl Model {
+    fn size(&self) -> usize {
+        self.entries
+            .iter()
+            .map(|(n, v)| n.len() + v.len() + 32)
+            .sum()
+    }
+
+    fn evict(&mut self) {
+        while self.size() > self.max {
+            self.entries.pop();
+        }
+    }
+
+    fn insert(&mut self, name: Vec<u8>, value: Vec<u8>) {
+        if name.len() + value.len() + 32 > self.max {
+            self.entries.clear();
+            return;
+        }
+        self.entries.insert(0, (name, value));
+        self.evict();
+    }
+
+    fn get(&self, index: usize) -> (Vec<u8>, Vec<u8>) {
+        if index <= STATIC.len() {
+            let (n, v) = STATIC[index - 1];
+            (n.to_vec(), v.to_vec())
+        } else {
+            self.entries[index - STATIC.len() - 1].clone()
+        }
+    }
+}
+
+/// Encodes `ops` as one block, applying them to `model`, and returns the fields a decoder must
+/// produce.
+fn encode_block(ops: &[Op], model: &mut Model, block: &mut Vec<u8>) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut expected = Vec::new();
+    for (i, op) in ops.iter().enumerate() {
+        match op {
+            Op::Resize(size) if i == 0 => {
+                integer(*size, 5, 0x20, block);
+                model.max = *size;
+                model.evict();
+            }
+            Op::Resize(_) => {}
+            Op::Indexed(pick) => {
+                let index = 1 + pick % (STATIC.len() + model.entries.len());
+                integer(index, 7, 0x80, block);
+                expected.push(model.get(index));
+            }
+            Op::Insert {
+                static_name,
+                name,
+                value,
+                huffman,
+            } => {
+                let name = match static_name {
+                    Some(index) => {
+                        integer(*index, 6, 0x40, block);
+                        STATIC[index - 1].0.to_vec()
+                    }
+                    None => {
+                        block.push(0x40);
+                        string(name, *huffman, block);
+                        name.clone()
+                    }
+                };
+                string(value, *huffman, block);
+                expected.push((name.clone(), value.clone()));
+                model.insert(name, value.clone());
+            }
+            Op::Literal { name, value, never } => {
+                block.push(if *never { 0x10 } else { 0x00 });
+                string(name, false, block);
+                string(value, true, block);
+                expected.push((name.clone(), value.clone()));
+            }
+        }
+    }
+    expected
+}
+
+fn owned(fields: &Fields) -> Vec<(Vec<u8>, Vec<u8>)> {
+    fields
+        .iter()
+        .map(|(n, v)| (n.to_vec(), v.to_vec()))
+        .collect()
+}
+
+proptest! {
+    #![proptest_config(cases(512))]
+
+    #[test]
+    fn the_dynamic_table_evicts_as_the_rfc_model_does(
+        blocks in prop::collection::vec(prop::collection::vec(op(), 0..12), 1..6),
+    ) {
+        let mut decoder = Decoder::new(TABLE);
+        let mut model = Model { entries: Vec::new(), max: TABLE };
+        let mut fields = Fields::new();
+        for ops in &blocks {
+            let mut block = Vec::new();
+            let expected = encode_block(ops, &mut model, &mut block);
+            decoder.decode(&block, 1 << 20, &mut fields).unwrap();
+            prop_assert_eq!(owned(&fields), expected);
+            prop_assert_eq!(decoder.table_size(), model.size());
+        }
+    }
+
+    #[test]
+    fn hostile_blocks_never_panic_or_outgrow_the_list_bound(
+        ops in prop::collection::vec(op(), 0..12),
+        flips in prop::collection::vec((any::<prop::sample::Index>(), any::<u8>()), 0..4),
+        limit in 0..600usize,
+    ) {
+        // A valid block with a few octets changed: most of it parses, so the damage lands
+        // deep inside fields and tables rather than at the first octet.
+        let mut model = Model { entries: Vec::new(), max: TABLE };
+        let mut block = Vec::new();
+        encode_block(&ops, &mut model, &mut block);
+        for (at, octet) in flips {
+            if !block.is_empty() {
+                let i = at.index(block.len());
+                block[i] = octet;
+            }
+        }
+        let mut decoder = Decoder::new(TABLE);
+        let mut fields = Fields::new();
+        match decoder.decode(&block, limit, &mut fields) {
+            Ok(()) | Err(DecodeError::ListTooLarge { .. }) => {
+                prop_assert!(fields.list_size() <= limit);
+            }
+            Err(_) => {}
+        }
+        prop_assert!(decoder.table_size() <= TABLE);
+    }
+
+    #[test]
+    fn random_octets_never_panic(block in prop::collection::vec(any::<u8>(), 0..128)) {
+        let mut decoder = Decoder::new(TABLE);
+        let mut fields = Fields::new();
+        let _ = decoder.decode(&block, 4096, &mut fields);
+        prop_assert!(decoder.table_size() <= TABLE);
+        prop_assert!(fields.list_size() <= 4096);
+    }
+
+    #[test]
+    fn huffman_coding_is_one_to_one(data in prop::collection::vec(any::<u8>(), 0..64)) {
+        let mut coded = Vec::new();
+        huffman::encode(&data, &mut coded);
+        prop_assert_eq!(coded.len(), huffman::encoded_len(&data));
+        let mut back = Vec::new();
+        huffman::decode(&coded, &mut back).unwrap();
+        prop_assert_eq!(&back, &data);
+        // Read the other way: whatever decodes has exactly one encoding, itself.
+        let mut decoded = Vec::new();
+        if huffman::decode(&data, &mut decoded).is_ok() {
+            let mut again = Vec::new();
+            huffman::encode(&decoded, &mut again);
+            prop_assert_eq!(again, data);
+        }
+    }
+
+    #[test]
+    fn answers_round_trip_with_names_lowercased(
+        status in 100..1000u16,
+        fields in prop::collection::vec(("[A-Za-z][A-Za-z0-9-]{0,20}", prop::collection::vec(any::<u8>(), 0..40)), 0..10),
+    ) {
+        let mut encoder = Encoder::new();
+        let mut block = Vec::new();
+        encoder.begin(&mut block);
+        encoder.status(status, &mut block);
+        for (name, value) in &fields {
+            encoder.field(name.as_bytes(), value, &mut block);
+        }
+        let mut decoder = Decoder::new(4096);
+        let mut out = Fields::new();
+        decoder.decode(&block, 1 << 20, &mut out).unwrap();
+        let mut expected = vec![(b":status".to_vec(), status.to_string().into_bytes())];
+        expected.extend(fields.iter().map(|(n, v)| (n.to_ascii_lowercase().into_bytes(), v.clone())));
+        prop_assert_eq!(owned(&out), expected);
+        prop_assert_eq!(decoder.table_size(), 0);
+    }
+}
