@@ -66,8 +66,8 @@ script-test: ## Tests of the shell scripts CI trusts: test/conformance/check-rep
 	test/conformance/check-report_test.sh
 
 .PHONY: fuzz
-fuzz: ## Property tests of the untrusted-input parsers with many cases (request targets, chunks, response heads, SNI, PROXY protocol, HPACK header blocks, annotations); bounded, part of CI
-	PROPTEST_CASES=$${PROPTEST_CASES:-20000} $(CARGO) test -p coxswain-proxy --test properties --test hpack_properties
+fuzz: ## Property tests of the untrusted-input parsers with many cases (request targets, chunks, response heads, SNI, PROXY protocol, HTTP/2 frames and HPACK header blocks, annotations); bounded, part of CI
+	PROPTEST_CASES=$${PROPTEST_CASES:-20000} $(CARGO) test -p coxswain-proxy --test properties --test http2_properties
 	PROPTEST_CASES=$${PROPTEST_CASES:-20000} $(CARGO) test -p coxswain-operator --test annotation_properties
 
 .PHONY: fmt

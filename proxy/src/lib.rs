@@ -25,6 +25,7 @@ pub mod handler;
 pub mod head;
 pub mod hpack;
 pub mod http1;
+pub mod http2;
 pub mod jwt;
 pub mod limits;
 pub mod listeners;

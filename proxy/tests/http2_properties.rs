@@ -1,10 +1,11 @@
-//! Property tests of HPACK, the first thing a client's HTTP/2 bytes meet once decoded: hostile
-//! header blocks must never panic or grow memory past the list bound, and the dynamic table
-//! must evict exactly as a model of RFC 7541 section 4 does, across blocks. `make fuzz` runs
-//! these with many more cases (PROPTEST_CASES).
+//! Property tests of what a client's HTTP/2 bytes meet first: the frame reader and HPACK.
+//! Hostile frames and header blocks must never panic or grow memory past their bounds, and
+//! the dynamic table must evict exactly as a model of RFC 7541 section 4 does, across blocks.
+//! `make fuzz` runs these with many more cases (PROPTEST_CASES).
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
 use coxswain_proxy::hpack::{DecodeError, Decoder, Encoder, Fields, STATIC, huffman};
+use coxswain_proxy::http2::frame::{self, DEFAULT_MAX_FRAME_SIZE, Frame, HEADER_LEN};
 use proptest::prelude::*;
 
 fn cases(default: u32) -> ProptestConfig {
@@ -268,5 +269,62 @@ proptest! {
         expected.extend(fields.iter().map(|(n, v)| (n.to_ascii_lowercase().into_bytes(), v.clone())));
         prop_assert_eq!(owned(&out), expected);
         prop_assert_eq!(decoder.table_size(), 0);
+    }
+
+    #[test]
+    fn the_frame_reader_never_panics_and_never_over_reads(
+        input in prop::collection::vec(any::<u8>(), 0..64),
+        kind in 0..12u8,
+        max in prop::sample::select(vec![DEFAULT_MAX_FRAME_SIZE, 32]),
+    ) {
+        // Random octets, and the same octets behind a header of a known type and their length.
+        let mut framed = vec![0, 0, input.len() as u8, kind, input.first().copied().unwrap_or(0)];
+        framed.extend_from_slice(&input[..input.len().min(4)]);
+        framed.resize(HEADER_LEN, 0);
+        framed.extend_from_slice(&input);
+        for bytes in [&input, &framed] {
+            if let Ok(Some((_, used))) = frame::parse(bytes, max) {
+                prop_assert!(used >= HEADER_LEN && used <= bytes.len());
+                prop_assert!(used - HEADER_LEN <= max as usize);
+            }
+        }
+    }
+
+    #[test]
+    fn header_blocks_split_into_frames_join_back_at_any_frame_size(
+        len in 0..40_000usize,
+        seed in any::<u8>(),
+        max in DEFAULT_MAX_FRAME_SIZE..40_000,
+        end_stream in any::<bool>(),
+    ) {
+        // What the octets are does not matter here, only how many: made, not drawn, octet by
+        // octet, which would cost far more than the test.
+        let block: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(seed | 1)).collect();
+        let mut out = Vec::new();
+        frame::write_headers(&mut out, 1, &block, end_stream, max);
+        let mut joined = Vec::new();
+        let mut at = 0;
+        let mut ended = false;
+        while at < out.len() {
+            prop_assert!(!ended, "a frame after END_HEADERS");
+            let (frame, used) = frame::parse(&out[at..], max).unwrap().unwrap();
+            match frame {
+                Frame::Headers { end_stream: e, end_headers, fragment, .. } => {
+                    prop_assert_eq!(at, 0);
+                    prop_assert_eq!(e, end_stream);
+                    ended = end_headers;
+                    joined.extend_from_slice(fragment);
+                }
+                Frame::Continuation { end_headers, fragment, .. } => {
+                    prop_assert!(at > 0);
+                    ended = end_headers;
+                    joined.extend_from_slice(fragment);
+                }
+                other => prop_assert!(false, "{:?}", other),
+            }
+            at += used;
+        }
+        prop_assert!(ended);
+        prop_assert_eq!(joined, block);
     }
 }
