@@ -5,6 +5,7 @@
 //! inside Pingora. These are the parts its replacement is built from, each checked against
 //! the RFC on its own (issue 21's note has the design).
 
+pub mod conn;
 pub mod flow;
 pub mod frame;
 
