@@ -8,6 +8,7 @@
 pub mod conn;
 pub mod flow;
 pub mod frame;
+pub mod request;
 
 pub use flow::Window;
 
