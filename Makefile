@@ -156,7 +156,8 @@ bench-memory: ## Proxy RSS with 1k/5k/20k HTTPRoutes and after 100 snapshot swap
 	hack/bench/memory.sh
 
 .PHONY: bench
-bench: ## Benchmarks (criterion): the compiler on 10k HTTPRoutes, route lookup at 10 and 100k routes, a snapshot applied at 3k and 20k hosts (the proxy against nginx and HAProxy: make bench-proxy)
+bench: ## Benchmarks (criterion): the compiler on 10k HTTPRoutes, route lookup at 10 and 100k routes, a snapshot applied at 3k and 20k hosts, HTTP/2 server work per request, h2 crate vs ours (the proxy against nginx and HAProxy: make bench-proxy)
 	$(CARGO) bench -p coxswain-operator --bench compile
 	$(CARGO) bench -p coxswain-proxy --bench lookup
 	$(CARGO) bench -p coxswain-proxy --bench table_build
+	$(CARGO) bench -p coxswain-proxy --bench http2
