@@ -138,8 +138,8 @@ pub struct Connection {
     /// Scratch for encoding our header blocks.
     scratch: Vec<u8>,
     streams: Vec<Stream>,
-    /// The highest stream the client has opened: anything at or below it not in `streams`
-    /// is closed.
+    /// The highest stream the client has used: anything at or below it not in `streams` is
+    /// closed (or was never opened, being past our GOAWAY).
     last_stream: u32,
     /// Streams opened and reset by the client, for the rapid-reset bound.
     opened: u32,
@@ -150,6 +150,8 @@ pub struct Connection {
     /// Connection-level octets released but not yet granted back with WINDOW_UPDATE.
     released: u32,
     client_going_away: bool,
+    /// The last stream our GOAWAY promised to serve: streams above it are not opened.
+    going_away: Option<u32>,
     out: Vec<u8>,
 }
 
@@ -189,6 +191,7 @@ impl Connection {
             recv: Window::new(CONNECTION_WINDOW),
             released: 0,
             client_going_away: false,
+            going_away: None,
             out,
         }
     }

@@ -89,6 +89,11 @@ impl Connection {
             return Ok(None);
         }
         self.last_stream = stream;
+        if self.going_away.is_some_and(|last| stream > last) {
+            // Past our GOAWAY: the client retries it elsewhere (section 6.8). Not opened; its
+            // frames in flight are ignored as a closed stream's.
+            return Ok(None);
+        }
         if too_large {
             self.refuse(stream, 431, end_stream);
             return Ok(Some(Decided::Other(Event::Refused {
@@ -309,9 +314,13 @@ impl Connection {
         }
     }
 
-    /// Ends the connection gracefully: streams open now may finish, no new one is taken.
+    /// Ends the connection gracefully: streams opened so far may finish, no new one is
+    /// taken. Once they are done (`open_streams() == 0`) the driver closes the connection.
     pub fn go_away(&mut self) {
-        frame::write_goaway(&mut self.out, self.last_stream, ErrorCode::NoError);
+        if self.going_away.is_none() {
+            self.going_away = Some(self.last_stream);
+            frame::write_goaway(&mut self.out, self.last_stream, ErrorCode::NoError);
+        }
     }
 
     pub(super) fn index(&self, stream: u32) -> Option<usize> {
@@ -344,7 +353,8 @@ impl Connection {
     /// Queues GOAWAY with `code`; nothing more is read.
     pub(super) fn fail(&mut self, code: ErrorCode, reason: &'static str) -> ConnError {
         if self.phase != Phase::Failed {
-            frame::write_goaway(&mut self.out, self.last_stream, code);
+            let last = self.going_away.unwrap_or(self.last_stream);
+            frame::write_goaway(&mut self.out, last, code);
             self.phase = Phase::Failed;
         }
         ConnError { code, reason }

@@ -587,3 +587,23 @@ fn answers_are_cut_to_the_clients_frame_size() {
         .collect();
     assert_eq!(sizes, [16_384, 16_384, 7_232]);
 }
+
+#[test]
+fn after_our_goaway_open_streams_finish_and_new_ones_are_not_taken() {
+    let mut c = Client::new(Config::default());
+    let first = c.request(1, "/first", true);
+    c.feed(&first).expect("request");
+    c.conn.go_away();
+    c.conn.go_away();
+    assert_eq!(c.frames(), ["GOAWAY 1 NoError"]);
+    let mut late = c.request(3, "/late", false);
+    late.extend_from_slice(&frame_bytes(0x0, 0x1, 3, b"body in flight"));
+    assert_eq!(c.feed(&late), Ok(vec![]));
+    assert_eq!(c.conn.open_streams(), 1);
+    let none: [(&[u8], &[u8]); 0] = [];
+    c.conn
+        .send_headers(1, Some(204), none, true)
+        .expect("still open");
+    assert_eq!(c.frames(), ["HEADERS 1 :status=204 end"]);
+    assert_eq!(c.conn.open_streams(), 0);
+}
