@@ -81,6 +81,18 @@ impl Fields {
         self.spans.len()
     }
 
+    /// Empties the list and gives its buffers back to the allocator.
+    pub fn free(&mut self) {
+        self.bytes = Vec::new();
+        self.spans = Vec::new();
+        self.size = 0;
+    }
+
+    /// Octets held on the heap, for memory accounting.
+    pub fn heap_size(&self) -> usize {
+        self.bytes.capacity() + self.spans.capacity() * std::mem::size_of::<Span>()
+    }
+
     pub fn is_empty(&self) -> bool {
         self.spans.is_empty()
     }

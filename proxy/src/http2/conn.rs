@@ -206,6 +206,32 @@ impl Connection {
         self.streams.len()
     }
 
+    /// Gives back the buffers a busy spell grew, for a connection going idle: an idle
+    /// connection then holds its dynamic table and nothing else. Output not yet written is
+    /// kept.
+    pub fn free_buffers(&mut self) {
+        self.fields.free();
+        if self.pending.is_none() {
+            self.block = Vec::new();
+        }
+        self.scratch = Vec::new();
+        if self.out.is_empty() {
+            self.out = Vec::new();
+        }
+        if self.streams.is_empty() {
+            self.streams = Vec::new();
+        }
+    }
+
+    /// Octets of buffers held now (the dynamic table aside).
+    pub fn buffer_size(&self) -> usize {
+        self.fields.heap_size()
+            + self.block.capacity()
+            + self.scratch.capacity()
+            + self.out.capacity()
+            + self.streams.capacity() * std::mem::size_of::<Stream>()
+    }
+
     /// Whether the client said it opens no more streams.
     pub fn client_going_away(&self) -> bool {
         self.client_going_away

@@ -607,3 +607,22 @@ fn after_our_goaway_open_streams_finish_and_new_ones_are_not_taken() {
     assert_eq!(c.frames(), ["HEADERS 1 :status=204 end"]);
     assert_eq!(c.conn.open_streams(), 0);
 }
+
+#[test]
+fn an_idle_connection_gives_its_buffers_back() {
+    let mut c = Client::new(Config::default());
+    let mut block = Vec::new();
+    c.encoder.field(b":method", b"GET", &mut block);
+    c.encoder.field(b":scheme", b"https", &mut block);
+    c.encoder.field(b":path", &[b'p'; 8_000], &mut block);
+    let request = frame_bytes(0x1, 0x5, 1, &block);
+    c.feed(&request).expect("request");
+    let none: [(&[u8], &[u8]); 0] = [];
+    c.conn.send_headers(1, Some(204), none, true).expect("open");
+    c.frames();
+    assert!(c.conn.buffer_size() > 8_000, "{}", c.conn.buffer_size());
+    c.conn.free_buffers();
+    assert_eq!(c.conn.buffer_size(), 0);
+    let again = c.request(3, "/again", true);
+    assert_eq!(c.feed(&again).map(|g| g.len()), Ok(1));
+}
