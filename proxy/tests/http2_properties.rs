@@ -5,7 +5,9 @@
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
 use coxswain_proxy::hpack::{DecodeError, Decoder, Encoder, Fields, STATIC, huffman};
+use coxswain_proxy::http2::conn::{Config, Connection};
 use coxswain_proxy::http2::frame::{self, DEFAULT_MAX_FRAME_SIZE, Frame, HEADER_LEN};
+use coxswain_proxy::http2::{ErrorCode, PREFACE};
 use proptest::prelude::*;
 
 fn cases(default: u32) -> ProptestConfig {
@@ -327,4 +329,125 @@ proptest! {
         prop_assert!(ended);
         prop_assert_eq!(joined, block);
     }
+
+    #[test]
+    fn a_connection_fed_hostile_frames_keeps_its_bounds_and_writes_only_valid_frames(
+        actions in prop::collection::vec(action(), 0..60),
+        cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
+    ) {
+        let config = Config { max_concurrent_streams: 4, initial_window_size: 1000, max_header_list_size: 2000 };
+        let mut conn = Connection::new(config);
+        let mut client_encoder = Encoder::new();
+        let mut input = PREFACE.to_vec();
+        frame::write_settings(&mut input, &[]);
+        let mut server_side = Vec::new();
+        for a in &actions {
+            match a {
+                Action::Client(kind, flags, pick, payload) => {
+                    let stream = if *kind == 0x4 || *kind == 0x6 || *kind == 0x7 { 0 } else { 2 * u32::from(*pick) + 1 };
+                    let payload = if *kind == 0x1 && flags & 0x20 == 0 && payload.is_empty() {
+                        // A well-formed GET for this stream, so that streams really open.
+                        let mut block = Vec::new();
+                        for (n, v) in [(":method", "GET"), (":scheme", "https"), (":path", "/"), (":authority", "a")] {
+                            client_encoder.field(n.as_bytes(), v.as_bytes(), &mut block);
+                        }
+                        block
+                    } else {
+                        payload.clone()
+                    };
+                    let len = (payload.len() as u32).to_be_bytes();
+                    input.extend_from_slice(&[len[1], len[2], len[3], *kind, *flags]);
+                    input.extend_from_slice(&stream.to_be_bytes());
+                    input.extend_from_slice(&payload);
+                }
+                Action::Server(what, pick, size) => server_side.push((input.len(), *what, 2 * u32::from(*pick) + 1, *size)),
+            }
+        }
+        // Fed in pieces at random cuts, with the server's actions where they fell.
+        let mut cut_at: Vec<usize> = cuts.iter().map(|c| c.index(input.len() + 1)).collect();
+        cut_at.extend(server_side.iter().map(|s| s.0));
+        cut_at.push(input.len());
+        cut_at.sort_unstable();
+        let mut buffer = Vec::new();
+        let mut fed = 0;
+        let mut failed = false;
+        let mut written = Vec::new();
+        for cut in cut_at {
+            buffer.extend_from_slice(&input[fed..cut]);
+            fed = cut;
+            let mut at = 0;
+            while !failed {
+                match conn.poll(&buffer[at..]) {
+                    Ok((used, event)) => {
+                        at += used;
+                        if event.is_none() && used == 0 {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        prop_assert_ne!(e.code, ErrorCode::NoError);
+                        failed = true;
+                    }
+                }
+            }
+            buffer.drain(..at);
+            for &(_, what, stream, size) in server_side.iter().filter(|s| s.0 == cut) {
+                let none: [(&[u8], &[u8]); 0] = [];
+                match what {
+                    0 => { let _ = conn.send_headers(stream, Some(200), none, size == 0); }
+                    1 => { let _ = conn.send_data(stream, &vec![b'd'; size], size % 2 == 0); }
+                    2 => conn.release(stream, size),
+                    3 => conn.go_away(),
+                    _ => conn.free_buffers(),
+                }
+            }
+            prop_assert!(conn.open_streams() <= 4);
+            prop_assert!(conn.buffer_size() <= 64 << 10, "{} octets held", conn.buffer_size());
+            written.append(conn.output());
+        }
+        // Everything written is whole, valid frames whose header blocks decode.
+        let mut decoder = Decoder::new(4096);
+        let mut fields = Fields::new();
+        let mut at = 0;
+        while at < written.len() {
+            let (frame, used) = frame::parse(&written[at..], 1 << 24).unwrap().unwrap();
+            if let Frame::Headers { fragment, end_headers, .. } = frame {
+                prop_assert!(end_headers);
+                decoder.decode(fragment, 1 << 20, &mut fields).unwrap();
+            }
+            at += used;
+        }
+    }
+}
+
+/// One step of a hostile exchange: a client frame (type, flags, stream pick, payload, where
+/// an empty HEADERS payload becomes a well-formed GET), or a server call (what, stream pick,
+/// size).
+#[derive(Debug, Clone)]
+enum Action {
+    Client(u8, u8, u8, Vec<u8>),
+    Server(u8, u8, usize),
+}
+
+fn action() -> impl Strategy<Value = Action> {
+    let pick = 0..6u8;
+    prop_oneof![
+        // Mostly frames an honest client sends, so that streams open, carry data and answer;
+        // then anything at all, which usually ends the connection.
+        5 => (pick.clone(), any::<bool>()).prop_map(|(p, end)| Action::Client(0x1, 0x4 | u8::from(end), p, Vec::new())),
+        3 => (pick.clone(), any::<bool>(), prop::collection::vec(any::<u8>(), 0..24))
+            .prop_map(|(p, end, data)| Action::Client(0x0, u8::from(end), p, data)),
+        2 => (pick.clone(), 1..70_000u32).prop_map(|(p, inc)| Action::Client(0x8, 0, p, inc.to_be_bytes().to_vec())),
+        1 => Just(Action::Client(0x6, 0, 0, b"pingpong".to_vec())),
+        1 => (1..7u16, 0..70_000u32).prop_map(|(id, value)| {
+            let value = if id == 2 { value % 2 } else if id == 5 { 16_384 + value } else { value };
+            let mut p = id.to_be_bytes().to_vec();
+            p.extend_from_slice(&value.to_be_bytes());
+            Action::Client(0x4, 0, 0, p)
+        }),
+        1 => (pick.clone(), 0..14u32).prop_map(|(p, code)| Action::Client(0x3, 0, p, code.to_be_bytes().to_vec())),
+        1 => (0..11u8, any::<u8>(), pick.clone(), prop::collection::vec(any::<u8>(), 0..24))
+            .prop_map(|(kind, flags, p, payload)| Action::Client(kind, flags, p, payload)),
+        4 => (0..5u8, pick, 0..3000usize).prop_map(|(what, p, size)| Action::Server(what, p, size)),
+    ]
 }
