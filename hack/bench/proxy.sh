@@ -16,6 +16,11 @@
 #              load generator's and the backend's CPU per request are printed beside it: on a
 #              small machine they share a CPU, and their queueing is most of each request's time
 #   latency-tls  the same over TLS 1.3
+#              Both run BENCH_LATENCY_ROUNDS rounds (default 5) of BENCH_LATENCY_SECONDS
+#              (default 4) per proxy, each on new connections, and print medians with the
+#              p99's range: one run's percentiles move more between runs than between
+#              proxies, since h2load's 50 clients each fire on their own timer, whose phase
+#              is set when the client connects
 #   auth       coxswain only: Basic authentication and a rate limit no client reaches; its CPU
 #              per request over the plain route's is the cost of those checks
 #   idle       memory per idle keep-alive client connection: BENCH_IDLE_CONNECTIONS (default
@@ -51,6 +56,8 @@ seconds="${BENCH_SECONDS:-10}"
 connections="${BENCH_CONNECTIONS:-50}"
 scenarios="${BENCH_SCENARIOS:-http https tls-new h2 headers post-1k post-64k latency latency-tls auth idle idle-tls idle-h2}"
 rate="${BENCH_RATE:-40000}"
+latency_rounds="${BENCH_LATENCY_ROUNDS:-5}"
+latency_seconds="${BENCH_LATENCY_SECONDS:-4}"
 idle_connections="${BENCH_IDLE_CONNECTIONS:-5000}"
 http_workers="${BENCH_WORKERS:-1 2}"
 cpus=$(nproc)
@@ -234,21 +241,37 @@ paced_load() {
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$requests" "$rps" "$p50" "$p99" "$p999" "$max" "$load_us" "$notes"
 }
 
-# A latency scenario: warm-up, then the paced load with the proxy's CPU time around it.
-# $1 scenario, $2 proxy name, $3 pid.
+# The middle value of its arguments (the lower middle of an even count).
+median() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+
+# A latency scenario: warm-up, then rounds of the paced load on new connections, with the
+# proxy's CPU time around them all. $1 scenario, $2 proxy name, $3 pid.
 measure_paced() {
   paced_load "$1" 2 >/dev/null
   local before after backend_before backend_after requests rps p50 p99 p999 max load_us notes
+  local total=0 load_total=0 all_notes="" i
+  local -a rpss=() p50s=() p99s=() p999s=() maxs=()
   before=$(cpu_ticks "$3")
   backend_before=$(cpu_ticks "$backend_pid")
-  IFS=$'\t' read -r requests rps p50 p99 p999 max load_us notes < <(paced_load "$1" "$seconds")
+  for (( i = 0; i < latency_rounds; i++ )); do
+    IFS=$'\t' read -r requests rps p50 p99 p999 max load_us notes < <(paced_load "$1" "$latency_seconds")
+    rpss+=("$rps") p50s+=("$p50") p99s+=("$p99") p999s+=("$p999") maxs+=("$max")
+    total=$(( total + requests ))
+    load_total=$(awk -v t="$load_total" -v u="$load_us" -v n="$requests" 'BEGIN { printf "%.1f", t + u * n }')
+    [[ -n $notes ]] && all_notes="${all_notes:+$all_notes; }$notes"
+  done
   after=$(cpu_ticks "$3")
   backend_after=$(cpu_ticks "$backend_pid")
+  rps=$(median "${rpss[@]}")
   # Short of the rate: the proxy did not keep up, and its latencies are not at equal load.
-  awk -v r="$rps" -v want="$rate" 'BEGIN { exit !(r < want * 0.97) }' && notes="${notes:+$notes; }below the rate"
-  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$rps" "$p50" "$p99" "$p999" "$max" \
-    "$(per_request $((after - before)) "$requests")" "$load_us" \
-    "$(per_request $((backend_after - backend_before)) "$requests")" "$notes" >> "$work/latency.tsv"
+  awk -v r="$rps" -v want="$rate" 'BEGIN { exit !(r < want * 0.97) }' && all_notes="${all_notes:+$all_notes; }below the rate"
+  local range
+  range="$(printf '%s\n' "${p99s[@]}" | sort -g | head -n 1)-$(printf '%s\n' "${p99s[@]}" | sort -g | tail -n 1)"
+  load_us=$(awk -v t="$load_total" -v n="$total" 'BEGIN { if (n > 0) printf "%.1f", t / n; else print "n/a" }')
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$rps" "$(median "${p50s[@]}")" \
+    "$(median "${p99s[@]}")" "$range" "$(median "${p999s[@]}")" "$(median "${maxs[@]}")" \
+    "$(per_request $((after - before)) "$total")" "$load_us" \
+    "$(per_request $((backend_after - backend_before)) "$total")" "$all_notes" >> "$work/latency.tsv"
 }
 
 # Resident memory of a process and its children, in KiB.
@@ -563,14 +586,15 @@ if [[ -s $work/results.tsv ]]; then
 fi
 if [[ -s $work/latency.tsv ]]; then
   echo
-  echo "latency at a fixed $rate req/s (h2load --h1 -c$connections -t1 --rps=$(( rate / connections )), ${seconds}s; 1 worker), in ms:"
+  echo "latency at a fixed $rate req/s (h2load --h1 -c$connections -t1 --rps=$(( rate / connections ))), in ms: medians of"
+  echo "$latency_rounds rounds of ${latency_seconds}s on new connections, with the range of the rounds' p99 (1 worker):"
   # "load" and "backend": CPU per request of the load generator and of the backend, which share
   # the other CPU; a proxy that costs them more adds to every request's wait.
-  printf '%-11s %-9s %10s %7s %7s %7s %7s %11s %5s %8s %16s %s\n' scenario proxy "req/s" p50 p99 p99.9 max "CPU us/req" load backend "p99 coxswain/this" notes
-  while IFS=$'\t' read -r scenario name rps p50 p99 p999 max cpu load backend notes; do
+  printf '%-11s %-9s %10s %7s %7s %11s %7s %7s %11s %5s %8s %16s %s\n' scenario proxy "req/s" p50 p99 "p99 range" p99.9 max "CPU us/req" load backend "p99 coxswain/this" notes
+  while IFS=$'\t' read -r scenario name rps p50 p99 range p999 max cpu load backend notes; do
     base=$(awk -F'\t' -v s="$scenario" '$1==s && $2=="coxswain" {print $5}' "$work/latency.tsv")
     ratio=$(awk -v a="$base" -v b="$p99" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "n/a" }')
-    printf '%-11s %-9s %10s %7s %7s %7s %7s %11s %5s %8s %16s %s\n' "$scenario" "$name" "$rps" "$p50" "$p99" "$p999" "$max" "$cpu" "$load" "$backend" "$ratio" "$notes"
+    printf '%-11s %-9s %10s %7s %7s %11s %7s %7s %11s %5s %8s %16s %s\n' "$scenario" "$name" "$rps" "$p50" "$p99" "$range" "$p999" "$max" "$cpu" "$load" "$backend" "$ratio" "$notes"
   done < "$work/latency.tsv"
 fi
 if [[ -s $work/idle.tsv ]]; then
