@@ -121,6 +121,8 @@ struct Stream {
 struct Pending {
     stream: u32,
     end_stream: bool,
+    /// The HEADERS frame made the stream depend on itself: reset once the block is decoded.
+    self_dependent: bool,
 }
 
 /// The connection's state.
@@ -332,9 +334,12 @@ impl Connection {
                 stream,
                 end_stream,
                 end_headers,
+                depends_on,
                 fragment,
-                ..
-            } => self.headers(stream, end_stream, end_headers, fragment),
+            } => {
+                let self_dependent = depends_on == Some(stream);
+                self.headers(stream, end_stream, end_headers, self_dependent, fragment)
+            }
             Frame::Continuation { .. } => {
                 Err(self.fail(ErrorCode::Protocol, "CONTINUATION without HEADERS"))
             }

@@ -170,7 +170,9 @@ pub fn parse(input: &[u8], max_frame_size: u32) -> Result<Option<(Frame<'_>, usi
                         "HEADERS priority cut short",
                     ));
                 };
-                depends_on = Some(dependency(priority, stream)?);
+                // Depending on itself is checked by the connection, after the block is
+                // decoded: HPACK's table must take every block (RFC 9113 section 4.3).
+                depends_on = Some(dependency_of(priority));
                 fragment = rest;
             }
             Frame::Headers {
@@ -293,9 +295,13 @@ fn word(payload: &[u8], reason: &'static str) -> Result<u32, FrameError> {
         .map_err(|_| connection(ErrorCode::FrameSize, reason))
 }
 
-/// A priority's dependency; a stream may not depend on itself (section 5.3.1).
+fn dependency_of(priority: &[u8; 5]) -> u32 {
+    u32::from_be_bytes([priority[0], priority[1], priority[2], priority[3]]) & 0x7fff_ffff
+}
+
+/// A PRIORITY frame's dependency; a stream may not depend on itself (section 5.3.1).
 fn dependency(priority: &[u8; 5], stream: u32) -> Result<u32, FrameError> {
-    let on = u32::from_be_bytes([priority[0], priority[1], priority[2], priority[3]]) & 0x7fff_ffff;
+    let on = dependency_of(priority);
     if on == stream {
         return Err(FrameError::Stream {
             stream,

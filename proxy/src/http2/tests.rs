@@ -99,12 +99,15 @@ fn headers_with_padding_and_priority() {
             fragment: b"block",
         })
     );
-    // Depending on itself is that stream's PROTOCOL_ERROR.
+    // Depending on itself is left to the connection, which must decode the block first.
     assert_eq!(
         one(&raw(0x1, 0x20, 5, &[0, 0, 0, 5, 0, 0x82])),
-        Err(FrameError::Stream {
+        Ok(Frame::Headers {
             stream: 5,
-            code: ErrorCode::Protocol
+            end_stream: false,
+            end_headers: false,
+            depends_on: Some(5),
+            fragment: &[0x82],
         })
     );
     assert_eq!(

@@ -13,6 +13,7 @@ impl Connection {
         stream: u32,
         end_stream: bool,
         end_headers: bool,
+        self_dependent: bool,
         fragment: &[u8],
     ) -> Result<Option<Decided<'a>>, ConnError> {
         if stream.is_multiple_of(2) {
@@ -21,10 +22,14 @@ impl Connection {
         self.block.clear();
         self.gather(fragment)?;
         if !end_headers {
-            self.pending = Some(Pending { stream, end_stream });
+            self.pending = Some(Pending {
+                stream,
+                end_stream,
+                self_dependent,
+            });
             return Ok(None);
         }
-        self.finish_block(stream, end_stream)
+        self.finish_block(stream, end_stream, self_dependent)
     }
 
     pub(super) fn continuation<'a>(
@@ -40,7 +45,11 @@ impl Connection {
             return Ok(None);
         }
         match self.pending.take() {
-            Some(Pending { stream, end_stream }) => self.finish_block(stream, end_stream),
+            Some(Pending {
+                stream,
+                end_stream,
+                self_dependent,
+            }) => self.finish_block(stream, end_stream, self_dependent),
             None => Err(self.fail(ErrorCode::Protocol, "CONTINUATION without HEADERS")),
         }
     }
@@ -62,6 +71,7 @@ impl Connection {
         &mut self,
         stream: u32,
         end_stream: bool,
+        self_dependent: bool,
     ) -> Result<Option<Decided<'a>>, ConnError> {
         // Decoded whatever becomes of the stream: the table must stay in step with the client's.
         let limit = self.config.max_header_list_size as usize;
@@ -72,6 +82,11 @@ impl Connection {
             return Err(self.fail(ErrorCode::Compression, "header block does not decode"));
         }
         let too_large = matches!(decoded, Err(DecodeError::ListTooLarge { .. }));
+        if self_dependent {
+            // Section 5.3.1: the stream's PROTOCOL_ERROR, the block having been taken.
+            self.last_stream = self.last_stream.max(stream);
+            return Ok(self.reset(stream, ErrorCode::Protocol));
+        }
         if let Some(i) = self.index(stream) {
             // Trailers: they must end the stream, which must still be open on the client's side.
             if self.streams[i].remote_closed || !end_stream || too_large {

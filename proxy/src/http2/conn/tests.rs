@@ -626,3 +626,31 @@ fn an_idle_connection_gives_its_buffers_back() {
     let again = c.request(3, "/again", true);
     assert_eq!(c.feed(&again).map(|g| g.len()), Ok(1));
 }
+
+#[test]
+fn a_stream_depending_on_itself_is_reset_after_its_block_is_decoded() {
+    let mut c = Client::new(Config::default());
+    // HEADERS with PRIORITY on itself, whose block adds "x: 1" to the client's table (62).
+    let mut payload = vec![0, 0, 0, 1, 0];
+    payload.extend_from_slice(&[0x82, 0x84, 0x87, 0x41, 1, b'a', 0x40, 1, b'x', 1, b'1']);
+    let looped = frame_bytes(0x1, 0x20 | 0x5, 1, &payload);
+    assert_eq!(c.feed(&looped), Ok(vec![]));
+    assert_eq!(c.frames(), ["RST_STREAM 1 Protocol"]);
+    // The next block reads index 62 and 63 as the client wrote them.
+    let next = frame_bytes(0x1, 0x5, 3, &[0x82, 0x84, 0x87, 0xbf, 0xbe]);
+    assert_eq!(
+        c.feed(&next),
+        Ok(vec![Got::Headers(
+            3,
+            fields(&[
+                (":method", "GET"),
+                (":path", "/"),
+                (":scheme", "https"),
+                (":authority", "a"),
+                ("x", "1")
+            ]),
+            true,
+            false
+        )])
+    );
+}
