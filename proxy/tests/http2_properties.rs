@@ -10,15 +10,9 @@ use coxswain_proxy::http2::frame::{self, DEFAULT_MAX_FRAME_SIZE, Frame, HEADER_L
 use coxswain_proxy::http2::{ErrorCode, PREFACE};
 use proptest::prelude::*;
 
-fn cases(default: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(default),
-        ..ProptestConfig::default()
-    }
-}
+#[path = "support/proptest_cases.rs"]
+mod proptest_cases;
+use proptest_cases::cases;
 
 /// The table size the decoder announces in these tests: small, so blocks evict often.
 const TABLE: usize = 256;
@@ -57,6 +51,8 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+// Integers and strings are written here apart from the crate's encoder, so that a mistake the
+// two shared could not pass unseen.
 fn integer(value: usize, prefix: u32, flags: u8, out: &mut Vec<u8>) {
     let max = (1usize << prefix) - 1;
     if value < max {

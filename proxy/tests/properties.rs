@@ -11,15 +11,9 @@ use coxswain_proxy::relay::{Hello, client_hello_sni};
 use coxswain_proxy::request::normalize;
 use proptest::prelude::*;
 
-fn cases(default: u32) -> ProptestConfig {
-    ProptestConfig {
-        cases: std::env::var("PROPTEST_CASES")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(default),
-        ..ProptestConfig::default()
-    }
-}
+#[path = "support/proptest_cases.rs"]
+mod proptest_cases;
+use proptest_cases::cases;
 
 /// A path of plain segments ("/a/b-c/d.e").
 fn plain_path() -> impl Strategy<Value = String> {

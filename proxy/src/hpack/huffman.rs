@@ -222,25 +222,21 @@ mod tests {
     #[test]
     fn codes_are_those_of_the_rfc() {
         // A few codes as RFC 7541 appendix B prints them, from each end of the lengths.
-        assert_eq!(
-            (CODE.codes[b'0' as usize], LENGTHS[b'0' as usize]),
-            (0x0, 5)
-        );
-        assert_eq!(
-            (CODE.codes[b'a' as usize], LENGTHS[b'a' as usize]),
-            (0x3, 5)
-        );
-        assert_eq!(
-            (CODE.codes[b' ' as usize], LENGTHS[b' ' as usize]),
-            (0x14, 6)
-        );
-        assert_eq!(
-            (CODE.codes[b'&' as usize], LENGTHS[b'&' as usize]),
-            (0xf8, 8)
-        );
-        assert_eq!((CODE.codes[0], LENGTHS[0]), (0x1ff8, 13));
-        assert_eq!((CODE.codes[255], LENGTHS[255]), (0x3ffffee, 26));
-        assert_eq!((CODE.codes[10], LENGTHS[10]), (0x3ffffffc, 30));
+        for (symbol, code, len) in [
+            (b'0' as usize, 0x0, 5),
+            (b'a' as usize, 0x3, 5),
+            (b' ' as usize, 0x14, 6),
+            (b'&' as usize, 0xf8, 8),
+            (0, 0x1ff8, 13),
+            (255, 0x3ffffee, 26),
+            (10, 0x3ffffffc, 30),
+        ] {
+            assert_eq!(
+                (CODE.codes[symbol], LENGTHS[symbol]),
+                (code, len),
+                "{symbol}"
+            );
+        }
         assert_eq!(CODE.codes[EOS as usize], 0x3fffffff);
     }
 

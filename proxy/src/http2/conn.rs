@@ -412,13 +412,9 @@ impl Connection {
                 }
                 Ok(None)
             }
-            Frame::Priority { stream, .. } => {
-                // Priorities are not honoured (RFC 9113 deprecates them), only checked; one
-                // on an idle stream does not open it.
-                let _ = stream;
-                Ok(None)
-            }
-            Frame::Unknown => Ok(None),
+            // Priorities are not honoured (RFC 9113 deprecates them), only checked when read;
+            // one on an idle stream does not open it.
+            Frame::Priority { .. } | Frame::Unknown => Ok(None),
         }
     }
 }

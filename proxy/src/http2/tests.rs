@@ -3,7 +3,8 @@
 use super::frame::*;
 use super::*;
 
-fn raw(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+/// A frame as a client would write it, whatever it holds.
+pub(super) fn raw(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
     let len = (payload.len() as u32).to_be_bytes();
     let mut out = vec![len[1], len[2], len[3], kind, flags];
     out.extend_from_slice(&stream.to_be_bytes());

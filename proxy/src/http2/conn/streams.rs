@@ -2,7 +2,7 @@
 //! sends on them.
 
 use super::{CONNECTION_WINDOW, MAX_CONTROL_BACKLOG, MAX_EMPTY_FRAMES};
-use super::{Config, ConnError, Connection, Decided, Event, Pending, Phase, SendError, Stream};
+use super::{ConnError, Connection, Decided, Event, Pending, Phase, SendError, Stream};
 use crate::hpack::DecodeError;
 use crate::http2::frame;
 use crate::http2::{ErrorCode, Window};
@@ -373,9 +373,5 @@ impl Connection {
             self.phase = Phase::Failed;
         }
         ConnError { code, reason }
-    }
-
-    pub fn config(&self) -> &Config {
-        &self.config
     }
 }

@@ -4,6 +4,7 @@
 use super::*;
 use crate::hpack::{Decoder, Encoder};
 use crate::http2::frame::{self, Frame, SettingsFrame};
+use crate::http2::tests::raw;
 
 /// A client: encodes its frames, and reads the server's output back as short descriptions.
 struct Client {
@@ -40,14 +41,6 @@ fn code(c: u32) -> ErrorCode {
     .get(c as usize)
     .copied()
     .unwrap_or(ErrorCode::Internal)
-}
-
-fn frame_bytes(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
-    let len = (payload.len() as u32).to_be_bytes();
-    let mut out = vec![len[1], len[2], len[3], kind, flags];
-    out.extend_from_slice(&stream.to_be_bytes());
-    out.extend_from_slice(payload);
-    out
 }
 
 fn settings(params: &[(u16, u32)]) -> Vec<u8> {
@@ -142,7 +135,7 @@ impl Client {
             self.encoder.field(n.as_bytes(), v.as_bytes(), &mut block);
         }
         let flags = 0x4 | if end_stream { 0x1 } else { 0 };
-        frame_bytes(0x1, flags, stream, &block)
+        raw(0x1, flags, stream, &block)
     }
 
     /// The server's output since the last call, one description per frame.
@@ -294,7 +287,7 @@ fn the_preface_may_arrive_in_pieces_but_must_be_exact() {
     assert_eq!(err.code, ErrorCode::Protocol);
     let mut c = Connection::new(Config::default());
     let mut ping_first = PREFACE.to_vec();
-    ping_first.extend_from_slice(&frame_bytes(0x6, 0, 0, &[0; 8]));
+    ping_first.extend_from_slice(&raw(0x6, 0, 0, &[0; 8]));
     assert_eq!(
         c.poll(&ping_first).map(|_| ()).unwrap_err().code,
         ErrorCode::Protocol
@@ -307,8 +300,8 @@ fn a_header_block_in_continuations_and_nothing_between_them() {
     let whole = c.request(1, "/split", true);
     let block = &whole[9..];
     let (a, b) = block.split_at(5);
-    let mut input = frame_bytes(0x1, 0x1, 1, a);
-    input.extend_from_slice(&frame_bytes(0x9, 0x4, 1, b));
+    let mut input = raw(0x1, 0x1, 1, a);
+    input.extend_from_slice(&raw(0x9, 0x4, 1, b));
     assert_eq!(
         c.feed(&input),
         Ok(vec![Got::Headers(1, get("/split"), true, false)])
@@ -316,8 +309,8 @@ fn a_header_block_in_continuations_and_nothing_between_them() {
 
     let mut c = Client::new(Config::default());
     let whole = c.request(1, "/split", true);
-    let mut input = frame_bytes(0x1, 0x1, 1, &whole[9..14]);
-    input.extend_from_slice(&frame_bytes(0x6, 0, 0, &[0; 8]));
+    let mut input = raw(0x1, 0x1, 1, &whole[9..14]);
+    input.extend_from_slice(&raw(0x6, 0, 0, &[0; 8]));
     assert_eq!(conn_error(c.feed(&input)), Some(ErrorCode::Protocol));
     assert_eq!(c.frames(), ["GOAWAY 0 Protocol"]);
 }
@@ -328,15 +321,15 @@ fn a_continuation_flood_ends_the_connection() {
         max_header_list_size: 1024,
         ..Config::default()
     });
-    let mut input = frame_bytes(0x1, 0, 1, &[0x82]);
+    let mut input = raw(0x1, 0, 1, &[0x82]);
     for _ in 0..20 {
-        input.extend_from_slice(&frame_bytes(0x9, 0, 1, &[0x82; 100]));
+        input.extend_from_slice(&raw(0x9, 0, 1, &[0x82; 100]));
     }
     assert_eq!(conn_error(c.feed(&input)), Some(ErrorCode::EnhanceYourCalm));
     let mut c = Client::new(Config::default());
-    let mut input = frame_bytes(0x1, 0, 1, &[0x82]);
+    let mut input = raw(0x1, 0, 1, &[0x82]);
     for _ in 0..200 {
-        input.extend_from_slice(&frame_bytes(0x9, 0, 1, &[]));
+        input.extend_from_slice(&raw(0x9, 0, 1, &[]));
     }
     assert_eq!(conn_error(c.feed(&input)), Some(ErrorCode::EnhanceYourCalm));
 }
@@ -379,13 +372,13 @@ fn request_bodies_are_flow_controlled_and_credit_comes_back_on_release() {
         ..Config::default()
     });
     let mut input = c.request(1, "/up", false);
-    input.extend_from_slice(&frame_bytes(0x0, 0, 1, &[b'x'; 60]));
+    input.extend_from_slice(&raw(0x0, 0, 1, &[b'x'; 60]));
     let got = c.feed(&input).expect("within the window");
     assert_eq!(got[1], Got::Data(1, vec![b'x'; 60], false));
     c.conn.release(1, 60);
     assert_eq!(c.frames(), ["WINDOW_UPDATE 1 +60"]);
     // 60 granted back: 100 fit, 101 do not.
-    let over = frame_bytes(0x0, 0, 1, &[b'y'; 101]);
+    let over = raw(0x0, 0, 1, &[b'y'; 101]);
     assert_eq!(
         c.feed(&over),
         Ok(vec![Got::Reset(1, ErrorCode::FlowControl, false)])
@@ -407,7 +400,7 @@ fn answers_wait_for_the_clients_windows() {
     // A larger INITIAL_WINDOW_SIZE moves the open stream's window by the difference.
     c.feed(&settings(&[(0x4, 14)])).expect("settings");
     assert_eq!(c.conn.send_capacity(1), 4);
-    c.feed(&frame_bytes(0x8, 0, 1, &2u32.to_be_bytes()))
+    c.feed(&raw(0x8, 0, 1, &2u32.to_be_bytes()))
         .expect("update");
     assert_eq!(c.conn.send_data(1, b"abcdef", true), Ok(6));
     assert_eq!(
@@ -426,12 +419,12 @@ fn a_window_update_past_the_maximum_is_an_error_where_it_lands() {
     let mut c = Client::new(Config::default());
     let request = c.request(1, "/", true);
     c.feed(&request).expect("request");
-    let huge = frame_bytes(0x8, 0, 1, &0x7fff_ffffu32.to_be_bytes());
+    let huge = raw(0x8, 0, 1, &0x7fff_ffffu32.to_be_bytes());
     assert_eq!(
         c.feed(&huge),
         Ok(vec![Got::Reset(1, ErrorCode::FlowControl, false)])
     );
-    let huge = frame_bytes(0x8, 0, 0, &0x7fff_ffffu32.to_be_bytes());
+    let huge = raw(0x8, 0, 0, &0x7fff_ffffu32.to_be_bytes());
     assert_eq!(conn_error(c.feed(&huge)), Some(ErrorCode::FlowControl));
 }
 
@@ -442,7 +435,7 @@ fn rapid_reset_ends_the_connection() {
     for n in 0..300u32 {
         let id = 2 * n + 1;
         let mut input = c.request(id, "/", true);
-        input.extend_from_slice(&frame_bytes(0x3, 0, id, &8u32.to_be_bytes()));
+        input.extend_from_slice(&raw(0x3, 0, id, &8u32.to_be_bytes()));
         outcome = c.feed(&input);
         if outcome.is_err() {
             assert!(n >= RESET_ALLOWANCE, "stopped after {n} resets");
@@ -457,17 +450,16 @@ fn floods_of_empty_data_and_unread_pings_end_the_connection() {
     let mut c = Client::new(Config::default());
     let mut input = c.request(1, "/", false);
     for _ in 0..=MAX_EMPTY_FRAMES {
-        input.extend_from_slice(&frame_bytes(0x0, 0, 1, &[]));
+        input.extend_from_slice(&raw(0x0, 0, 1, &[]));
     }
     assert_eq!(conn_error(c.feed(&input)), Some(ErrorCode::EnhanceYourCalm));
 
     let mut c = Client::new(Config::default());
-    c.feed(&frame_bytes(0x6, 0, 0, b"pingpong"))
-        .expect("one ping");
+    c.feed(&raw(0x6, 0, 0, b"pingpong")).expect("one ping");
     assert_eq!(c.frames(), ["PING true pingpong"]);
     let mut flood = Vec::new();
     for _ in 0..10_000 {
-        flood.extend_from_slice(&frame_bytes(0x6, 0, 0, b"pingpong"));
+        flood.extend_from_slice(&raw(0x6, 0, 0, b"pingpong"));
     }
     assert_eq!(conn_error(c.feed(&flood)), Some(ErrorCode::EnhanceYourCalm));
 }
@@ -483,11 +475,11 @@ fn an_oversized_head_is_answered_431_and_the_table_stays_in_step() {
     block.extend_from_slice(b"a.example");
     block.extend_from_slice(&[0x40, 1, b'x', 0x7f, 100]);
     block.extend_from_slice(&[b'v'; 227]);
-    let big = frame_bytes(0x1, 0x5, 1, &block);
+    let big = raw(0x1, 0x5, 1, &block);
     assert_eq!(c.feed(&big), Ok(vec![Got::Refused(1, 431)]));
     assert_eq!(c.frames(), ["HEADERS 1 :status=431 end"]);
     // Index 62 is now x: v*227, 63 the authority: the next request reads them.
-    let next = frame_bytes(0x1, 0x5, 3, &[0x82, 0x84, 0x87, 0xbf]);
+    let next = raw(0x1, 0x5, 3, &[0x82, 0x84, 0x87, 0xbf]);
     let got = c.feed(&next).expect("in step");
     assert_eq!(
         got,
@@ -509,10 +501,10 @@ fn an_oversized_head_is_answered_431_and_the_table_stays_in_step() {
 fn trailers_end_a_request_and_must_say_so() {
     let mut c = Client::new(Config::default());
     let mut input = c.request(1, "/t", false);
-    input.extend_from_slice(&frame_bytes(0x0, 0, 1, b"body"));
+    input.extend_from_slice(&raw(0x0, 0, 1, b"body"));
     let mut trailer = Vec::new();
     c.encoder.field(b"x-checksum", b"1", &mut trailer);
-    input.extend_from_slice(&frame_bytes(0x1, 0x5, 1, &trailer));
+    input.extend_from_slice(&raw(0x1, 0x5, 1, &trailer));
     let got = c.feed(&input).expect("trailers");
     assert_eq!(
         got[2],
@@ -521,7 +513,7 @@ fn trailers_end_a_request_and_must_say_so() {
 
     let mut c = Client::new(Config::default());
     let mut input = c.request(1, "/t", false);
-    input.extend_from_slice(&frame_bytes(0x1, 0x4, 1, &trailer));
+    input.extend_from_slice(&raw(0x1, 0x4, 1, &trailer));
     let got = c.feed(&input).expect("a stream error only");
     assert_eq!(got[1], Got::Reset(1, ErrorCode::Protocol, false));
 }
@@ -530,13 +522,13 @@ fn trailers_end_a_request_and_must_say_so() {
 fn data_where_no_stream_takes_it() {
     let mut c = Client::new(Config::default());
     assert_eq!(
-        conn_error(c.feed(&frame_bytes(0x0, 0, 1, b"x"))),
+        conn_error(c.feed(&raw(0x0, 0, 1, b"x"))),
         Some(ErrorCode::Protocol)
     );
 
     let mut c = Client::new(Config::default());
     let mut input = c.request(1, "/", true);
-    input.extend_from_slice(&frame_bytes(0x0, 0, 1, b"late"));
+    input.extend_from_slice(&raw(0x0, 0, 1, b"late"));
     let got = c.feed(&input).expect("a stream error only");
     assert_eq!(got[1], Got::Reset(1, ErrorCode::StreamClosed, false));
 }
@@ -552,10 +544,10 @@ fn an_early_answer_stops_the_upload_and_later_frames_are_ignored() {
         c.frames(),
         ["HEADERS 1 :status=413 end", "RST_STREAM 1 NoError"]
     );
-    let mut late = frame_bytes(0x0, 0, 1, b"in flight");
+    let mut late = raw(0x0, 0, 1, b"in flight");
     let mut trailer = Vec::new();
     c.encoder.field(b"x-done", b"1", &mut trailer);
-    late.extend_from_slice(&frame_bytes(0x1, 0x5, 1, &trailer));
+    late.extend_from_slice(&raw(0x1, 0x5, 1, &trailer));
     assert_eq!(c.feed(&late), Ok(vec![]));
     assert!(c.frames().is_empty());
 }
@@ -564,7 +556,7 @@ fn an_early_answer_stops_the_upload_and_later_frames_are_ignored() {
 fn garbage_in_a_header_block_is_a_compression_error() {
     let mut c = Client::new(Config::default());
     assert_eq!(
-        conn_error(c.feed(&frame_bytes(0x1, 0x5, 1, &[0x80]))),
+        conn_error(c.feed(&raw(0x1, 0x5, 1, &[0x80]))),
         Some(ErrorCode::Compression)
     );
     assert_eq!(c.frames(), ["GOAWAY 0 Compression"]);
@@ -597,7 +589,7 @@ fn after_our_goaway_open_streams_finish_and_new_ones_are_not_taken() {
     c.conn.go_away();
     assert_eq!(c.frames(), ["GOAWAY 1 NoError"]);
     let mut late = c.request(3, "/late", false);
-    late.extend_from_slice(&frame_bytes(0x0, 0x1, 3, b"body in flight"));
+    late.extend_from_slice(&raw(0x0, 0x1, 3, b"body in flight"));
     assert_eq!(c.feed(&late), Ok(vec![]));
     assert_eq!(c.conn.open_streams(), 1);
     let none: [(&[u8], &[u8]); 0] = [];
@@ -615,7 +607,7 @@ fn an_idle_connection_gives_its_buffers_back() {
     c.encoder.field(b":method", b"GET", &mut block);
     c.encoder.field(b":scheme", b"https", &mut block);
     c.encoder.field(b":path", &[b'p'; 8_000], &mut block);
-    let request = frame_bytes(0x1, 0x5, 1, &block);
+    let request = raw(0x1, 0x5, 1, &block);
     c.feed(&request).expect("request");
     let none: [(&[u8], &[u8]); 0] = [];
     c.conn.send_headers(1, Some(204), none, true).expect("open");
@@ -633,11 +625,11 @@ fn a_stream_depending_on_itself_is_reset_after_its_block_is_decoded() {
     // HEADERS with PRIORITY on itself, whose block adds "x: 1" to the client's table (62).
     let mut payload = vec![0, 0, 0, 1, 0];
     payload.extend_from_slice(&[0x82, 0x84, 0x87, 0x41, 1, b'a', 0x40, 1, b'x', 1, b'1']);
-    let looped = frame_bytes(0x1, 0x20 | 0x5, 1, &payload);
+    let looped = raw(0x1, 0x20 | 0x5, 1, &payload);
     assert_eq!(c.feed(&looped), Ok(vec![]));
     assert_eq!(c.frames(), ["RST_STREAM 1 Protocol"]);
     // The next block reads index 62 and 63 as the client wrote them.
-    let next = frame_bytes(0x1, 0x5, 3, &[0x82, 0x84, 0x87, 0xbf, 0xbe]);
+    let next = raw(0x1, 0x5, 3, &[0x82, 0x84, 0x87, 0xbf, 0xbe]);
     assert_eq!(
         c.feed(&next),
         Ok(vec![Got::Headers(
