@@ -18,6 +18,7 @@
 
 use crate::access_log::{AccessLine, access_line};
 use crate::conn::Buffered;
+use crate::head::visible;
 use crate::http1;
 use crate::limits::Limits;
 use crate::request::{self, Arrival, Body, ConnectionOption, Decision, Head, Version};
@@ -274,15 +275,6 @@ impl Head for FastHead<'_, '_> {
         for h in self.0.headers.iter() {
             f(h.name.as_bytes(), h.value);
         }
-    }
-}
-
-/// A header value as text when it is visible ASCII (what `http::HeaderValue::to_str` takes).
-pub(crate) fn visible(v: &[u8]) -> Option<&str> {
-    if v.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)) {
-        std::str::from_utf8(v).ok()
-    } else {
-        None
     }
 }
 

@@ -65,3 +65,12 @@ impl Head for PingoraHead<'_> {
         }
     }
 }
+
+/// A header value as text when it is visible ASCII (what `http::HeaderValue::to_str` takes).
+pub(crate) fn visible(v: &[u8]) -> Option<&str> {
+    if v.iter().all(|&b| b == b'\t' || (0x20..0x7f).contains(&b)) {
+        std::str::from_utf8(v).ok()
+    } else {
+        None
+    }
+}

@@ -1,9 +1,6 @@
-//! HTTP/2's wire (RFC 9113) as the fast path will speak it to clients itself: frames, the
-//! connection's settings and flow-control windows. Header compression is [`crate::hpack`].
-//!
-//! Not yet serving: `fastpath::h2` still drives client connections through the h2 crate
-//! inside Pingora. These are the parts its replacement is built from, each checked against
-//! the RFC on its own (issue 21's note has the design).
+//! HTTP/2's wire (RFC 9113) as the fast path speaks it to clients (`fastpath::h2` drives
+//! it): frames, the connection's settings and flow-control windows, and request heads.
+//! Header compression is [`crate::hpack`].
 
 pub mod conn;
 pub mod flow;

@@ -234,6 +234,17 @@ impl Connection {
             + self.streams.capacity() * std::mem::size_of::<Stream>()
     }
 
+    /// Whether the client's preface and first SETTINGS have come: until then the connection
+    /// is still being set up, under the head deadline.
+    pub fn established(&self) -> bool {
+        self.phase == Phase::Open
+    }
+
+    /// Whether `stream` is open on our side: `send_headers` and `send_data` may still use it.
+    pub fn is_open(&self, stream: u32) -> bool {
+        self.index(stream).is_some()
+    }
+
     /// Whether the client said it opens no more streams.
     pub fn client_going_away(&self) -> bool {
         self.client_going_away

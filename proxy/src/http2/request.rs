@@ -193,7 +193,7 @@ impl Headers for Request<'_> {
     fn get(&self, name: &str) -> Option<&str> {
         self.fields()
             .find(|(n, _)| n.eq_ignore_ascii_case(name.as_bytes()))
-            .and_then(|(_, v)| crate::fastpath::visible(v))
+            .and_then(|(_, v)| crate::head::visible(v))
     }
 }
 

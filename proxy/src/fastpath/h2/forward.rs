@@ -1,0 +1,258 @@
+//! A stream the fast path serves itself: forwarded upstream as HTTP/1.1 over this worker's
+//! pool, or answered here (401, 429), with the answer's HTTP/1 framing turned into HEADERS
+//! and DATA frames on the client's windows.
+
+use super::shared::{Gone, Recv, Shared};
+use crate::fastpath::heads::edited_response_head;
+use crate::fastpath::{Answered, Env, MAX_RESPONSE_HEADERS, Plan, next_head, read_more, send};
+use crate::http1::Framing;
+use crate::http2::ErrorCode;
+use crate::http2::conn::Connection;
+use crate::metrics::Metrics;
+use crate::upstream::pool;
+use std::time::Instant;
+
+/// Serves a forwarded stream to its end; the stream's status goes to its record.
+pub(super) async fn forward(
+    shared: &Shared,
+    stream: u32,
+    mut plan: Plan,
+    up_head: Vec<u8>,
+    env: &Env<'_>,
+    started: Instant,
+) {
+    let body = if plan.body > 0 {
+        match read_body(shared, stream, plan.body, env).await {
+            Ok(body) => body,
+            Err(status) => {
+                plan.record.done(status, None, started);
+                if status > 0 {
+                    respond(&mut shared.lock().conn, stream, status, None);
+                }
+                return;
+            }
+        }
+    } else {
+        Vec::new()
+    };
+    let mut resp = Vec::with_capacity(crate::fastpath::ANSWER_BUFFER);
+    let outcome = exchange(shared, stream, (&up_head, &body), &mut plan, &mut resp, env).await;
+    let status = match outcome {
+        Ok(status) | Err(status) => status,
+    };
+    plan.record.done(status, Some(plan.upstream), started);
+    if let Err(status) = outcome {
+        respond(&mut shared.lock().conn, stream, status, None);
+    }
+}
+
+/// An answer decided here: its head, then the stream ends (the client, told to stop
+/// sending, keeps its connection).
+pub(super) fn answer(conn: &mut Connection, stream: u32, answer: Answered, started: Instant) {
+    answer.record.done(answer.status, None, started);
+    let (name, value) = answer.field;
+    respond(conn, stream, answer.status, Some((name, &value)));
+}
+
+/// Reads a Content-Length body whole within the head deadline, as the HTTP/1 fast path
+/// does. Err(408): it did not come in time; Err(0): the stream was reset (the loop resets
+/// one whose DATA disagrees with its Content-Length).
+async fn read_body(
+    shared: &Shared,
+    stream: u32,
+    length: usize,
+    env: &Env<'_>,
+) -> Result<Vec<u8>, u16> {
+    let deadline = tokio::time::Instant::now() + env.limits.request_head;
+    let mut body = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, shared.recv(stream, usize::MAX)).await {
+            Ok(Recv::Data(chunk)) if body.is_empty() => body = chunk,
+            Ok(Recv::Data(chunk)) => body.extend_from_slice(&chunk),
+            // Trailers have nowhere to go on a Content-Length request to HTTP/1 (Pingora
+            // drops them too).
+            Ok(Recv::End(_)) if body.len() == length => return Ok(body),
+            Ok(Recv::End(_) | Recv::Reset) => return Err(0),
+            Err(_) => {
+                tracing::debug!(peer = %env.peer, "request body deadline passed");
+                return Err(408);
+            }
+        }
+    }
+}
+
+/// Sends the request upstream and streams the answer back. Ok(status): the response head
+/// went out (the stream is then finished, or reset when the backend broke off its body);
+/// Err(status): nothing went out, and the client gets that status.
+async fn exchange(
+    shared: &Shared,
+    stream: u32,
+    request: (&[u8], &[u8]),
+    plan: &mut Plan,
+    resp: &mut Vec<u8>,
+    env: &Env<'_>,
+) -> Result<u16, u16> {
+    let (mut upstream, sent) = send(request, plan, resp, env).await?;
+    let head = loop {
+        let h = next_head(&mut upstream, resp, plan, env).await?;
+        if !(100..200).contains(&h.status) {
+            break h;
+        }
+        // An interim answer has no place before this stream's one HEADERS frame of the
+        // final answer here (as on Pingora, which drops them on HTTP/2).
+        resp.drain(..h.len);
+    };
+    let status = head.status;
+    plan.answered(env, sent, status);
+    let mut framing = head.framing;
+    let empty = matches!(framing, Framing::Length(0));
+    if empty {
+        plan.in_flight = None;
+    }
+    let edited;
+    let response_head = match &plan.response_edits {
+        Some(edits) => {
+            edited = edited_response_head(&resp[..head.len], head.drop_length, edits, false)
+                .ok_or(502u16)?;
+            &edited[..]
+        }
+        None => &resp[..head.len],
+    };
+    if write_head(shared, stream, response_head, head.drop_length, empty)? {
+        return Ok(status);
+    }
+    let mut complete = true;
+    if !empty {
+        let mut pos = head.len;
+        let mut ranges: Vec<std::ops::Range<usize>> = Vec::new();
+        loop {
+            let (end, done) = match framing.advance_data(&resp[pos..], &mut |r| ranges.push(r)) {
+                Ok(step) => step,
+                Err(e) => {
+                    tracing::debug!(upstream = %plan.upstream, error = %e, "response body refused");
+                    shared.finish(stream, ErrorCode::Internal);
+                    return Ok(status);
+                }
+            };
+            if done {
+                plan.in_flight = None;
+            }
+            let last = ranges.len();
+            let mut ended = false;
+            for (i, r) in ranges.drain(..).enumerate() {
+                // The body's last DATA frame carries END_STREAM: no empty frame after it.
+                let end = done && i + 1 == last;
+                ended |= end;
+                let data = &resp[pos + r.start..pos + r.end];
+                if let Err(gone) = shared
+                    .send_data(stream, data, end, env.limits.client_send)
+                    .await
+                {
+                    if gone == Gone::Stalled {
+                        Metrics::count(&env.table.metrics().client_send_timeouts);
+                    }
+                    return Ok(status);
+                }
+            }
+            if done {
+                if !ended
+                    && shared
+                        .send_data(stream, &[], true, env.limits.client_send)
+                        .await
+                        .is_err()
+                {
+                    return Ok(status);
+                }
+                // Bytes past the response's end: the backend broke framing; do not reuse it.
+                complete = pos + end == resp.len();
+                break;
+            }
+            resp.clear();
+            pos = 0;
+            let read = read_more(&mut upstream, resp, env.limits.upstream_timeout).await;
+            if !matches!(read, Ok(n) if n > 0) {
+                let stalled = read.is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut);
+                if stalled {
+                    plan.stalled(env);
+                }
+                if framing.delimited() || stalled {
+                    // Cut short: the client must not take a truncated body for the whole.
+                    shared.finish(stream, ErrorCode::Internal);
+                    return Ok(status);
+                }
+                // A body that ends when the backend closes has ended.
+                if shared
+                    .send_data(stream, &[], true, env.limits.client_send)
+                    .await
+                    .is_err()
+                {
+                    return Ok(status);
+                }
+                complete = false;
+                break;
+            }
+        }
+    }
+    if complete && head.reusable {
+        pool::put(plan.upstream, upstream, env.limits.upstream_idle);
+    }
+    Ok(status)
+}
+
+/// Fields HTTP/2 forbids in a message (RFC 9113 section 8.2.2), taken off a backend's head
+/// as Pingora takes them off.
+fn connection_specific(name: &str) -> bool {
+    [
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "transfer-encoding",
+        "upgrade",
+    ]
+    .iter()
+    .any(|n| name.eq_ignore_ascii_case(n))
+}
+
+/// Sends a backend's HTTP/1 response head as HEADERS. Ok(true): the stream is gone, and
+/// nothing more is sent; Err(502): the head does not parse again (it parsed once).
+fn write_head(
+    shared: &Shared,
+    stream: u32,
+    head: &[u8],
+    drop_length: bool,
+    end: bool,
+) -> Result<bool, u16> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut parsed = httparse::Response::new(&mut fields);
+    let status = match parsed.parse(head) {
+        Ok(httparse::Status::Complete(_)) => parsed.code.ok_or(502u16)?,
+        _ => return Err(502),
+    };
+    let kept = parsed.headers.iter().filter(|h| {
+        !(connection_specific(h.name)
+            || (drop_length && h.name.eq_ignore_ascii_case("content-length")))
+    });
+    let gone = shared
+        .send_headers(
+            stream,
+            Some(status),
+            kept.map(|h| (h.name.as_bytes(), h.value)),
+            end,
+        )
+        .is_err();
+    Ok(gone)
+}
+
+/// An answer without a body, decided here: 401 and 429 with their field, or the status of
+/// a request that could not be forwarded (as the HTTP/1 fast path's `status_response`).
+fn respond(conn: &mut Connection, stream: u32, status: u16, field: Option<(&'static str, &str)>) {
+    let mut fields: Vec<(&[u8], &[u8])> = Vec::with_capacity(3);
+    if let Some((name, value)) = field {
+        fields.push((name.as_bytes(), value.as_bytes()));
+    }
+    fields.push((b"content-length", b"0"));
+    if status >= 500 {
+        fields.push((b"cache-control", b"private, no-store"));
+    }
+    let _ = conn.send_headers(stream, Some(status), fields, true);
+}

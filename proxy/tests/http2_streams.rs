@@ -1,0 +1,187 @@
+//! The proxy's own HTTP/2 server (`fastpath::h2`) with a real client: streams served by the
+//! fast path and streams relayed to Pingora over the bridge, on one connection at once,
+//! bodies larger than every flow-control window on the way (client to proxy, proxy to
+//! Pingora, Pingora back, proxy to client), and a connection ended gracefully when the
+//! proxy stops.
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+
+mod support;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use std::time::Duration;
+use support::*;
+use tokio::net::{TcpListener, TcpStream};
+
+const ROUTES: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: mirror, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /mirror}}
+      backends: [{cluster: "t/mirror:80", weight: 1}]
+clusters:
+- name: t/mirror:80
+  endpoints: [{address: 127.0.0.1, port: {MIRROR}, ready: true, serving: true}]
+"#;
+
+/// A bound no correct exchange comes near: a stall fails the test instead of hanging it.
+const BOUND: Duration = Duration::from_secs(60);
+
+/// An HTTP/1.1 backend that answers every request with its own body, streamed back as it
+/// arrives, and `x-path`.
+async fn mirror_backend() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(|req: Request<Incoming>| async move {
+                    let path = req.uri().path().to_owned();
+                    let mut resp = Response::new(req.into_body());
+                    resp.headers_mut().insert("x-path", path.parse().unwrap());
+                    Ok::<_, hyper::Error>(resp)
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    port
+}
+
+async fn start() -> (Proxy, u16) {
+    let mirror = mirror_backend().await;
+    let port = free_port();
+    let snap = snapshot(
+        ROUTES,
+        &[("PORT", port.to_string()), ("MIRROR", mirror.to_string())],
+    );
+    (Proxy::start(&snap).await, port)
+}
+
+async fn h2c(port: u16) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
+    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    sender
+}
+
+/// A POST of `body` to `path`, and what came back: status, `x-path`, body.
+async fn post(
+    mut h2: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    path: String,
+    body: Vec<u8>,
+) -> (u16, String, Vec<u8>) {
+    let req = Request::post(format!("http://a.example{path}"))
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let resp = h2.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let at = resp.headers()["x-path"].to_str().unwrap().to_owned();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    (status, at, body)
+}
+
+fn pattern(len: usize, seed: usize) -> Vec<u8> {
+    (0..len).map(|i| ((i + seed) % 251) as u8).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_past_every_window_crosses_the_bridge_both_ways_whole() {
+    let (proxy, port) = start().await;
+    tokio::time::timeout(BOUND, async {
+        let h2 = h2c(port).await;
+        // 3 MiB: past the fast path's body bound (so Pingora's), past our stream window of
+        // 1 MiB, the bridge's, and the client's 64 KiB default the answer must respect.
+        let sent = pattern(3 << 20, 7);
+        let (status, at, body) = post(h2, "/mirror/big".into(), sent.clone()).await;
+        assert_eq!((status, at.as_str()), (200, "/mirror/big"));
+        assert_eq!(body.len(), sent.len());
+        assert!(body == sent, "the body came back altered");
+    })
+    .await
+    .expect("finished within the bound");
+    assert_eq!(
+        proxy
+            .metric("coxswain_proxy_http2_streams_pingora_total")
+            .await,
+        1
+    );
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_of_both_engines_run_at_once_on_one_connection() {
+    let (proxy, port) = start().await;
+    tokio::time::timeout(BOUND, async {
+        let h2 = h2c(port).await;
+        let mut all = Vec::new();
+        for i in 0..40 {
+            // Even: 1 KiB, forwarded by the fast path. Odd: 200 KiB, over its bound, relayed
+            // to Pingora.
+            let len = if i % 2 == 0 { 1 << 10 } else { 200 << 10 };
+            let sent = pattern(len, i);
+            let path = format!("/mirror/{i}");
+            let h2 = h2.clone();
+            all.push(tokio::spawn(async move {
+                let (status, at, body) = post(h2, path.clone(), sent.clone()).await;
+                assert_eq!((status, at), (200, path));
+                assert!(body == sent, "stream {i}'s body came back altered");
+            }));
+        }
+        for one in all {
+            one.await.unwrap();
+        }
+    })
+    .await
+    .expect("finished within the bound");
+    let fast = proxy
+        .metric("coxswain_proxy_http2_streams_fast_path_total")
+        .await;
+    let pingora = proxy
+        .metric("coxswain_proxy_http2_streams_pingora_total")
+        .await;
+    assert_eq!((fast, pingora), (20, 20));
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_announcing_a_body_it_does_not_send_is_refused_alone() {
+    let (proxy, port) = start().await;
+    let mut h2 = h2c(port).await;
+    // Content-Length 5 on a stream that ends with its head (RFC 9113 section 8.1.1).
+    let req = Request::post("http://a.example/mirror/short")
+        .header("content-length", "5")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let refused = h2.send_request(req).await;
+    assert!(refused.is_err(), "a malformed request was answered");
+    // The connection goes on.
+    let (status, _, body) = post(h2, "/mirror/after".into(), b"next".to_vec()).await;
+    assert_eq!((status, body.as_slice()), (200, &b"next"[..]));
+    assert_eq!(
+        proxy.metric("coxswain_proxy_requests_refused_total").await,
+        1
+    );
+    proxy.stop().await;
+}
