@@ -185,3 +185,77 @@ async fn a_request_announcing_a_body_it_does_not_send_is_refused_alone() {
     );
     proxy.stop().await;
 }
+
+/// Reads frames until one of `kind` on `stream`: (flags, payload) of it. Frames before it
+/// are collected into `seen` as (type, stream, flags, payload).
+async fn frame_until(
+    s: &mut TcpStream,
+    kind: u8,
+    stream: u32,
+    seen: &mut Vec<(u8, u32, u8, Vec<u8>)>,
+) -> (u8, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    loop {
+        let mut header = [0u8; 9];
+        tokio::time::timeout(BOUND, s.read_exact(&mut header))
+            .await
+            .expect("the frame came within the bound")
+            .unwrap();
+        let length = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let id = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
+        let mut payload = vec![0u8; length];
+        s.read_exact(&mut payload).await.unwrap();
+        if header[3] == kind && id == stream {
+            return (header[4], payload);
+        }
+        seen.push((header[3], id, header[4], payload));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_proxy_says_goaway_and_finishes_the_stream_in_progress() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (proxy, port) = start().await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    // HPACK by hand: :method POST, :scheme http (static entries), :path and :authority as
+    // literals with a static name, content-length 4 (static name 28).
+    let path = b"/mirror/drain";
+    let mut block = vec![0x83, 0x86, 0x04, path.len() as u8];
+    block.extend_from_slice(path);
+    block.extend_from_slice(&[0x01, 1, b'x', 0x0f, 0x0d, 1, b'4']);
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // SETTINGS, empty
+    // HEADERS, END_HEADERS only: the body is still to come.
+    out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x4, 0, 0, 0, 1]);
+    out.extend_from_slice(&block);
+    s.write_all(&out).await.unwrap();
+    // The proxy has taken the stream once it acknowledges our SETTINGS, sent after it.
+    let mut seen = Vec::new();
+    while frame_until(&mut s, 4, 0, &mut seen).await.0 & 0x1 == 0 {}
+
+    let stopping = tokio::spawn(proxy.stop());
+    let (_, goaway) = frame_until(&mut s, 7, 0, &mut seen).await;
+    let last = u32::from_be_bytes([goaway[0], goaway[1], goaway[2], goaway[3]]) & 0x7fff_ffff;
+    assert_eq!(last, 1, "the GOAWAY must promise the stream in progress");
+
+    // The body, then the whole answer on the stream the GOAWAY kept.
+    s.write_all(&[0, 0, 4, 0, 0x1, 0, 0, 0, 1]).await.unwrap();
+    s.write_all(b"body").await.unwrap();
+    let (flags, _) = frame_until(&mut s, 1, 1, &mut seen).await;
+    let mut body = Vec::new();
+    if flags & 0x1 == 0 {
+        loop {
+            let (flags, payload) = frame_until(&mut s, 0, 1, &mut seen).await;
+            body.extend_from_slice(&payload);
+            if flags & 0x1 != 0 {
+                break;
+            }
+        }
+    }
+    assert_eq!(body, b"body");
+    // Then the proxy closes the connection.
+    let mut rest = Vec::new();
+    let closed = tokio::time::timeout(BOUND, s.read_to_end(&mut rest)).await;
+    assert!(matches!(closed, Ok(Ok(_))), "the connection was not closed");
+    stopping.await.unwrap();
+}

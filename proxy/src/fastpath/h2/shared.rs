@@ -222,3 +222,47 @@ impl Inbox {
         self.reset = true;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inbox(expected: Option<u64>) -> Inbox {
+        let mut inboxes = Vec::new();
+        open(&mut inboxes, 1, expected, false);
+        inboxes.remove(0)
+    }
+
+    #[test]
+    fn data_must_add_up_to_the_announced_length() {
+        let mut exact = inbox(Some(5));
+        assert_eq!(exact.data(b"abc", false), Ok(()));
+        assert_eq!(exact.data(b"de", true), Ok(()));
+        assert!(exact.end && !exact.reset);
+        assert_eq!(exact.body, b"abcde");
+
+        let mut over = inbox(Some(2));
+        assert_eq!(over.data(b"abc", false), Err(()));
+        assert!(over.reset);
+
+        let mut short = inbox(Some(4));
+        assert_eq!(short.data(b"abc", true), Err(()));
+        assert!(short.reset);
+
+        let mut trailers_early = inbox(Some(4));
+        assert_eq!(trailers_early.data(b"ab", false), Ok(()));
+        assert_eq!(trailers_early.trailers(&Fields::new()), Err(()));
+        assert!(trailers_early.reset);
+    }
+
+    #[test]
+    fn without_a_length_any_amount_ends_with_trailers() {
+        let mut open_ended = inbox(None);
+        assert_eq!(open_ended.data(&[7; 100], false), Ok(()));
+        let mut fields = Fields::new();
+        fields.push(b"x-sum", b"700");
+        assert_eq!(open_ended.trailers(&fields), Ok(()));
+        assert!(open_ended.end);
+        assert_eq!(open_ended.trailers.map(|t| t.len()), Some(1));
+    }
+}
