@@ -537,6 +537,10 @@ impl ProxyHttp for Gateway {
         for (name, value) in &ctx.forwarded {
             upstream.insert_header(*name, value.as_str())?;
         }
+        // HTTP/2 cookie crumbs as one field, as the fast path sends them.
+        if let Some(cookie) = crate::head::joined_cookies(&PingoraHead(session.req_header())) {
+            upstream.insert_header("cookie", cookie)?;
+        }
         // The authorization service's fields, before the route's filters as Envoy orders them.
         for name in &ctx.auth_edits.remove {
             upstream.remove_header(name.as_str());

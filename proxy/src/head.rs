@@ -74,3 +74,27 @@ pub(crate) fn visible(v: &[u8]) -> Option<&str> {
         None
     }
 }
+
+/// An HTTP/2 request's Cookie field as HTTP/1 must carry it: HTTP/2 clients may split it
+/// into one field per cookie, which are joined with "; " before the request goes on over
+/// HTTP/1 (RFC 9113 section 8.2.3). None: there is nothing to join.
+pub fn joined_cookies<H: Head + ?Sized>(head: &H) -> Option<Vec<u8>> {
+    if head.version() != Version::Http2 {
+        return None;
+    }
+    let mut crumbs = 0;
+    head.each_header(&mut |name, _| crumbs += usize::from(name.eq_ignore_ascii_case(b"cookie")));
+    if crumbs < 2 {
+        return None;
+    }
+    let mut joined = Vec::new();
+    head.each_header(&mut |name, value| {
+        if name.eq_ignore_ascii_case(b"cookie") {
+            if !joined.is_empty() {
+                joined.extend_from_slice(b"; ");
+            }
+            joined.extend_from_slice(value);
+        }
+    });
+    Some(joined)
+}

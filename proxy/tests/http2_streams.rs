@@ -26,7 +26,12 @@ listeners:
     - source: {kind: HTTPRoute, namespace: t, name: mirror, rule: 0}
       match: {path: {kind: KIND_PREFIX, value: /mirror}}
       backends: [{cluster: "t/mirror:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: echo, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /echo}}
+      backends: [{cluster: "t/echo:80", weight: 1}]
 clusters:
+- name: t/echo:80
+  endpoints: [{address: 127.0.0.1, port: {ECHO}, ready: true, serving: true}]
 - name: t/mirror:80
   endpoints: [{address: 127.0.0.1, port: {MIRROR}, ready: true, serving: true}]
 "#;
@@ -61,13 +66,22 @@ async fn mirror_backend() -> u16 {
 }
 
 async fn start() -> (Proxy, u16) {
+    start_with(coxswain_proxy::limits::Limits::default()).await
+}
+
+async fn start_with(limits: coxswain_proxy::limits::Limits) -> (Proxy, u16) {
     let mirror = mirror_backend().await;
+    let echo = echo_backend("echo").await;
     let port = free_port();
     let snap = snapshot(
         ROUTES,
-        &[("PORT", port.to_string()), ("MIRROR", mirror.to_string())],
+        &[
+            ("PORT", port.to_string()),
+            ("MIRROR", mirror.to_string()),
+            ("ECHO", echo.port().to_string()),
+        ],
     );
-    (Proxy::start(&snap).await, port)
+    (Proxy::start_with(&snap, limits).await, port)
 }
 
 async fn h2c(port: u16) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
@@ -258,4 +272,40 @@ async fn a_stopping_proxy_says_goaway_and_finishes_the_stream_in_progress() {
     let closed = tokio::time::timeout(BOUND, s.read_to_end(&mut rest)).await;
     assert!(matches!(closed, Ok(Ok(_))), "the connection was not closed");
     stopping.await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cookie_crumbs_reach_an_http1_backend_as_one_field_on_both_engines() {
+    for fast_path in [true, false] {
+        let (proxy, port) = start_with(coxswain_proxy::limits::Limits {
+            fast_path,
+            ..Default::default()
+        })
+        .await;
+        let mut h2 = h2c(port).await;
+        // Two Cookie fields on the wire, as HTTP/2 clients may split them (RFC 9113 8.2.3).
+        let req = Request::get("http://a.example/echo/cookies")
+            .header("cookie", "a=1")
+            .header("x-between", "yes")
+            .header("cookie", "b=2")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = h2.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        let seen: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        // The echo backend joins repeated fields with ", ": one field shows as it was sent.
+        assert_eq!(
+            seen["headers"]["cookie"], "a=1; b=2",
+            "fast path {fast_path}: {seen}"
+        );
+        let engine = if fast_path { "fast_path" } else { "pingora" };
+        assert_eq!(
+            proxy
+                .metric(&format!("coxswain_proxy_http2_streams_{engine}_total"))
+                .await,
+            1
+        );
+        proxy.stop().await;
+    }
 }

@@ -3,6 +3,7 @@
 
 use super::MAX_RESPONSE_HEADERS;
 use crate::forwarded::Forwarded;
+use crate::head::joined_cookies;
 use crate::request::Head;
 use coxswain_api::snapshot as snap;
 
@@ -24,6 +25,8 @@ pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    let cookie = joined_cookies(head);
+    let crumb = |name: &[u8]| cookie.is_some() && name.eq_ignore_ascii_case(b"cookie");
     let mut edits = edits.peekable();
     if edits.peek().is_some() {
         // The forwarded fields' values, rendered one after another into one buffer that the
@@ -50,10 +53,13 @@ pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
             fields.0.push((b"host", host.as_bytes()));
         }
         head.each_header(&mut |name, value| {
-            if !(forwarded.replaces(name) || this_hop(name)) {
+            if !(forwarded.replaces(name) || this_hop(name) || crumb(name)) {
                 fields.0.push((name, value));
             }
         });
+        if let Some(cookie) = &cookie {
+            fields.0.push((b"cookie", cookie));
+        }
         for &(name, start, end) in &spans[..count] {
             fields.0.push((name.as_bytes(), &rendered[start..end]));
         }
@@ -70,7 +76,7 @@ pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
         out.extend_from_slice(b"\r\n");
     }
     head.each_header(&mut |name, value| {
-        if forwarded.replaces(name) || this_hop(name) {
+        if forwarded.replaces(name) || this_hop(name) || crumb(name) {
             return;
         }
         out.extend_from_slice(name);
@@ -78,6 +84,11 @@ pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
         out.extend_from_slice(value);
         out.extend_from_slice(b"\r\n");
     });
+    if let Some(cookie) = &cookie {
+        out.extend_from_slice(b"cookie: ");
+        out.extend_from_slice(cookie);
+        out.extend_from_slice(b"\r\n");
+    }
     forwarded.each(&mut |name, parts| {
         out.extend_from_slice(name.as_bytes());
         out.extend_from_slice(b": ");
