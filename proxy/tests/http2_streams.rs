@@ -26,10 +26,15 @@ listeners:
     - source: {kind: HTTPRoute, namespace: t, name: mirror, rule: 0}
       match: {path: {kind: KIND_PREFIX, value: /mirror}}
       backends: [{cluster: "t/mirror:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: silent, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /silent}}
+      backends: [{cluster: "t/silent:80", weight: 1}]
     - source: {kind: HTTPRoute, namespace: t, name: echo, rule: 0}
       match: {path: {kind: KIND_PREFIX, value: /echo}}
       backends: [{cluster: "t/echo:80", weight: 1}]
 clusters:
+- name: t/silent:80
+  endpoints: [{address: 127.0.0.1, port: {SILENT}, ready: true, serving: true}]
 - name: t/echo:80
   endpoints: [{address: 127.0.0.1, port: {ECHO}, ready: true, serving: true}]
 - name: t/mirror:80
@@ -70,6 +75,10 @@ async fn start() -> (Proxy, u16) {
 }
 
 async fn start_with(limits: coxswain_proxy::limits::Limits) -> (Proxy, u16) {
+    start_with_silent(limits, free_port()).await
+}
+
+async fn start_with_silent(limits: coxswain_proxy::limits::Limits, silent: u16) -> (Proxy, u16) {
     let mirror = mirror_backend().await;
     let echo = echo_backend("echo").await;
     let port = free_port();
@@ -79,9 +88,46 @@ async fn start_with(limits: coxswain_proxy::limits::Limits) -> (Proxy, u16) {
             ("PORT", port.to_string()),
             ("MIRROR", mirror.to_string()),
             ("ECHO", echo.port().to_string()),
+            ("SILENT", silent.to_string()),
         ],
     );
     (Proxy::start_with(&snap, limits).await, port)
+}
+
+/// A backend that reads a request head and never answers. It says when a request arrived
+/// and when the proxy closed that connection.
+async fn silent_backend() -> (u16, tokio::sync::mpsc::UnboundedReceiver<&'static str>) {
+    use tokio::io::AsyncReadExt;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut tcp, _)) = listener.accept().await else {
+                continue;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut chunk = [0u8; 4096];
+                let mut told = false;
+                loop {
+                    match tcp.read(&mut chunk).await {
+                        Ok(0) | Err(_) => {
+                            let _ = tx.send("closed");
+                            return;
+                        }
+                        Ok(n) => got.extend_from_slice(&chunk[..n]),
+                    }
+                    if !told && got.windows(4).any(|w| w == b"\r\n\r\n") {
+                        told = true;
+                        let _ = tx.send("request");
+                    }
+                }
+            });
+        }
+    });
+    (port, rx)
 }
 
 async fn h2c(port: u16) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
@@ -308,4 +354,67 @@ async fn cookie_crumbs_reach_an_http1_backend_as_one_field_on_both_engines() {
         );
         proxy.stop().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_the_client_resets_stops_its_backend_request_on_both_engines() {
+    for fast_path in [true, false] {
+        let (silent, mut seen) = silent_backend().await;
+        let limits = coxswain_proxy::limits::Limits {
+            fast_path,
+            ..Default::default()
+        };
+        let (proxy, port) = start_with_silent(limits, silent).await;
+        let h2 = h2c(port).await;
+        // A second handle keeps the connection open: only the stream is reset.
+        let mut stream_h2 = h2.clone();
+        let req = Request::get("http://a.example/silent/wait")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let pending = tokio::spawn(async move { stream_h2.send_request(req).await });
+        assert_eq!(seen.recv().await, Some("request"));
+        // Dropping the client's side of the stream resets it (RST_STREAM CANCEL).
+        pending.abort();
+        // The backend's connection closes long before the upstream timeout (60 s), which is
+        // all that would end it otherwise.
+        let closed = tokio::time::timeout(Duration::from_secs(10), seen.recv()).await;
+        assert_eq!(
+            closed,
+            Ok(Some("closed")),
+            "fast path {fast_path}: the backend request outlived the stream"
+        );
+        drop(h2);
+        proxy.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_of_malformed_streams_ends_with_a_goaway() {
+    use tokio::io::AsyncWriteExt;
+    let (proxy, port) = start().await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    // GET /, :authority x, then a field named "X": capitals are malformed (RFC 9113 8.2.1).
+    let block = [0x82, 0x86, 0x84, 0x01, 1, b'x', 0x00, 1, b'X', 1, b'y'];
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    for i in 0..33u32 {
+        let id = (2 * i + 1).to_be_bytes();
+        out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x5, id[0], id[1], id[2], id[3]]);
+        out.extend_from_slice(&block);
+    }
+    s.write_all(&out).await.unwrap();
+    let mut seen = Vec::new();
+    let (_, goaway) = frame_until(&mut s, 7, 0, &mut seen).await;
+    let code = u32::from_be_bytes([goaway[4], goaway[5], goaway[6], goaway[7]]);
+    assert_eq!(code, 1, "PROTOCOL_ERROR");
+    let resets = seen.iter().filter(|(kind, ..)| *kind == 3).count();
+    assert_eq!(
+        resets, 33,
+        "each malformed stream is reset, the 33rd past the bound too"
+    );
+    assert_eq!(
+        proxy.metric("coxswain_proxy_requests_refused_total").await,
+        33
+    );
+    proxy.stop().await;
 }

@@ -171,16 +171,26 @@ async fn write_out(io: &mut Stream, shared: &Shared, env: &Env<'_>) -> bool {
         }
         std::mem::take(state.conn.output())
     };
-    let written = tokio::time::timeout(env.limits.client_send, async {
-        io.write_all(&out).await?;
-        io.flush().await
-    })
-    .await;
-    if !matches!(written, Ok(Ok(()))) {
-        if written.is_err() {
-            Metrics::count(&env.table.metrics().client_send_timeouts);
+    // Each write has `client_send` to make progress, as on HTTP/1: a slow client that keeps
+    // reading is not cut off because a turn queued much.
+    let mut at = 0;
+    while at < out.len() {
+        match tokio::time::timeout(env.limits.client_send, io.write(&out[at..])).await {
+            Ok(Ok(n)) if n > 0 => at += n,
+            Ok(_) => return false,
+            Err(_) => {
+                Metrics::count(&env.table.metrics().client_send_timeouts);
+                return false;
+            }
         }
-        return false;
+    }
+    match tokio::time::timeout(env.limits.client_send, io.flush()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(_)) => return false,
+        Err(_) => {
+            Metrics::count(&env.table.metrics().client_send_timeouts);
+            return false;
+        }
     }
     // Nothing ran meanwhile (the streams are polled by this loop): the buffer goes back.
     out.clear();
@@ -225,7 +235,7 @@ impl<'a, P: HttpServerApp + Send + Sync + 'static> Driver<'a, '_, P> {
         let mut at = 0;
         let mut opened = false;
         let fine = loop {
-            let State { conn, inboxes } = &mut *state;
+            let State { conn, inboxes, .. } = &mut *state;
             let (used, event) = match conn.poll(&input[at..]) {
                 Ok(step) => step,
                 Err(e) => {
@@ -253,6 +263,7 @@ impl<'a, P: HttpServerApp + Send + Sync + 'static> Driver<'a, '_, P> {
                             if self.rejected > MAX_REJECTED_STREAMS {
                                 tracing::debug!(peer = %self.env.peer,
                                     "too many malformed streams; connection closed");
+                                conn.close(ErrorCode::Protocol, "too many malformed streams");
                                 break false;
                             }
                         }

@@ -139,12 +139,16 @@ pub(super) fn request_head(req: &Request<'_>) -> Option<hyper::Request<()>> {
         .body(())
         .ok()?;
     let headers = head.headers_mut();
-    headers.reserve(req.fields().count());
+    // `try_`: a map past its size limit is an error here, not a panic (only a head limit
+    // raised far past the default lets that many fields through).
+    headers.try_reserve(req.fields().count()).ok()?;
     for (name, value) in req.fields() {
-        headers.append(
-            hyper::header::HeaderName::from_bytes(name).ok()?,
-            hyper::header::HeaderValue::from_bytes(value).ok()?,
-        );
+        headers
+            .try_append(
+                hyper::header::HeaderName::from_bytes(name).ok()?,
+                hyper::header::HeaderValue::from_bytes(value).ok()?,
+            )
+            .ok()?;
     }
     Some(head)
 }
@@ -179,14 +183,19 @@ async fn exchange(
         .send_request(head, end)
         .map_err(|_| ErrorCode::Internal)?;
     let upload = async {
-        if !end && upload_body(shared, stream, upload).await.is_err() {
-            return;
+        if !end {
+            // Pingora may answer and stop reading before the body ends (then it resets its
+            // side): the answer still goes out whole.
+            let _ = upload_body(shared, stream, upload).await;
         }
         // The answer decides when the stream is over.
         std::future::pending::<()>().await;
     };
     tokio::select! {
         biased;
+        // The client reset the stream (or broke a rule on it): Pingora's side is reset too,
+        // when the request and the answer's future are dropped.
+        () = shared.closed(stream) => Err(ErrorCode::Cancel),
         answered = download(shared, stream, response, env) => answered,
         () = upload => Err(ErrorCode::Cancel),
     }
@@ -217,10 +226,8 @@ async fn upload_body(
             Recv::End(Some(trailers)) => {
                 return tx.send_trailers(trailer_map(&trailers)?).map_err(|_| ());
             }
-            Recv::Reset => {
-                tx.send_reset(h2::Reason::CANCEL);
-                return Err(());
-            }
+            // The stream is over: `exchange` ends it.
+            Recv::Reset => return Err(()),
         }
     }
 }
@@ -278,12 +285,13 @@ async fn download(
 }
 
 fn trailer_map(fields: &Fields) -> Result<hyper::HeaderMap, ()> {
-    let mut map = hyper::HeaderMap::with_capacity(fields.len());
+    let mut map = hyper::HeaderMap::try_with_capacity(fields.len()).map_err(|_| ())?;
     for (name, value) in fields.iter() {
-        map.append(
+        map.try_append(
             hyper::header::HeaderName::from_bytes(name).map_err(|_| ())?,
             hyper::header::HeaderValue::from_bytes(value).map_err(|_| ())?,
-        );
+        )
+        .map_err(|_| ())?;
     }
     Ok(map)
 }

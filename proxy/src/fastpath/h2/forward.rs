@@ -36,7 +36,13 @@ pub(super) async fn forward(
         Vec::new()
     };
     let mut resp = Vec::with_capacity(crate::fastpath::ANSWER_BUFFER);
-    let outcome = exchange(shared, stream, (&up_head, &body), &mut plan, &mut resp, env).await;
+    let outcome = tokio::select! {
+        biased;
+        // Reset by the client: the backend exchange is dropped with its connection, and
+        // the stream counts as one whose client left (status 0).
+        () = shared.closed(stream) => Ok(0),
+        outcome = exchange(shared, stream, (&up_head, &body), &mut plan, &mut resp, env) => outcome,
+    };
     let status = match outcome {
         Ok(status) | Err(status) => status,
     };

@@ -23,6 +23,8 @@ pub(super) struct Shared {
 pub(super) struct State {
     pub(super) conn: Connection,
     pub(super) inboxes: Vec<Inbox>,
+    /// DATA octets sent on any stream so far: whether the client is taking answers at all.
+    sent_data: u64,
 }
 
 /// What the client sent on a stream after its head and the stream has not taken yet. It
@@ -62,6 +64,7 @@ impl Shared {
             state: Mutex::new(State {
                 conn,
                 inboxes: Vec::new(),
+                sent_data: 0,
             }),
             output: Notify::new(),
             input: Notify::new(),
@@ -79,7 +82,7 @@ impl Shared {
         loop {
             {
                 let mut state = self.lock();
-                let State { conn, inboxes } = &mut *state;
+                let State { conn, inboxes, .. } = &mut *state;
                 let Some(inbox) = inboxes.iter_mut().find(|i| i.stream == stream) else {
                     return Recv::Reset;
                 };
@@ -98,6 +101,21 @@ impl Shared {
                 }
                 if inbox.end {
                     return Recv::End(inbox.trailers.take());
+                }
+            }
+            self.input.notified().await;
+        }
+    }
+
+    /// Resolves once the stream is reset (by the client, or for breaking a rule): whatever
+    /// its future is waiting for, it has no one to answer.
+    pub(super) async fn closed(&self, stream: u32) {
+        loop {
+            {
+                let state = self.lock();
+                let open = state.inboxes.iter().any(|i| i.stream == stream && !i.reset);
+                if !open {
+                    return;
                 }
             }
             self.input.notified().await;
@@ -127,6 +145,7 @@ impl Shared {
     ) -> Result<(), Gone> {
         let mut sent = 0;
         let mut deadline = tokio::time::Instant::now() + stall;
+        let mut seen = None;
         loop {
             {
                 let mut state = self.lock();
@@ -138,13 +157,17 @@ impl Shared {
                     .send_data(stream, &data[sent..], end)
                     .map_err(|_| Gone::Closed)?;
                 sent += n;
+                state.sent_data += n as u64;
                 if n > 0 || data.is_empty() {
                     self.output.notify_one();
                 }
                 if sent == data.len() {
                     return Ok(());
                 }
-                if n > 0 {
+                // Progress is the connection's, not this stream's alone: a client reading
+                // other streams while the connection's window is theirs is not stalled.
+                if seen != Some(state.sent_data) {
+                    seen = Some(state.sent_data);
                     deadline = tokio::time::Instant::now() + stall;
                 }
             }
@@ -161,7 +184,7 @@ impl Shared {
     /// still open (its future gave up) is reset with `code`.
     pub(super) fn finish(&self, stream: u32, code: ErrorCode) {
         let mut state = self.lock();
-        let State { conn, inboxes } = &mut *state;
+        let State { conn, inboxes, .. } = &mut *state;
         if let Some(i) = inboxes.iter().position(|i| i.stream == stream) {
             let inbox = inboxes.swap_remove(i);
             conn.release(stream, inbox.body.len());

@@ -329,6 +329,12 @@ impl Connection {
         }
     }
 
+    /// Ends the connection at once for a reason of the driver's: a GOAWAY with `code`, and
+    /// nothing more is read. Write the output, then close.
+    pub fn close(&mut self, code: ErrorCode, reason: &'static str) {
+        let _ = self.fail(code, reason);
+    }
+
     /// Ends the connection gracefully: streams opened so far may finish, no new one is
     /// taken. Once they are done (`open_streams() == 0`) the driver closes the connection.
     pub fn go_away(&mut self) {
