@@ -8,7 +8,9 @@
 use crate::hpack::Fields;
 use crate::http2::ErrorCode;
 use crate::http2::conn::{Connection, SendError};
+use std::future::Future;
 use std::sync::{Mutex, MutexGuard};
+use std::task::{Poll, Waker};
 use std::time::Duration;
 use tokio::sync::Notify;
 
@@ -40,6 +42,8 @@ pub(super) struct Inbox {
     trailers: Option<Fields>,
     /// Reset, by the client or for breaking a rule: the stream gives up.
     reset: bool,
+    /// Wakes the stream's `closed` when it is reset.
+    on_reset: Option<Waker>,
 }
 
 /// The next part of a request body.
@@ -108,18 +112,22 @@ impl Shared {
     }
 
     /// Resolves once the stream is reset (by the client, or for breaking a rule): whatever
-    /// its future is waiting for, it has no one to answer.
-    pub(super) async fn closed(&self, stream: u32) {
-        loop {
-            {
-                let state = self.lock();
-                let open = state.inboxes.iter().any(|i| i.stream == stream && !i.reset);
-                if !open {
-                    return;
+    /// its future is waiting for, it has no one to answer. The reset wakes this stream
+    /// alone: streams in flight are not woken by every read to look.
+    pub(super) fn closed(&self, stream: u32) -> impl Future<Output = ()> + '_ {
+        std::future::poll_fn(move |cx| {
+            let mut state = self.lock();
+            match state.inboxes.iter_mut().find(|i| i.stream == stream) {
+                Some(inbox) if !inbox.reset => {
+                    match &inbox.on_reset {
+                        Some(waker) if waker.will_wake(cx.waker()) => {}
+                        _ => inbox.on_reset = Some(cx.waker().clone()),
+                    }
+                    Poll::Pending
                 }
+                _ => Poll::Ready(()),
             }
-            self.input.notified().await;
-        }
+        })
     }
 
     /// Sends an answer's head, or its trailers (`status` None).
@@ -212,6 +220,7 @@ pub(super) fn open(inboxes: &mut Vec<Inbox>, stream: u32, expected: Option<u64>,
         end,
         trailers: None,
         reset: false,
+        on_reset: None,
     });
 }
 
@@ -222,7 +231,7 @@ impl Inbox {
         let over = self.expected.is_some_and(|n| self.received > n);
         let short = end && self.expected.is_some_and(|n| self.received != n);
         if over || short {
-            self.reset = true;
+            self.reset();
             return Err(());
         }
         self.body.extend_from_slice(data);
@@ -233,7 +242,7 @@ impl Inbox {
     /// The client's trailers ended the stream. Err: it was short of its announced length.
     pub(super) fn trailers(&mut self, fields: &Fields) -> Result<(), ()> {
         if self.expected.is_some_and(|n| self.received != n) {
-            self.reset = true;
+            self.reset();
             return Err(());
         }
         self.trailers = Some(fields.clone());
@@ -243,6 +252,9 @@ impl Inbox {
 
     pub(super) fn reset(&mut self) {
         self.reset = true;
+        if let Some(waker) = self.on_reset.take() {
+            waker.wake();
+        }
     }
 }
 
