@@ -641,17 +641,35 @@ impl H2Client {
     }
 
     async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<Seen, String> {
-        if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
-            self.sender = Some(self.connect().await);
-        }
-        let sender = self.sender.as_mut().unwrap();
         let head_only = req.method() == hyper::Method::HEAD;
-        let answer = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req)).await;
-        let resp = match answer {
-            Err(_) => return Err("timed out".into()),
-            // A reset stream or a refused request: which error it was is the client's wording.
-            Ok(Err(_)) => return Err("stream failed".into()),
-            Ok(Ok(r)) => r,
+        let (parts, body) = req.into_parts();
+        let body = body
+            .collect()
+            .await
+            .map_or_else(|_| Bytes::new(), |b| b.to_bytes());
+        let mut resent = false;
+        let resp = loop {
+            if self.sender.as_ref().is_none_or(|s| s.is_closed()) {
+                self.sender = Some(self.connect().await);
+            }
+            let sender = self.sender.as_mut().unwrap();
+            let req = Request::from_parts(parts.clone(), Full::new(body.clone()));
+            let answer =
+                tokio::time::timeout(Duration::from_secs(10), sender.send_request(req)).await;
+            match answer {
+                Err(_) => return Err("timed out".into()),
+                Ok(Ok(r)) => break r,
+                // Sent as the connection was ending (the proxy closes one after too many
+                // malformed streams, and the client may not have seen it yet): not refused,
+                // so sent once more on a new connection, whichever proxy it was.
+                Ok(Err(e)) if !resent && !reset_by_proxy(&e) => {
+                    resent = true;
+                    self.sender = None;
+                }
+                // A reset stream or a refused request: which error it was is the client's
+                // wording.
+                Ok(Err(_)) => return Err("stream failed".into()),
+            }
         };
         let status = resp.status().as_u16();
         let mut head = format!("HTTP/2 {status}\r\n");
@@ -690,6 +708,19 @@ impl H2Client {
             closed: false,
         })
     }
+}
+
+/// Whether the proxy reset this request's stream itself (RST_STREAM), as opposed to the
+/// connection ending under it.
+fn reset_by_proxy(e: &hyper::Error) -> bool {
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if let Some(h2) = cause.downcast_ref::<h2::Error>() {
+            return h2.is_reset() && h2.is_remote();
+        }
+        source = cause.source();
+    }
+    false
 }
 
 /// The two clients of a run: one per proxy.
