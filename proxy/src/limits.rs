@@ -45,6 +45,15 @@ pub struct Limits {
     /// (Ingress proxy-connect-timeout): a vanished Pod's address can swallow connection
     /// attempts for minutes, and the request should move to another endpoint instead.
     pub upstream_connect: Duration,
+    /// Each HTTP/2 stream's receive window: how much of a request's body a client may send
+    /// ahead of its backend taking it. One upload moves at most this much per round trip.
+    pub http2_stream_window: u32,
+    /// An HTTP/2 connection's receive window: the most request body of all its streams
+    /// together that the proxy holds for backends that have not taken it yet, so a client's
+    /// connection costs at most this much memory for uploads however many streams it
+    /// opens. The same bounds apply to answers relayed from Pingora that wait for the
+    /// client's windows.
+    pub http2_connection_window: u32,
     /// Plain HTTP/1.1 requests on routes that only forward take the fast path; off, every
     /// request goes through Pingora (for comparing the two, and as an escape hatch).
     pub fast_path: bool,
@@ -72,6 +81,8 @@ impl Default for Limits {
             upstream_connect: Duration::from_secs(5),
             client_send: Duration::from_secs(60),
             upstream_timeout: Duration::from_secs(60),
+            http2_stream_window: 256 << 10,
+            http2_connection_window: 1 << 20,
             fast_path: true,
             client_address: crate::forwarded::ClientAddress::default(),
             outlier: crate::outlier::Settings::default(),

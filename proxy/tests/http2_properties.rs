@@ -331,7 +331,7 @@ proptest! {
         actions in prop::collection::vec(action(), 0..60),
         cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..8),
     ) {
-        let config = Config { max_concurrent_streams: 4, initial_window_size: 1000, max_header_list_size: 2000 };
+        let config = Config { max_concurrent_streams: 4, initial_window_size: 1000, connection_window: 3000, max_header_list_size: 2000 };
         let mut conn = Connection::new(config);
         let mut client_encoder = Encoder::new();
         let mut input = PREFACE.to_vec();

@@ -151,7 +151,10 @@ async fn post(
         .unwrap();
     let resp = h2.send_request(req).await.unwrap();
     let status = resp.status().as_u16();
-    let at = resp.headers()["x-path"].to_str().unwrap().to_owned();
+    let at = match resp.headers().get("x-path") {
+        Some(at) => at.to_str().unwrap().to_owned(),
+        None => format!("no x-path: {:?}", resp.headers()),
+    };
     let body = resp
         .into_body()
         .collect()
@@ -415,6 +418,89 @@ async fn a_connection_of_malformed_streams_ends_with_a_goaway() {
     assert_eq!(
         proxy.metric("coxswain_proxy_requests_refused_total").await,
         33
+    );
+    proxy.stop().await;
+}
+
+/// The receive windows a new connection announces: SETTINGS_INITIAL_WINDOW_SIZE and the
+/// connection's WINDOW_UPDATE.
+async fn announced_windows(port: u16) -> (u32, u32) {
+    use tokio::io::AsyncWriteExt;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    s.write_all(&out).await.unwrap();
+    let mut seen = Vec::new();
+    let (_, update) = frame_until(&mut s, 8, 0, &mut seen).await;
+    let (_, _, _, settings) = seen
+        .iter()
+        .find(|(kind, id, flags, _)| *kind == 4 && *id == 0 && flags & 0x1 == 0)
+        .expect("the proxy's SETTINGS come before its WINDOW_UPDATE");
+    let stream = settings
+        .chunks(6)
+        .find(|p| p[..2] == [0, 4])
+        .map(|p| u32::from_be_bytes([p[2], p[3], p[4], p[5]]))
+        .expect("SETTINGS_INITIAL_WINDOW_SIZE is announced");
+    let connection = 65_535 + u32::from_be_bytes([update[0], update[1], update[2], update[3]]);
+    (stream, connection)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_announces_the_receive_windows_its_limits_set() {
+    let defaults = coxswain_proxy::limits::Limits::default();
+    let (proxy, port) = start().await;
+    assert_eq!(
+        announced_windows(port).await,
+        (
+            defaults.http2_stream_window,
+            defaults.http2_connection_window
+        )
+    );
+    assert_eq!(announced_windows(port).await, (256 << 10, 1 << 20));
+    proxy.stop().await;
+
+    let (proxy, port) = start_with(coxswain_proxy::limits::Limits {
+        http2_stream_window: 100_000,
+        http2_connection_window: 3_000_000,
+        ..coxswain_proxy::limits::Limits::default()
+    })
+    .await;
+    assert_eq!(announced_windows(port).await, (100_000, 3_000_000));
+    proxy.stop().await;
+}
+
+/// Uploads relayed to Pingora on one connection, together many times its receive window.
+/// Pingora's connection window is shared too: a stream that held a share of it while its
+/// client could not send (our window full of other streams' octets, which waited for that
+/// share) stopped them all, and 20 uploads of 200 KiB hung at a 1 MiB window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_past_the_connection_window_all_cross_the_bridge() {
+    let (proxy, port) = start().await;
+    let window = coxswain_proxy::limits::Limits::default().http2_connection_window as usize;
+    tokio::time::timeout(BOUND, async {
+        let h2 = h2c(port).await;
+        let mut all = Vec::new();
+        for i in 0..40 {
+            let sent = pattern(window / 4 + 1000 * i, i);
+            let path = format!("/mirror/up-{i}");
+            let h2 = h2.clone();
+            all.push(tokio::spawn(async move {
+                let (status, at, body) = post(h2, path.clone(), sent.clone()).await;
+                assert_eq!((status, at), (200, path));
+                assert!(body == sent, "stream {i}'s body came back altered");
+            }));
+        }
+        for one in all {
+            one.await.unwrap();
+        }
+    })
+    .await
+    .expect("every upload finished within the bound");
+    assert_eq!(
+        proxy
+            .metric("coxswain_proxy_http2_streams_pingora_total")
+            .await,
+        40
     );
     proxy.stop().await;
 }

@@ -68,6 +68,26 @@ pub struct ProxyLimitArgs {
     #[arg(long, env = "COXSWAIN_MAX_REQUEST_HEADER_BYTES", default_value_t = 32 * 1024)]
     pub max_request_header_bytes: usize,
 
+    /// Each HTTP/2 stream's receive window in bytes: how much of a request body a client
+    /// may send ahead of its backend. One upload moves at most this much per round trip.
+    #[arg(
+        long,
+        env = "COXSWAIN_HTTP2_STREAM_WINDOW_BYTES",
+        default_value_t = 256 << 10,
+        value_parser = clap::value_parser!(u32).range(16_384..=i32::MAX as i64)
+    )]
+    pub http2_stream_window_bytes: u32,
+
+    /// Each HTTP/2 connection's receive window in bytes: the most request body of all its
+    /// streams the proxy holds at once, so the memory one connection's uploads can take.
+    #[arg(
+        long,
+        env = "COXSWAIN_HTTP2_CONNECTION_WINDOW_BYTES",
+        default_value_t = 1 << 20,
+        value_parser = clap::value_parser!(u32).range(65_535..=i32::MAX as i64)
+    )]
+    pub http2_connection_window_bytes: u32,
+
     /// Serve every request through Pingora, never the fast path.
     #[arg(long, env = "COXSWAIN_NO_FAST_PATH")]
     pub no_fast_path: bool,
@@ -135,6 +155,8 @@ impl ProxyLimitArgs {
             upstream_connect: Duration::from_millis(self.upstream_connect_timeout_ms.max(1)),
             client_send: Duration::from_secs(self.client_send_timeout_seconds.max(1)),
             upstream_timeout: Duration::from_secs(self.upstream_timeout_seconds.max(1)),
+            http2_stream_window: self.http2_stream_window_bytes,
+            http2_connection_window: self.http2_connection_window_bytes,
             fast_path: !self.no_fast_path,
             client_address: coxswain_proxy::forwarded::ClientAddress {
                 // Each entry was checked by `parse_cidr`.

@@ -154,7 +154,11 @@ pub async fn serve<P: HttpServerApp + Send + Sync + 'static>(
 }
 
 fn config(env: &Env<'_>) -> Config {
-    let mut config = Config::default();
+    let mut config = Config {
+        initial_window_size: env.limits.http2_stream_window,
+        connection_window: env.limits.http2_connection_window,
+        ..Config::default()
+    };
     // Room for the request layer's own bound, which answers past it as it would on HTTP/1.
     let head = u32::try_from(env.limits.max_request_head_bytes).unwrap_or(u32::MAX);
     config.max_header_list_size = config.max_header_list_size.max(head.saturating_mul(2));

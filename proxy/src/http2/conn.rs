@@ -17,6 +17,10 @@ pub struct Config {
     pub max_concurrent_streams: u32,
     /// Each stream's receive window: how much request body a client may send ahead of us.
     pub initial_window_size: u32,
+    /// The whole connection's receive window: the most request body of all its streams
+    /// together that the proxy holds for backends that have not taken it yet (at least
+    /// 65,535, the window every connection starts with).
+    pub connection_window: u32,
     /// Decoded size of a request's header list (names, values, 32 each).
     pub max_header_list_size: u32,
 }
@@ -25,14 +29,13 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             max_concurrent_streams: 128,
-            initial_window_size: 1 << 20,
+            initial_window_size: 256 << 10,
+            connection_window: 1 << 20,
             max_header_list_size: 64 << 10,
         }
     }
 }
 
-/// The whole connection's receive window: big enough that its updates are rare.
-const CONNECTION_WINDOW: u32 = 16 << 20;
 /// Streams the client may reset before resets count as an attack (CVE-2023-44487): beyond
 /// this, more than half of all streams reset ends the connection.
 const RESET_ALLOWANCE: u32 = 100;
@@ -159,7 +162,7 @@ pub struct Connection {
 
 impl Connection {
     /// A connection that has sent nothing yet; its SETTINGS are in the output already.
-    pub fn new(config: Config) -> Self {
+    pub fn new(mut config: Config) -> Self {
         let mut out = Vec::new();
         frame::write_settings(
             &mut out,
@@ -173,7 +176,16 @@ impl Connection {
                 (SETTINGS_MAX_HEADER_LIST_SIZE, config.max_header_list_size),
             ],
         );
-        frame::write_window_update(&mut out, 0, CONNECTION_WINDOW - super::flow::DEFAULT_WINDOW);
+        // A connection window starts at 65,535 and can only grow (RFC 9113 section 6.9.2).
+        config.connection_window = config.connection_window.max(super::flow::DEFAULT_WINDOW);
+        let connection_window = config.connection_window;
+        if connection_window > super::flow::DEFAULT_WINDOW {
+            frame::write_window_update(
+                &mut out,
+                0,
+                connection_window - super::flow::DEFAULT_WINDOW,
+            );
+        }
         Self {
             config,
             phase: Phase::Preface,
@@ -190,7 +202,7 @@ impl Connection {
             client_resets: 0,
             empty_frames: 0,
             send: Window::new(super::flow::DEFAULT_WINDOW),
-            recv: Window::new(CONNECTION_WINDOW),
+            recv: Window::new(connection_window),
             released: 0,
             client_going_away: false,
             going_away: None,

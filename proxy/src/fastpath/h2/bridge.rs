@@ -32,10 +32,6 @@ use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
 
 /// The pipe's buffer each way: frames wait in it only until the other end's task runs.
 const PIPE_BUFFER: usize = 64 << 10;
-/// The bridge client's receive windows: how much of Pingora's answers may wait for the
-/// client's windows. The same per stream as our own receive window.
-const STREAM_WINDOW: u32 = 1 << 20;
-const CONNECTION_WINDOW: u32 = 4 << 20;
 /// The most request body relayed in one DATA frame call.
 const UPLOAD_CHUNK: usize = 64 << 10;
 
@@ -57,8 +53,10 @@ pub(super) fn open<'a, P: HttpServerApp + Send + Sync + 'static>(
         theirs,
     )))));
     let (send, client) = h2::client::Builder::new()
-        .initial_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONNECTION_WINDOW)
+        // How much of Pingora's answers may wait for the client's windows: the bounds the
+        // client's own uploads have.
+        .initial_window_size(env.limits.http2_stream_window)
+        .initial_connection_window_size(env.limits.http2_connection_window)
         .max_concurrent_reset_streams(1024)
         .handshake::<_, Bytes>(ours)
         .now_or_never()?
@@ -203,6 +201,11 @@ async fn exchange(
 
 /// The client's body and trailers to Pingora, as fast as Pingora's windows take them: the
 /// client is granted credit back only for what went on.
+///
+/// A stream asks for Pingora's window only for octets the client already sent. Pingora's
+/// connection window is shared: a stream holding a share of it while it waits for its
+/// client, whose own connection window is full of other streams' octets waiting for that
+/// same share, would stop both.
 async fn upload_body(
     shared: &Shared,
     stream: u32,
@@ -211,16 +214,21 @@ async fn upload_body(
     loop {
         let mut capacity = tx.capacity();
         if capacity == 0 {
-            tx.reserve_capacity(UPLOAD_CHUNK);
-            capacity = match std::future::poll_fn(|cx| tx.poll_capacity(cx)).await {
-                Some(Ok(n)) => n,
-                _ => return Err(()),
-            };
-            if capacity == 0 {
-                continue;
+            // What this stream holds goes back to the connection while it waits.
+            tx.reserve_capacity(0);
+            let waiting = shared.waiting(stream).await;
+            if waiting > 0 {
+                tx.reserve_capacity(waiting.min(UPLOAD_CHUNK));
+                capacity = match std::future::poll_fn(|cx| tx.poll_capacity(cx)).await {
+                    Some(Ok(n)) => n,
+                    _ => return Err(()),
+                };
+                if capacity == 0 {
+                    continue;
+                }
             }
         }
-        match shared.recv(stream, capacity).await {
+        match shared.recv(stream, capacity.max(1)).await {
             Recv::Data(data) => tx.send_data(Bytes::from(data), false).map_err(|_| ())?,
             Recv::End(None) => return tx.send_data(Bytes::new(), true).map_err(|_| ()),
             Recv::End(Some(trailers)) => {

@@ -111,6 +111,23 @@ impl Shared {
         }
     }
 
+    /// Waits until the stream has body octets to take, its end, or its reset, and says how
+    /// many octets wait (0 at its end or reset) without taking them.
+    pub(super) async fn waiting(&self, stream: u32) -> usize {
+        loop {
+            {
+                let state = self.lock();
+                let Some(inbox) = state.inboxes.iter().find(|i| i.stream == stream) else {
+                    return 0;
+                };
+                if inbox.reset || inbox.end || !inbox.body.is_empty() {
+                    return inbox.body.len();
+                }
+            }
+            self.input.notified().await;
+        }
+    }
+
     /// Resolves once the stream is reset (by the client, or for breaking a rule): whatever
     /// its future is waiting for, it has no one to answer. The reset wakes this stream
     /// alone: streams in flight are not woken by every read to look.

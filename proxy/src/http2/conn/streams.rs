@@ -1,8 +1,8 @@
 //! Streams: opening them from header blocks, their DATA and windows, and what the driver
 //! sends on them.
 
-use super::{CONNECTION_WINDOW, MAX_CONTROL_BACKLOG, MAX_EMPTY_FRAMES};
 use super::{ConnError, Connection, Decided, Event, Pending, Phase, SendError, Stream};
+use super::{MAX_CONTROL_BACKLOG, MAX_EMPTY_FRAMES};
 use crate::hpack::DecodeError;
 use crate::http2::frame;
 use crate::http2::{ErrorCode, Window};
@@ -210,7 +210,9 @@ impl Connection {
 
     fn release_connection(&mut self, len: u32) {
         self.released = self.released.saturating_add(len);
-        if self.released >= CONNECTION_WINDOW / 2 && self.recv.grant(self.released).is_ok() {
+        if self.released >= self.config.connection_window / 2
+            && self.recv.grant(self.released).is_ok()
+        {
             frame::write_window_update(&mut self.out, 0, self.released);
             self.released = 0;
         }

@@ -66,11 +66,13 @@ impl Client {
         assert_eq!(client.feed(&hello), Ok(vec![]));
         let out = client.frames();
         assert!(out[0].starts_with("SETTINGS 0x2=0 0x3="), "{out:?}");
-        assert_eq!(
-            out[1],
-            format!("WINDOW_UPDATE 0 +{}", CONNECTION_WINDOW - 65_535)
-        );
-        assert_eq!(out[2], "SETTINGS ack");
+        // A window at or under the initial 65,535 needs no update (none can shrink it).
+        let grown = config.connection_window.saturating_sub(65_535);
+        let mut expected = vec![format!("WINDOW_UPDATE 0 +{grown}"), "SETTINGS ack".into()];
+        if grown == 0 {
+            expected.remove(0);
+        }
+        assert_eq!(out[1..], expected[..], "{out:?}");
         client
     }
 
@@ -384,6 +386,79 @@ fn request_bodies_are_flow_controlled_and_credit_comes_back_on_release() {
         Ok(vec![Got::Reset(1, ErrorCode::FlowControl, false)])
     );
     assert_eq!(c.frames(), ["RST_STREAM 1 FlowControl"]);
+}
+
+/// `len` octets of DATA on `stream`, in frames of the default maximum size.
+fn data_frames(stream: u32, len: usize) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut left = len;
+    while left > 0 {
+        let n = left.min(16_384);
+        out.extend_from_slice(&raw(0x0, 0, stream, &vec![b'd'; n]));
+        left -= n;
+    }
+    out
+}
+
+/// A connection holding 65,535 octets on one stream and the rest of a 70,000-octet
+/// connection window on another, none passed on yet.
+fn connection_window_full() -> Client {
+    let mut c = Client::new(Config {
+        initial_window_size: 65_535,
+        connection_window: 70_000,
+        ..Config::default()
+    });
+    let mut input = c.request(1, "/up", false);
+    input.extend_from_slice(&data_frames(1, 65_535));
+    input.extend_from_slice(&c.request(3, "/up", false));
+    input.extend_from_slice(&data_frames(3, 4_465));
+    let got = c.feed(&input).expect("within both windows");
+    assert_eq!(got.len(), 2 + 4 + 1, "{got:?}");
+    assert!(c.frames().is_empty(), "nothing released, nothing granted");
+    c
+}
+
+#[test]
+fn a_connections_streams_together_get_no_more_than_its_window() {
+    let mut c = connection_window_full();
+    // Stream 3's own window has room; the connection's has none.
+    let err = c
+        .feed(&raw(0x0, 0, 3, b"x"))
+        .expect_err("past the connection window");
+    assert_eq!(err.code, ErrorCode::FlowControl);
+}
+
+#[test]
+fn connection_credit_comes_back_once_half_the_window_is_released() {
+    let mut c = connection_window_full();
+    c.conn.release(3, 4_465);
+    assert!(
+        c.frames().is_empty(),
+        "4,465 is under half of either window"
+    );
+    c.conn.release(1, 65_535);
+    assert_eq!(
+        c.frames(),
+        ["WINDOW_UPDATE 0 +70000", "WINDOW_UPDATE 1 +65535"]
+    );
+    let got = c.feed(&raw(0x0, 0, 3, b"x")).expect("credit came back");
+    assert_eq!(got, vec![Got::Data(3, b"x".to_vec(), false)]);
+}
+
+#[test]
+fn a_connection_window_under_the_initial_one_is_the_initial_one() {
+    // No WINDOW_UPDATE can shrink a window: 65,535 is where every connection starts.
+    let mut c = Client::new(Config {
+        connection_window: 1_000,
+        ..Config::default()
+    });
+    let mut input = c.request(1, "/up", false);
+    input.extend_from_slice(&data_frames(1, 65_535));
+    assert!(c.feed(&input).is_ok(), "65,535 octets fit");
+    let err = c
+        .feed(&raw(0x0, 0, 1, b"x"))
+        .expect_err("one more does not");
+    assert_eq!(err.code, ErrorCode::FlowControl);
 }
 
 #[test]
