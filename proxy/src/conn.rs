@@ -462,6 +462,30 @@ impl Peek for Buffered {
     }
 }
 
+/// How long a connection closed while its client may still be sending is read and dropped.
+pub(crate) const LINGER: Duration = Duration::from_secs(2);
+
+/// Closes a connection whose client may still be sending (a request refused before its end,
+/// pipelined requests after a failed one, HTTP/2 streams opened after our GOAWAY): the last
+/// bytes and our FIN go out, then whatever arrives is read and dropped until the client's
+/// own FIN, for `LINGER` at most (`within` bounds the first part). Closing with bytes
+/// unread makes the kernel answer with a TCP RST, which can reach the client before it read
+/// our last answer and make it discard that answer (RFC 9112 section 9.6; nginx's
+/// `lingering_close`).
+pub(crate) async fn linger<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S, within: Duration) {
+    if !matches!(
+        tokio::time::timeout(within, io.shutdown()).await,
+        Ok(Ok(()))
+    ) {
+        return;
+    }
+    let mut sink = [0u8; 4096];
+    let _ = tokio::time::timeout(LINGER, async {
+        while matches!(io.read(&mut sink).await, Ok(n) if n > 0) {}
+    })
+    .await;
+}
+
 /// A connection for the TLS acceptor, which takes Pingora's own stream type (rustls then
 /// batches writes into records, so it needs no buffer under it).
 pub(crate) fn l4_stream(tcp: TcpStream, peer: std::net::SocketAddr) -> L4Stream {

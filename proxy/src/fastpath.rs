@@ -103,8 +103,10 @@ pub async fn serve(conn: &mut Buffered, env: &mut Env<'_>, first: bool) -> Next 
             HeadRead::Closed => return Next::Closed,
             HeadRead::Reject(status) => {
                 crate::metrics::Metrics::count(&env.table.metrics().requests_refused);
-                let _ = conn.write_all(status_response(status)).await;
-                let _ = conn.flush().await;
+                // The client may still be sending the head refused.
+                if conn.write_all(status_response(status)).await.is_ok() {
+                    crate::conn::linger(conn, env.limits.request_head).await;
+                }
                 return Next::Closed;
             }
         };
@@ -162,8 +164,10 @@ async fn request(
         }
         Step::Reject(status) => {
             crate::metrics::Metrics::count(&env.table.metrics().requests_refused);
-            let _ = conn.write_all(status_response(status)).await;
-            let _ = conn.flush().await;
+            // Its body, if any, was not read.
+            if conn.write_all(status_response(status)).await.is_ok() {
+                crate::conn::linger(conn, env.limits.request_head).await;
+            }
             return Some(Next::Closed);
         }
         Step::Answer(answer) => {
@@ -234,8 +238,10 @@ async fn request(
             Some(Next::Closed)
         }
         Err(status) => {
-            let _ = conn.write_all(status_response(status)).await;
-            let _ = conn.flush().await;
+            // Requests the client pipelined after this one are not read.
+            if conn.write_all(status_response(status)).await.is_ok() {
+                crate::conn::linger(conn, env.limits.request_head).await;
+            }
             Some(Next::Closed)
         }
     }

@@ -422,6 +422,39 @@ async fn a_connection_of_malformed_streams_ends_with_a_goaway() {
     proxy.stop().await;
 }
 
+/// A client still sending when the proxy ends its connection reads the GOAWAY: the proxy
+/// reads and drops what follows until the client stops. Closing with bytes unread makes
+/// the kernel reset the connection, and the client's writes fail before it reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_still_sending_after_the_goaway_reads_it() {
+    use tokio::io::AsyncWriteExt;
+    let (proxy, port) = start().await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let block = [0x82, 0x86, 0x84, 0x01, 1, b'x', 0x00, 1, b'X', 1, b'y'];
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    for i in 0..33u32 {
+        let id = (2 * i + 1).to_be_bytes();
+        out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x5, id[0], id[1], id[2], id[3]]);
+        out.extend_from_slice(&block);
+    }
+    s.write_all(&out).await.unwrap();
+    // Then 8 MiB of frames of an unknown type (which a connection skips): more than the
+    // socket buffers take (about 4 MiB here) before the proxy has closed.
+    let mut unknown = vec![0, 0x40, 0, 0xfa, 0, 0, 0, 0, 0];
+    unknown.resize(9 + 0x4000, 0);
+    for i in 0..512 {
+        if let Err(e) = s.write_all(&unknown).await {
+            panic!("write {i} failed: {e}");
+        }
+    }
+    let mut seen = Vec::new();
+    let (_, goaway) = frame_until(&mut s, 7, 0, &mut seen).await;
+    let code = u32::from_be_bytes([goaway[4], goaway[5], goaway[6], goaway[7]]);
+    assert_eq!(code, 1, "PROTOCOL_ERROR");
+    proxy.stop().await;
+}
+
 /// The receive windows a new connection announces: SETTINGS_INITIAL_WINDOW_SIZE and the
 /// connection's WINDOW_UPDATE.
 async fn announced_windows(port: u16) -> (u32, u32) {

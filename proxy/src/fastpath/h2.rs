@@ -98,7 +98,8 @@ pub async fn serve<P: HttpServerApp + Send + Sync + 'static>(
         }
         let busy = !streams.is_empty();
         if ended || (draining && !busy) {
-            let _ = tokio::time::timeout(env.limits.request_head, io.shutdown()).await;
+            // Streams the client opened before it read our GOAWAY may still be arriving.
+            crate::conn::linger(&mut io, env.limits.request_head).await;
             return;
         }
         let established = shared.lock().conn.established();
