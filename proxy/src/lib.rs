@@ -47,4 +47,5 @@ pub mod tls_accept;
 pub mod trace;
 pub mod upstream;
 pub mod upstream_tls;
+pub mod virtual_socket;
 pub mod workers;

@@ -9,15 +9,11 @@
 use coxswain_api::snapshot::{self as snap, subject_alt_name::Kind};
 use pingora::protocols::l4::socket::SocketAddr as PeerAddr;
 use pingora::protocols::l4::stream::Stream;
-use pingora::protocols::l4::virt::{VirtualSockOpt, VirtualSocket, VirtualSocketStream};
 use rustls::client::WebPkiServerVerifier;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{CertificateError, DigitallySignedStruct, RootCertStore, SignatureScheme};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 /// Why a policy's names cannot be verified; the proxy then refuses requests to the backend.
@@ -245,49 +241,7 @@ impl pingora::connectors::L4Connect for Connect {
                 ErrorType::TLSHandshakeFailure,
                 "TLS to the backend (BackendTLSPolicy subjectAltNames)",
             )?;
-        Ok(VirtualSocketStream::new(Box::new(TlsSocket(tls))).into())
-    }
-}
-
-/// A verified TLS connection as a Pingora virtual socket.
-#[derive(Debug)]
-struct TlsSocket(tokio_rustls::client::TlsStream<TcpStream>);
-
-impl VirtualSocket for TlsSocket {
-    fn set_socket_option(&self, opt: VirtualSockOpt) -> std::io::Result<()> {
-        match opt {
-            VirtualSockOpt::NoDelay => self.0.get_ref().0.set_nodelay(true),
-            // Keepalive: the proxy configures none for upstreams.
-            _ => Ok(()),
-        }
-    }
-}
-
-impl AsyncRead for TlsSocket {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for TlsSocket {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
+        Ok(crate::virtual_socket::stream(tls))
     }
 }
 

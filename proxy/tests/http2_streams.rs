@@ -11,8 +11,9 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use std::time::Duration;
+use support::http2::h2c;
 use support::*;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -128,16 +129,6 @@ async fn silent_backend() -> (u16, tokio::sync::mpsc::UnboundedReceiver<&'static
         }
     });
     (port, rx)
-}
-
-async fn h2c(port: u16) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
-    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    let (sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    sender
 }
 
 /// A POST of `body` to `path`, and what came back: status, `x-path`, body.

@@ -8,9 +8,9 @@ mod support;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::net::SocketAddr;
 use std::time::Duration;
+use support::http2::h2c;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -433,16 +433,6 @@ async fn backend_connections_closed_while_pooled_are_replaced_and_dead_backends_
 }
 
 /// An HTTP/2 client (prior knowledge) on the proxy's port.
-async fn h2c(port: u16) -> hyper::client::conn::http2::SendRequest<Full<Bytes>> {
-    let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    let (sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    sender
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http2_streams_take_the_fast_path_and_get_every_framing_as_frames() {
     let (proxy, port, _) = start().await;

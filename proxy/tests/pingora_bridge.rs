@@ -9,59 +9,13 @@ use bytes::Bytes;
 use pingora::http::ResponseHeader;
 use pingora::protocols::http::v2::server::{H2Accept, HttpSession, handshake};
 use pingora::protocols::l4::socket::SocketAddr;
-use pingora::protocols::l4::stream::Stream as L4Stream;
-use pingora::protocols::l4::virt::{VirtualSockOpt, VirtualSocket, VirtualSocketStream};
 use pingora::protocols::{Digest, SocketDigest, Stream};
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
-
-/// Pingora's end of the pipe.
-#[derive(Debug)]
-struct Pipe(DuplexStream);
-
-impl AsyncRead for Pipe {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Pipe {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-impl VirtualSocket for Pipe {
-    fn set_socket_option(&self, _: VirtualSockOpt) -> std::io::Result<()> {
-        // Nothing to tune on memory.
-        Ok(())
-    }
-}
 
 #[tokio::test]
 async fn pingora_serves_http2_over_an_in_memory_pipe_with_the_clients_digest() {
     let (ours, theirs) = tokio::io::duplex(64 << 10);
-    let stream: Stream = Box::new(L4Stream::from(VirtualSocketStream::new(Box::new(Pipe(
-        theirs,
-    )))));
+    let stream: Stream = Box::new(coxswain_proxy::virtual_socket::stream(theirs));
     // The real client's address, as the fast path would pass its connection's digest on.
     let client: std::net::SocketAddr = "192.0.2.7:40000".parse().unwrap();
     let socket = SocketDigest::from_raw_fd(-1);

@@ -2,6 +2,8 @@
 //! serving a snapshot file, and an HTTP client.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod http2;
+
 use bytes::Bytes;
 use coxswain_api::snapshot::Snapshot;
 use coxswain_proxy::standalone::{self, StandaloneConfig};

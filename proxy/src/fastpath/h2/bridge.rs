@@ -22,13 +22,9 @@ use pingora::protocols::Digest;
 use pingora::protocols::Stream;
 use pingora::protocols::http::ServerSession;
 use pingora::protocols::http::v2::server::{H2Accept, HttpSession, handshake};
-use pingora::protocols::l4::stream::Stream as L4Stream;
-use pingora::protocols::l4::virt::{VirtualSockOpt, VirtualSocket, VirtualSocketStream};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, DuplexStream, ReadBuf};
 
 /// The pipe's buffer each way: frames wait in it only until the other end's task runs.
 const PIPE_BUFFER: usize = 64 << 10;
@@ -49,9 +45,7 @@ pub(super) fn open<'a, P: HttpServerApp + Send + Sync + 'static>(
     Pin<Box<dyn Future<Output = ()> + Send + 'a>>,
 )> {
     let (ours, theirs) = tokio::io::duplex(PIPE_BUFFER);
-    let stream: Stream = Box::new(L4Stream::from(VirtualSocketStream::new(Box::new(Pipe(
-        theirs,
-    )))));
+    let stream: Stream = Box::new(crate::virtual_socket::stream(theirs));
     let (send, client) = h2::client::Builder::new()
         // How much of Pingora's answers may wait for the client's windows: the bounds the
         // client's own uploads have.
@@ -313,44 +307,5 @@ fn reason(e: &h2::Error) -> ErrorCode {
         Some(h2::Reason::PROTOCOL_ERROR) => ErrorCode::Protocol,
         Some(h2::Reason::NO_ERROR) => ErrorCode::NoError,
         _ => ErrorCode::Internal,
-    }
-}
-
-/// Pingora's end of the pipe, as the socket Pingora expects.
-#[derive(Debug)]
-struct Pipe(DuplexStream);
-
-impl AsyncRead for Pipe {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for Pipe {
-    fn poll_write(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
-        Pin::new(&mut self.0).poll_write(cx, buf)
-    }
-
-    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_flush(cx)
-    }
-
-    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        Pin::new(&mut self.0).poll_shutdown(cx)
-    }
-}
-
-impl VirtualSocket for Pipe {
-    fn set_socket_option(&self, _: VirtualSockOpt) -> std::io::Result<()> {
-        // Nothing to tune on memory.
-        Ok(())
     }
 }
