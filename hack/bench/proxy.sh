@@ -46,7 +46,8 @@
 # profile of each measured load with perf into DIR/<scenario>-<workers>.data and print where
 # its CPU went; the sampling costs a little CPU of its own, so take figures from a run without;
 # BENCH_PERF_CALL_GRAPH=dwarf gives call chains through code built without frame pointers,
-# at a much larger file).
+# at a much larger file), BENCH_NSTAT=1 (print the TCP segments the whole machine sent per
+# request, and the pure ACKs, in the notes column; the load is all on loopback).
 set -euo pipefail
 # The idle scenarios hold thousands of connections open, on each side.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
@@ -321,11 +322,19 @@ measure() {
     perf record -q -F 999 --call-graph "${BENCH_PERF_CALL_GRAPH:-fp}" -p "$4" -o "$BENCH_PERF/$1-$3.data" -- sleep "$seconds" 2>/dev/null &
     perf_pid=$!
   fi
+  [[ -n ${BENCH_NSTAT:-} ]] && nstat -n >/dev/null
   before=$(cpu_ticks "$4")
   user_before=$(cpu_ticks "$4" user)
   IFS=$'\t' read -r requests rps p99 notes < <(load "$1" "$seconds")
   after=$(cpu_ticks "$4")
   user_after=$(cpu_ticks "$4" user)
+  if [[ -n ${BENCH_NSTAT:-} ]]; then
+    # Every TCP segment the machine sent during the load, and the pure ACKs among those
+    # received, per request: what each request cost the kernels of all three processes.
+    notes="${notes:+$notes }$(nstat 2>/dev/null | awk -v n="$requests" '
+      /^TcpOutSegs / { out = $2 } /^TcpExtTCPPureAcks / { acks = $2 }
+      END { if (n > 0) printf "segments/req %.2f, pure ACKs/req %.3f", out / n, acks / n }')"
+  fi
   if [[ -n $perf_pid ]]; then
     wait "$perf_pid" || true
     echo "where coxswain's CPU went ($1, $3 worker(s)), self time:" >&2
