@@ -223,7 +223,7 @@ async fn upload_body(
             }
         }
         match shared.recv(stream, capacity.max(1)).await {
-            Recv::Data(data) => tx.send_data(Bytes::from(data), false).map_err(|_| ())?,
+            Recv::Data(data) => tx.send_data(data.freeze(), false).map_err(|_| ())?,
             Recv::End(None) => return tx.send_data(Bytes::new(), true).map_err(|_| ()),
             Recv::End(Some(trailers)) => {
                 return tx.send_trailers(trailer_map(&trailers)?).map_err(|_| ());

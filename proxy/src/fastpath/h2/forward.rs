@@ -10,6 +10,7 @@ use crate::http2::ErrorCode;
 use crate::http2::conn::Connection;
 use crate::metrics::Metrics;
 use crate::upstream::pool;
+use bytes::BytesMut;
 use std::time::Instant;
 
 /// Serves a forwarded stream to its end; the stream's status goes to its record.
@@ -33,7 +34,7 @@ pub(super) async fn forward(
             }
         }
     } else {
-        Vec::new()
+        BytesMut::new()
     };
     let mut resp = Vec::with_capacity(crate::fastpath::ANSWER_BUFFER);
     let outcome = tokio::select! {
@@ -41,7 +42,7 @@ pub(super) async fn forward(
         // Reset by the client: the backend exchange is dropped with its connection, and
         // the stream counts as one whose client left (status 0).
         () = shared.closed(stream) => Ok(0),
-        outcome = exchange(shared, stream, (&up_head, &body), &mut plan, &mut resp, env) => outcome,
+        outcome = exchange(shared, stream, (&up_head, &body[..]), &mut plan, &mut resp, env) => outcome,
     };
     let status = match outcome {
         Ok(status) | Err(status) => status,
@@ -68,9 +69,9 @@ async fn read_body(
     stream: u32,
     length: usize,
     env: &Env<'_>,
-) -> Result<Vec<u8>, u16> {
+) -> Result<BytesMut, u16> {
     let deadline = tokio::time::Instant::now() + env.limits.request_head;
-    let mut body = Vec::new();
+    let mut body = BytesMut::new();
     loop {
         match tokio::time::timeout_at(deadline, shared.recv(stream, usize::MAX)).await {
             Ok(Recv::Data(chunk)) if body.is_empty() => body = chunk,

@@ -8,6 +8,7 @@
 use crate::hpack::Fields;
 use crate::http2::ErrorCode;
 use crate::http2::conn::{Connection, SendError};
+use bytes::BytesMut;
 use std::future::Future;
 use std::sync::{Mutex, MutexGuard};
 use std::task::{Poll, Waker};
@@ -33,7 +34,9 @@ pub(super) struct State {
 /// lives as long as the stream's future.
 pub(super) struct Inbox {
     pub(super) stream: u32,
-    body: Vec<u8>,
+    /// Taken from the front without copying what stays (a bridged upload takes what
+    /// Pingora's window allows, often less than what waits).
+    body: BytesMut,
     received: u64,
     /// What Content-Length announced: DATA must add up to it (RFC 9113 section 8.1.1).
     expected: Option<u64>,
@@ -48,7 +51,7 @@ pub(super) struct Inbox {
 
 /// The next part of a request body.
 pub(super) enum Recv {
-    Data(Vec<u8>),
+    Data(BytesMut),
     End(Option<Fields>),
     Reset,
 }
@@ -97,7 +100,7 @@ impl Shared {
                     let data = if inbox.body.len() <= max {
                         std::mem::take(&mut inbox.body)
                     } else {
-                        inbox.body.drain(..max).collect()
+                        inbox.body.split_to(max)
                     };
                     conn.release(stream, data.len());
                     self.output.notify_one();
@@ -231,7 +234,7 @@ impl State {
 pub(super) fn open(inboxes: &mut Vec<Inbox>, stream: u32, expected: Option<u64>, end: bool) {
     inboxes.push(Inbox {
         stream,
-        body: Vec::new(),
+        body: BytesMut::new(),
         received: 0,
         expected,
         end,
@@ -291,7 +294,7 @@ mod tests {
         assert_eq!(exact.data(b"abc", false), Ok(()));
         assert_eq!(exact.data(b"de", true), Ok(()));
         assert!(exact.end && !exact.reset);
-        assert_eq!(exact.body, b"abcde");
+        assert_eq!(&exact.body[..], b"abcde");
 
         let mut over = inbox(Some(2));
         assert_eq!(over.data(b"abc", false), Err(()));
