@@ -15,7 +15,6 @@ use coxswain_proxy::limits::Limits;
 use coxswain_proxy::policy::AddressSet;
 use http_body_util::{BodyExt, Full};
 use hyper::Request;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::time::Duration;
 use support::*;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -632,12 +631,7 @@ impl H2Client {
         } else {
             Box::new(tcp)
         };
-        let (sender, conn) =
-            hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(io))
-                .await
-                .unwrap();
-        tokio::spawn(conn);
-        sender
+        support::http2::over(io).await
     }
 
     async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<Seen, String> {

@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
 use std::time::Duration;
-use support::http2::h2c;
+use support::http2::{h2c, preface};
 use support::*;
 use tokio::net::{TcpListener, TcpStream};
 
@@ -277,8 +277,7 @@ async fn a_stopping_proxy_says_goaway_and_finishes_the_stream_in_progress() {
     let mut block = vec![0x83, 0x86, 0x04, path.len() as u8];
     block.extend_from_slice(path);
     block.extend_from_slice(&[0x01, 1, b'x', 0x0f, 0x0d, 1, b'4']);
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]); // SETTINGS, empty
+    let mut out = preface(); // SETTINGS, empty
     // HEADERS, END_HEADERS only: the body is still to come.
     out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x4, 0, 0, 0, 1]);
     out.extend_from_slice(&block);
@@ -382,21 +381,25 @@ async fn a_stream_the_client_resets_stops_its_backend_request_on_both_engines() 
     }
 }
 
+/// The preface, then `count` streams whose heads are malformed: GET /, :authority x, then a
+/// field named "X" (capitals are malformed, RFC 9113 section 8.2.1).
+fn malformed_streams(count: u32) -> Vec<u8> {
+    let block = [0x82, 0x86, 0x84, 0x01, 1, b'x', 0x00, 1, b'X', 1, b'y'];
+    let mut out = preface();
+    for i in 0..count {
+        let id = (2 * i + 1).to_be_bytes();
+        out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x5, id[0], id[1], id[2], id[3]]);
+        out.extend_from_slice(&block);
+    }
+    out
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_of_malformed_streams_ends_with_a_goaway() {
     use tokio::io::AsyncWriteExt;
     let (proxy, port) = start().await;
     let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    // GET /, :authority x, then a field named "X": capitals are malformed (RFC 9113 8.2.1).
-    let block = [0x82, 0x86, 0x84, 0x01, 1, b'x', 0x00, 1, b'X', 1, b'y'];
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
-    for i in 0..33u32 {
-        let id = (2 * i + 1).to_be_bytes();
-        out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x5, id[0], id[1], id[2], id[3]]);
-        out.extend_from_slice(&block);
-    }
-    s.write_all(&out).await.unwrap();
+    s.write_all(&malformed_streams(33)).await.unwrap();
     let mut seen = Vec::new();
     let (_, goaway) = frame_until(&mut s, 7, 0, &mut seen).await;
     let code = u32::from_be_bytes([goaway[4], goaway[5], goaway[6], goaway[7]]);
@@ -421,15 +424,7 @@ async fn a_client_still_sending_after_the_goaway_reads_it() {
     use tokio::io::AsyncWriteExt;
     let (proxy, port) = start().await;
     let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    let block = [0x82, 0x86, 0x84, 0x01, 1, b'x', 0x00, 1, b'X', 1, b'y'];
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
-    for i in 0..33u32 {
-        let id = (2 * i + 1).to_be_bytes();
-        out.extend_from_slice(&[0, 0, block.len() as u8, 1, 0x5, id[0], id[1], id[2], id[3]]);
-        out.extend_from_slice(&block);
-    }
-    s.write_all(&out).await.unwrap();
+    s.write_all(&malformed_streams(33)).await.unwrap();
     // Then 8 MiB of frames of an unknown type (which a connection skips): more than the
     // socket buffers take (about 4 MiB here) before the proxy has closed.
     let mut unknown = vec![0, 0x40, 0, 0xfa, 0, 0, 0, 0, 0];
@@ -451,8 +446,7 @@ async fn a_client_still_sending_after_the_goaway_reads_it() {
 async fn announced_windows(port: u16) -> (u32, u32) {
     use tokio::io::AsyncWriteExt;
     let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
-    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
-    out.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    let out = preface();
     s.write_all(&out).await.unwrap();
     let mut seen = Vec::new();
     let (_, update) = frame_until(&mut s, 8, 0, &mut seen).await;
