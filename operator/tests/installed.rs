@@ -16,6 +16,7 @@ use gateway_api::apis::experimental::udproutes::UdpRoute;
 use gateway_api::apis::standard::gateways::Gateway;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::Ingress;
 use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
@@ -696,11 +697,45 @@ spec:
                 let addr = SocketAddr::new(shared_ip, 80);
                 match request(addr, "/during-failover", "ingress.example").await {
                     Some((status, _)) if status.contains(" 200 ") => ok += 1,
-                    other => failed.push(format!("{other:?}")),
+                    other => failed.push((std::time::Instant::now(), format!("{other:?}"))),
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             (ok, failed)
+        }
+    });
+    // Each change to echo's ready endpoints during the failover, for the failure message: a
+    // 503 means a proxy applied a snapshot in which echo had none.
+    let endpoint_changes = tokio::spawn({
+        let slices: Api<EndpointSlice> = env.api();
+        let stop = stop.clone();
+        async move {
+            use futures::StreamExt;
+            let config =
+                kube::runtime::watcher::Config::default().labels("kubernetes.io/service-name=echo");
+            let mut events = std::pin::pin!(kube::runtime::watcher(slices, config));
+            let mut seen = Vec::new();
+            loop {
+                let next = tokio::time::timeout(Duration::from_millis(200), events.next());
+                match next.await {
+                    Ok(Some(Ok(
+                        kube::runtime::watcher::Event::Apply(slice)
+                        | kube::runtime::watcher::Event::InitApply(slice),
+                    ))) => {
+                        let ready = slice
+                            .endpoints
+                            .iter()
+                            .flatten()
+                            .filter(|e| e.conditions.as_ref().and_then(|c| c.ready) != Some(false))
+                            .count();
+                        seen.push((std::time::Instant::now(), ready));
+                    }
+                    Ok(None) => break,
+                    _ if stop.load(std::sync::atomic::Ordering::Relaxed) => break,
+                    _ => {}
+                }
+            }
+            seen
         }
     });
     // A crash: SIGKILL, so nothing hands the Lease over; the Pod is then force-deleted so
@@ -770,10 +805,54 @@ spec:
         "a crashed leader hands nothing over; the Lease had to expire: {takeover:?}"
     );
     assert!(ok > 50, "the client kept sending: {ok}");
-    assert!(
-        failed.is_empty(),
-        "requests failed during the failover: {failed:?}"
-    );
+    if !failed.is_empty() {
+        // When they failed, counted from the kill, and what the pool and the new leader
+        // logged meanwhile: which snapshot each proxy applied, and when.
+        let at = |t: std::time::Instant| {
+            let ms = |d: Duration| d.as_millis();
+            match t.checked_duration_since(killed_at) {
+                Some(after) => format!("+{} ms", ms(after)),
+                None => format!("-{} ms", ms(killed_at - t)),
+            }
+        };
+        let failed: Vec<String> = failed
+            .iter()
+            .map(|(t, answer)| format!("{}: {answer}", at(*t)))
+            .collect();
+        let logs = |selector: &str| {
+            let out = env
+                .cluster()
+                .kubectl()
+                .args([
+                    "logs",
+                    "-n",
+                    system,
+                    "--prefix",
+                    "--tail=60",
+                    "-l",
+                    selector,
+                ])
+                .output();
+            out.map_or_else(
+                |e| format!("kubectl logs: {e}"),
+                |o| String::from_utf8_lossy(&o.stdout).into_owned(),
+            )
+        };
+        let slices: Vec<String> = endpoint_changes
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(t, ready)| format!("{}: {ready} ready", at(t)))
+            .collect();
+        panic!(
+            "requests failed during the failover (killed at +0 ms, new leader after {takeover:?}):\n{}\n\
+             shared pool logs:\n{}\nnew leader logs:\n{}\necho's ready endpoints as they changed:\n{}",
+            failed.join("\n"),
+            logs("app.kubernetes.io/component=shared-proxy"),
+            logs(&leader_label),
+            slices.join("\n"),
+        );
+    }
 
     // A rolling restart of the shared pool (`kubectl rollout restart`) under a client sending
     // a request every 20 ms, each on a new connection. A new Pod is ready before an old one
