@@ -57,6 +57,9 @@ enum Io {
     Tcp(Gather<TcpStream>),
     /// No read buffer: rustls holds decrypted bytes already.
     Tls(Gather<Box<TlsStream<L4Stream>>>),
+    /// Moved to a lingering close when Pingora dropped the connection (see `Drop`): reads
+    /// end, writes fail.
+    Gone,
 }
 
 #[derive(Debug)]
@@ -72,6 +75,9 @@ pub struct Buffered {
     socket: Option<Arc<SocketDigest>>,
     accepted: SystemTime,
     send: Option<SendDeadline>,
+    /// Pingora serves a request on it: if Pingora drops it rather than handing it back, the
+    /// client may still be sending (a 413 before the body's end, a 502 during an upload).
+    lent: bool,
 }
 
 /// How long a write may wait on a client that takes none of its bytes. The timer is armed
@@ -140,6 +146,7 @@ impl Buffered {
             socket: Some(Arc::new(digest)),
             accepted: SystemTime::now(),
             send: None,
+            lent: false,
         }
     }
 
@@ -171,14 +178,15 @@ impl Buffered {
             rewound: Vec::new(),
             held: Vec::new(),
             send: None,
+            lent: false,
         }
     }
 
     /// The TLS stream under the buffer, if any.
     fn tls_stream(&self) -> Option<&TlsStream<L4Stream>> {
         match &self.io {
-            Io::Tcp(_) => None,
             Io::Tls(w) => Some(w.get_ref()),
+            Io::Tcp(_) | Io::Gone => None,
         }
     }
 }
@@ -221,6 +229,7 @@ impl AsyncRead for Io {
         match self.get_mut() {
             Io::Tcp(s) => Pin::new(s.get_mut()).poll_read(cx, buf),
             Io::Tls(s) => Pin::new(s.get_mut()).poll_read(cx, buf),
+            Io::Gone => Poll::Ready(Ok(())),
         }
     }
 }
@@ -234,6 +243,7 @@ impl AsyncWrite for Io {
         match self.get_mut() {
             Io::Tcp(s) => Pin::new(s).poll_write(cx, buf),
             Io::Tls(s) => Pin::new(s).poll_write(cx, buf),
+            Io::Gone => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
         }
     }
 
@@ -245,6 +255,7 @@ impl AsyncWrite for Io {
         match self.get_mut() {
             Io::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Io::Tls(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Io::Gone => Poll::Ready(Err(io::ErrorKind::NotConnected.into())),
         }
     }
 
@@ -252,6 +263,7 @@ impl AsyncWrite for Io {
         match self {
             Io::Tcp(s) => s.is_write_vectored(),
             Io::Tls(s) => s.is_write_vectored(),
+            Io::Gone => false,
         }
     }
 
@@ -259,6 +271,7 @@ impl AsyncWrite for Io {
         match self.get_mut() {
             Io::Tcp(s) => Pin::new(s).poll_flush(cx),
             Io::Tls(s) => Pin::new(s).poll_flush(cx),
+            Io::Gone => Poll::Ready(Ok(())),
         }
     }
 
@@ -266,6 +279,7 @@ impl AsyncWrite for Io {
         match self.get_mut() {
             Io::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             Io::Tls(s) => Pin::new(s).poll_shutdown(cx),
+            Io::Gone => Poll::Ready(Ok(())),
         }
     }
 }
@@ -287,8 +301,19 @@ impl Buffered {
         }
         match &self.io {
             Io::Tcp(s) => s.get_ref().readable().await,
-            Io::Tls(_) => Ok(()),
+            Io::Tls(_) | Io::Gone => Ok(()),
         }
+    }
+
+    /// Marks the connection as Pingora's for one request ([`Buffered::returned`] when it
+    /// comes back). Pingora drops a connection it will not reuse with the request's body
+    /// possibly still arriving; dropped while lent, it closes lingering.
+    pub fn lend(&mut self) {
+        self.lent = true;
+    }
+
+    pub fn returned(&mut self) {
+        self.lent = false;
     }
 
     /// What was put back and not read, for the fast path's reader.
@@ -376,6 +401,20 @@ fn bounded<T>(
     match send {
         Some(deadline) => deadline.check(cx, polled),
         None => polled,
+    }
+}
+
+impl Drop for Buffered {
+    fn drop(&mut self) {
+        if !self.lent {
+            return;
+        }
+        // A task of its own: Pingora's connection task is ending, and a drop cannot wait.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let mut io = std::mem::replace(&mut self.io, Io::Gone);
+        runtime.spawn(async move { linger(&mut io, LINGER).await });
     }
 }
 

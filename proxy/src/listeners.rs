@@ -547,6 +547,7 @@ impl Connection {
                 }
                 Next::Pingora => {
                     // One request through Pingora; the connection comes back for the next.
+                    conn.lend();
                     let mut session = ServerSession::new_http1(Box::new(conn));
                     if !*self.shutdown.borrow() {
                         session.set_keepalive(Some(self.limits.keepalive_idle.as_secs().max(1)));
@@ -557,7 +558,10 @@ impl Connection {
                     };
                     let (stream, _) = reused.consume();
                     match stream.into_any().downcast::<Buffered>() {
-                        Ok(b) => conn = *b,
+                        Ok(b) => {
+                            conn = *b;
+                            conn.returned();
+                        }
                         Err(_) => return,
                     }
                 }
