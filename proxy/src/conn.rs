@@ -75,9 +75,23 @@ pub struct Buffered {
     socket: Option<Arc<SocketDigest>>,
     accepted: SystemTime,
     send: Option<SendDeadline>,
-    /// Pingora serves a request on it: if Pingora drops it rather than handing it back, the
-    /// client may still be sending (a 413 before the body's end, a 502 during an upload).
-    lent: bool,
+    /// Set while Pingora serves a request on it. If Pingora drops it rather than handing it
+    /// back, the client may still be sending (a 413 before the body's end, a 502 during an
+    /// upload): its transport goes back this way, to be closed lingering.
+    lent: Option<tokio::sync::oneshot::Sender<Abandoned>>,
+}
+
+/// The transport of a connection Pingora dropped, for its connection task to close.
+#[derive(Debug)]
+pub struct Abandoned(Io);
+
+impl Abandoned {
+    /// Closes it lingering ([`linger`]). Boxed: the connection task awaiting it is held by
+    /// every connection.
+    pub fn close(self) -> Pin<Box<dyn std::future::Future<Output = ()> + Send>> {
+        let mut io = self.0;
+        Box::pin(async move { shut_then_drain(&mut io, LINGER).await })
+    }
 }
 
 /// How long a write may wait on a client that takes none of its bytes. The timer is armed
@@ -146,7 +160,7 @@ impl Buffered {
             socket: Some(Arc::new(digest)),
             accepted: SystemTime::now(),
             send: None,
-            lent: false,
+            lent: None,
         }
     }
 
@@ -178,7 +192,7 @@ impl Buffered {
             rewound: Vec::new(),
             held: Vec::new(),
             send: None,
-            lent: false,
+            lent: None,
         }
     }
 
@@ -307,13 +321,15 @@ impl Buffered {
 
     /// Marks the connection as Pingora's for one request ([`Buffered::returned`] when it
     /// comes back). Pingora drops a connection it will not reuse with the request's body
-    /// possibly still arriving; dropped while lent, it closes lingering.
-    pub fn lend(&mut self) {
-        self.lent = true;
+    /// possibly still arriving; dropped while lent, its transport arrives on the receiver.
+    pub fn lend(&mut self) -> tokio::sync::oneshot::Receiver<Abandoned> {
+        let (back, abandoned) = tokio::sync::oneshot::channel();
+        self.lent = Some(back);
+        abandoned
     }
 
     pub fn returned(&mut self) {
-        self.lent = false;
+        self.lent = None;
     }
 
     /// What was put back and not read, for the fast path's reader.
@@ -406,15 +422,12 @@ fn bounded<T>(
 
 impl Drop for Buffered {
     fn drop(&mut self) {
-        if !self.lent {
-            return;
+        // Not a task of its own: the connection's task closes it, still counted against the
+        // connection limit, as the fast path's lingering closes are.
+        if let Some(back) = self.lent.take() {
+            let io = std::mem::replace(&mut self.io, Io::Gone);
+            let _ = back.send(Abandoned(io));
         }
-        // A task of its own: Pingora's connection task is ending, and a drop cannot wait.
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let mut io = std::mem::replace(&mut self.io, Io::Gone);
-        runtime.spawn(async move { linger(&mut io, LINGER).await });
     }
 }
 

@@ -547,13 +547,17 @@ impl Connection {
                 }
                 Next::Pingora => {
                     // One request through Pingora; the connection comes back for the next.
-                    conn.lend();
+                    let mut abandoned = conn.lend();
                     let mut session = ServerSession::new_http1(Box::new(conn));
                     if !*self.shutdown.borrow() {
                         session.set_keepalive(Some(self.limits.keepalive_idle.as_secs().max(1)));
                     }
                     let Some(reused) = self.proxy.process_new_http(session, &self.shutdown).await
                     else {
+                        // Pingora ended the connection, its client perhaps still sending.
+                        if let Ok(io) = abandoned.try_recv() {
+                            io.close().await;
+                        }
                         return;
                     };
                     let (stream, _) = reused.consume();

@@ -176,3 +176,47 @@ async fn a_client_still_sending_when_the_backend_refuses_reads_the_502() {
         proxy.stop().await;
     }
 }
+
+/// A lingering close still holds its place under the connection limit, as the connection it
+/// was: closes cannot pile up outside the limit faster than they end. With a limit of one,
+/// a client that read its 413 but has not closed keeps the next client waiting until it
+/// does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lingering_close_counts_against_the_connection_limit() {
+    let limits = Limits {
+        max_connections: 1,
+        ..Limits::default()
+    };
+    let (proxy, ports) = proxy(limits).await;
+    let mut first = tokio::net::TcpStream::connect(("127.0.0.1", ports.http))
+        .await
+        .unwrap();
+    let chunk = [b"800\r\n".as_slice(), &[b'b'; 0x800], b"\r\n"].concat();
+    first
+        .write_all(b"POST /small HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .await
+        .unwrap();
+    first.write_all(&chunk).await.unwrap();
+    // The 413 and the proxy's FIN; the proxy now waits for ours.
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), first.read_to_end(&mut answer));
+    assert!(matches!(read.await, Ok(Ok(_))));
+    assert_eq!(status_of(&answer), Some(413));
+
+    let second = tokio::spawn(raw_exchange(
+        ports.http,
+        b"GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+        Duration::from_secs(10),
+    ));
+    let waited = proxy
+        .metric_eventually("coxswain_proxy_connection_limit_waits_total", |n| n > 0)
+        .await;
+    assert!(waited >= 1, "the second connection waited for the limit");
+    assert!(!second.is_finished(), "the second connection waits");
+    // Our FIN ends the lingering close: the second connection is let in and answered.
+    drop(first);
+    let (bytes, closed) = second.await.unwrap();
+    assert!(closed, "{}", String::from_utf8_lossy(&bytes));
+    assert_eq!(status_of(&bytes), Some(200));
+    proxy.stop().await;
+}
