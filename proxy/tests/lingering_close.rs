@@ -47,19 +47,6 @@ certificates:
 - {name: t/self, certChainPem: "{CERT}", privateKeyPem: "{KEY}"}
 "#;
 
-fn engines() -> [(&'static str, Limits); 2] {
-    [
-        ("fast path", Limits::default()),
-        (
-            "pingora",
-            Limits {
-                fast_path: false,
-                ..Limits::default()
-            },
-        ),
-    ]
-}
-
 /// Sends `head`, then 8 MiB of `filler` (each write must succeed), then reads the answer to
 /// its end: the status the client got.
 async fn status_while_sending(port: u16, head: &[u8], filler: &[u8], engine: &str) -> u16 {
@@ -122,8 +109,12 @@ async fn proxy(limits: Limits) -> (Proxy, Ports) {
 /// A head far past the limit: refused with 431 before its end was read.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_still_sending_a_refused_head_reads_the_refusal() {
-    for (engine, limits) in engines() {
-        let (proxy, ports) = proxy(limits).await;
+    for (fast_path, engine) in engines() {
+        let (proxy, ports) = proxy(Limits {
+            fast_path,
+            ..Limits::default()
+        })
+        .await;
         let head = b"GET / HTTP/1.1\r\nHost: x\r\nX-Big: ";
         let status = status_while_sending(ports.http, head, &[b'a'; 64 << 10], engine).await;
         assert_eq!(status, 431, "{engine}");
@@ -136,8 +127,12 @@ async fn a_client_still_sending_a_refused_head_reads_the_refusal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_still_sending_a_body_past_the_limit_reads_the_413() {
     let chunk = [b"10000\r\n".as_slice(), &[b'b'; 0x10000], b"\r\n"].concat();
-    for (engine, limits) in engines() {
-        let (proxy, ports) = proxy(limits).await;
+    for (fast_path, engine) in engines() {
+        let (proxy, ports) = proxy(Limits {
+            fast_path,
+            ..Limits::default()
+        })
+        .await;
         let head = b"POST /small HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
         let status = status_while_sending(ports.http, head, &chunk, engine).await;
         assert_eq!(status, 413, "{engine}");
@@ -149,8 +144,12 @@ async fn a_client_still_sending_a_body_past_the_limit_reads_the_413() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_client_still_sending_a_body_past_the_limit_reads_the_413() {
     let chunk = [b"10000\r\n".as_slice(), &[b'b'; 0x10000], b"\r\n"].concat();
-    for (engine, limits) in engines() {
-        let (proxy, ports) = proxy(limits).await;
+    for (fast_path, engine) in engines() {
+        let (proxy, ports) = proxy(Limits {
+            fast_path,
+            ..Limits::default()
+        })
+        .await;
         let tcp = tokio::net::TcpStream::connect(("127.0.0.1", ports.https))
             .await
             .unwrap();
@@ -168,8 +167,12 @@ async fn a_tls_client_still_sending_a_body_past_the_limit_reads_the_413() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_still_sending_when_the_backend_refuses_reads_the_502() {
     let chunk = [b"10000\r\n".as_slice(), &[b'b'; 0x10000], b"\r\n"].concat();
-    for (engine, limits) in engines() {
-        let (proxy, ports) = proxy(limits).await;
+    for (fast_path, engine) in engines() {
+        let (proxy, ports) = proxy(Limits {
+            fast_path,
+            ..Limits::default()
+        })
+        .await;
         let head = b"POST /gone HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
         let status = status_while_sending(ports.http, head, &chunk, engine).await;
         assert_eq!(status, 502, "{engine}");
