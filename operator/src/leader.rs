@@ -43,20 +43,35 @@ pub async fn run(
     let pods: Api<Pod> = Api::namespaced(client, &config.namespace);
     tokio::pin!(stop);
     loop {
-        let held = match try_acquire_or_renew(&api, &config).await {
-            Ok(held) => held,
-            Err(e) => {
+        // Bounded: a renewal hanging on an unreachable API server must not leave this replica
+        // believing it leads after its Lease lapsed and a standby took it over.
+        let attempt = tokio::time::timeout(config.renew_every, try_acquire_or_renew(&api, &config));
+        let held = match attempt.await {
+            Ok(Ok(held)) => held,
+            Ok(Err(e)) => {
                 tracing::warn!(error = %e, "lease not reachable; stepping down until it is");
+                false
+            }
+            Err(_) => {
+                tracing::warn!(
+                    timeout_ms = config.renew_every.as_millis(),
+                    "lease renewal timed out; stepping down until it answers"
+                );
                 false
             }
         };
         if leader.swap(held, Ordering::AcqRel) != held {
             tracing::info!(identity = %config.identity, leader = held, "leadership changed");
         }
-        if let Some(pod) = &config.pod
-            && let Err(e) = label_pods(&pods, pod, held).await
-        {
-            tracing::warn!(pod, error = %e, "leader label not updated");
+        if let Some(pod) = &config.pod {
+            match tokio::time::timeout(config.renew_every, label_pods(&pods, pod, held)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(pod, error = %e, "leader label not updated"),
+                Err(_) => tracing::warn!(
+                    pod,
+                    "leader label not updated: the API server did not answer"
+                ),
+            }
         }
         tokio::select! {
             () = tokio::time::sleep(config.renew_every) => {}

@@ -7,6 +7,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+#[path = "support/silence.rs"]
+#[allow(dead_code)]
+mod silence;
+
 type Replica = (
     Arc<AtomicBool>,
     tokio::sync::oneshot::Sender<()>,
@@ -18,6 +22,15 @@ fn replica(env: &TestEnv, identity: &str) -> Replica {
 }
 
 fn replica_in_pod(env: &TestEnv, identity: &str, pod: Option<&str>) -> Replica {
+    replica_with_client(env, env.client.clone(), identity, pod)
+}
+
+fn replica_with_client(
+    env: &TestEnv,
+    client: kube::Client,
+    identity: &str,
+    pod: Option<&str>,
+) -> Replica {
     let config = LeaseConfig {
         namespace: env.namespace.clone(),
         name: "coxswain-leader".into(),
@@ -28,14 +41,9 @@ fn replica_in_pod(env: &TestEnv, identity: &str, pod: Option<&str>) -> Replica {
     };
     let leader = Arc::new(AtomicBool::new(false));
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(leader::run(
-        env.client.clone(),
-        config,
-        leader.clone(),
-        async {
-            let _ = rx.await;
-        },
-    ));
+    let task = tokio::spawn(leader::run(client, config, leader.clone(), async {
+        let _ = rx.await;
+    }));
     (leader, tx, task)
 }
 
@@ -165,4 +173,46 @@ async fn the_leader_labels_its_own_pod_and_only_it() {
         }
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_the_api_server_steps_down_before_its_lease_lapses() {
+    let env = TestEnv::new().await;
+    // Replica a reaches the API server through a relay that will stop answering without
+    // closing anything; the client sets no read timeout, so its renewal would hang for good.
+    let kubeconfig = kube::config::Kubeconfig::read_from(env.cluster().kubeconfig()).unwrap();
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+        .await
+        .unwrap();
+    let api_port = config.cluster_url.port_u16().unwrap();
+    let relay = silence::SilenceRelay::start(api_port).await;
+    let host = config.cluster_url.host().unwrap().to_owned();
+    config.cluster_url = format!("https://{host}:{}", relay.port).parse().unwrap();
+    let (a, _stop_a, _task_a) = replica_with_client(
+        &env,
+        kube::Client::try_from(config).unwrap(),
+        "replica-a",
+        None,
+    );
+    eventually("a to lead", Duration::from_secs(10), || {
+        let a = a.clone();
+        async move { a.load(Ordering::Acquire).then_some(()) }
+    })
+    .await;
+    let (b, _stop_b, _task_b) = replica(&env, "replica-b");
+
+    relay.cut();
+    eventually("a to step down", Duration::from_secs(5), || {
+        let a = a.clone();
+        async move { (!a.load(Ordering::Acquire)).then_some(()) }
+    })
+    .await;
+    // The standby takes the Lease once it lapses; a must not be leading by then, or both
+    // would write status and serve streams.
+    eventually("b to take over", Duration::from_secs(10), || {
+        let b = b.clone();
+        async move { b.load(Ordering::Acquire).then_some(()) }
+    })
+    .await;
+    assert!(!a.load(Ordering::Acquire), "two leaders");
 }
