@@ -8,3 +8,27 @@ include!(concat!(env!("OUT_DIR"), "/coxswain.discovery.v1.rs"));
 /// The protocol version this build speaks. A peer with another version is refused with
 /// FAILED_PRECONDITION naming both; later additions are additive and keep the version.
 pub const WIRE_VERSION: u32 = 1;
+
+/// How each end of a discovery connection tells a peer that went silent from one with nothing
+/// to say: an HTTP/2 PING every `ping_every`, and the connection is dropped when one is not
+/// answered within `answer_within`.
+///
+/// Without it a proxy whose controller vanished without a FIN (a Pod's network torn down, a
+/// node lost) waited on the dead stream for good: it never heard of a new leader, and the
+/// controller kept counting a proxy that was gone as one that must ack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Liveness {
+    pub ping_every: std::time::Duration,
+    pub answer_within: std::time::Duration,
+}
+
+impl Default for Liveness {
+    /// A dead peer is noticed within 10 s: a PING costs a few dozen bytes, and a standby takes
+    /// a lapsed Lease over within 15 s.
+    fn default() -> Self {
+        Self {
+            ping_every: std::time::Duration::from_secs(5),
+            answer_within: std::time::Duration::from_secs(5),
+        }
+    }
+}

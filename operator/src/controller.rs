@@ -327,6 +327,7 @@ pub async fn run(
             &key,
             &ca_pem,
             service,
+            Default::default(),
             std::future::pending(),
         )
         .await;

@@ -143,6 +143,7 @@ fn serve_discovery(proxy: &ProxyArgs, scope: snap::scope::Kind) -> anyhow::Resul
             .threads
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         limits,
+        liveness: Default::default(),
     };
     // Connections run on the workers; this runtime holds the discovery stream, the accept
     // loops and the admin endpoints.

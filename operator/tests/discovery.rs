@@ -4,8 +4,8 @@
 
 use coxswain_api::discovery::discovery_client::DiscoveryClient;
 use coxswain_api::discovery::{
-    Ack, BoundListener, NodeStatus, ProxyMessage, Subscribe, WIRE_VERSION, controller_message,
-    proxy_message,
+    Ack, BoundListener, Liveness, NodeStatus, ProxyMessage, Subscribe, WIRE_VERSION,
+    controller_message, proxy_message,
 };
 use coxswain_api::names::SpiffeId;
 use coxswain_api::snapshot::{self as snap, Sealed, Snapshot};
@@ -19,6 +19,10 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tokio::sync::mpsc;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
+
+#[path = "support/silence.rs"]
+#[allow(dead_code)]
+mod silence;
 
 struct Controller {
     ca: Arc<Ca>,
@@ -43,6 +47,10 @@ fn snapshot(port: u32) -> Sealed {
 }
 
 async fn controller() -> Controller {
+    controller_with(Liveness::default()).await
+}
+
+async fn controller_with(liveness: Liveness) -> Controller {
     let now = OffsetDateTime::now_utc();
     let ca = Arc::new(Ca::generate("cluster.local", now).unwrap());
     let (cert, key) = ca
@@ -71,6 +79,7 @@ async fn controller() -> Controller {
             &key,
             &ca_pem,
             service,
+            liveness,
             std::future::pending(),
         )
         .await
@@ -126,13 +135,22 @@ async fn client(
     c: &Controller,
     identity: Option<(String, String)>,
 ) -> Result<DiscoveryClient<Channel>, tonic::transport::Error> {
+    client_at(c, c.port, identity).await
+}
+
+/// A client of `c` that connects to `port` (a relay in front of it).
+async fn client_at(
+    c: &Controller,
+    port: u16,
+    identity: Option<(String, String)>,
+) -> Result<DiscoveryClient<Channel>, tonic::transport::Error> {
     let mut tls = ClientTlsConfig::new()
         .ca_certificate(Certificate::from_pem(c.ca.cert_pem()))
         .domain_name("localhost");
     if let Some((cert, key)) = identity {
         tls = tls.identity(Identity::from_pem(cert, key));
     }
-    let channel = Channel::from_shared(format!("https://localhost:{}", c.port))
+    let channel = Channel::from_shared(format!("https://localhost:{port}"))
         .unwrap()
         .tls_config(tls)?
         .connect()
@@ -578,4 +596,79 @@ async fn an_svid_that_names_no_pod_is_refused() {
     assert_eq!(status.code(), tonic::Code::PermissionDenied, "{status}");
     assert!(status.message().contains("names no Pod"), "{status}");
     assert!(c.hub.proxies(&ScopeKey::SharedPool).is_empty());
+}
+
+/// The shared pool's SVID for Pod `proxy-0`.
+fn shared_svid(c: &Controller) -> (String, String) {
+    svid(
+        &c.ca,
+        "coxswain-system",
+        "coxswain-proxy",
+        OffsetDateTime::now_utc(),
+        Duration::from_secs(3600),
+    )
+}
+
+#[tokio::test]
+async fn a_replica_that_loses_the_lease_ends_its_streams() {
+    let c = controller().await;
+    let mut client = client(&c, Some(shared_svid(&c))).await.unwrap();
+    let (tx, resp) = open(&mut client, subscribe(ScopeKey::SharedPool, WIRE_VERSION)).await;
+    let mut pushes = resp.unwrap();
+    let (version, nonce) = first_push(&mut pushes).await;
+    tx.send(ack(&version, &nonce)).await.unwrap();
+    proxies_become(&c, &[("proxy-0", Some(&version), &[])]).await;
+
+    // It would push nothing more (the new leader does): the proxy is sent on, with the answer
+    // a standby gives, which the proxy retries soon at its next endpoint.
+    c.leader.store(false, std::sync::atomic::Ordering::Release);
+    let ended = tokio::time::timeout(Duration::from_secs(10), pushes.message())
+        .await
+        .expect("the stream stayed open after the replica lost the lease");
+    let status = ended.expect_err("the stream ended without saying why");
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status}");
+    assert!(status.message().contains("not the leader"), "{status}");
+    proxies_become(&c, &[]).await;
+}
+
+#[tokio::test]
+async fn a_proxy_that_stops_answering_is_forgotten() {
+    let liveness = Liveness {
+        ping_every: Duration::from_millis(300),
+        answer_within: Duration::from_millis(300),
+    };
+    let c = controller_with(liveness).await;
+    let relay = silence::SilenceRelay::start(c.port).await;
+    let mut client = client_at(&c, relay.port, Some(shared_svid(&c)))
+        .await
+        .unwrap();
+    let (tx, resp) = open(&mut client, subscribe(ScopeKey::SharedPool, WIRE_VERSION)).await;
+    let mut pushes = resp.unwrap();
+    let (version, nonce) = first_push(&mut pushes).await;
+    tx.send(ack(&version, &nonce)).await.unwrap();
+    tx.send(bound(&version, &[80])).await.unwrap();
+    proxies_become(&c, &[("proxy-0", Some(&version), &[80])]).await;
+    assert!(c.hub.serving(&ScopeKey::SharedPool, &version, 80));
+
+    // The proxy's network goes away under the open connection: no FIN, no reset. Unanswered
+    // pings close it, and a proxy that is gone no longer counts among those that must ack.
+    relay.silence();
+    let mut forgotten = false;
+    for _ in 0..250 {
+        forgotten = c.hub.proxies(&ScopeKey::SharedPool).is_empty();
+        if forgotten {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        forgotten,
+        "a silent proxy is still counted: {:?}",
+        c.hub.proxies(&ScopeKey::SharedPool)
+    );
+    assert_eq!(
+        relay.silenced(),
+        1,
+        "the connection was closed, not silenced"
+    );
 }

@@ -1,11 +1,13 @@
 //! A proxy with no Kubernetes credentials gets everything over discovery: it bootstraps an SVID
 //! with a real TokenRequest token (TokenReview by the local API server), subscribes over mTLS,
 //! applies the pushed snapshot, acks, reports its bound port and serves real HTTP; it keeps
-//! serving while the controller is gone and picks up a change when it is back.
+//! serving while the controller is gone and picks up a change when it is back, and it leaves a
+//! controller that went silent without closing the stream.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
 mod support;
 
+use coxswain_api::discovery::Liveness;
 use coxswain_api::snapshot::{self as snap, Sealed};
 use coxswain_operator::compile::{self, ScopeKey, Store};
 use coxswain_operator::discovery::{DiscoveryService, Hub};
@@ -44,90 +46,155 @@ async fn discovery(port: u16, ca: &Ca, hub: Arc<Hub>) -> tokio::sync::oneshot::S
         leader: Arc::new(AtomicBool::new(true)),
     };
     tokio::spawn(async move {
-        let _ =
-            coxswain_operator::discovery::serve(listener, &cert, &key, &ca_pem, service, async {
+        let _ = coxswain_operator::discovery::serve(
+            listener,
+            &cert,
+            &key,
+            &ca_pem,
+            service,
+            Default::default(),
+            async {
                 let _ = rx.await;
-            })
-            .await;
+            },
+        )
+        .await;
     });
     tx
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_proxy_bootstraps_subscribes_serves_and_survives_the_controller() {
-    let env = TestEnv::new().await;
-    let now = time::OffsetDateTime::now_utc();
-    let ca = Arc::new(Ca::generate("cluster.local", now).unwrap());
+/// A controller's two listeners on loopback (bootstrap with TokenReview against the real API
+/// server, discovery with `hub`), and the files a proxy Pod would have mounted.
+struct Controller {
+    ca: Arc<Ca>,
+    hub: Arc<Hub>,
+    id_port: u16,
+    disc_port: u16,
+    stop_discovery: tokio::sync::oneshot::Sender<()>,
+    files: tempfile::TempDir,
+    _env: TestEnv,
+}
 
-    // The bootstrap listener, with TokenReview against the real API server.
-    let (cert, key) = ca
-        .sign_server(&["localhost".into()], now, Duration::from_secs(3600))
-        .unwrap();
-    let identity = IdentityService {
-        ca: ca.clone(),
-        reviewer: KubeTokenReviewer {
-            client: env.client.clone(),
-        },
-        allowlist: Arc::new(RwLock::new(Allowlist::new((
-            &env.namespace,
-            "coxswain-proxy",
-        )))),
-        trust_domain: "cluster.local".into(),
-        limiter: coxswain_operator::identity::ratelimit::RateLimiter::new(Default::default()),
-        admin: Arc::new(coxswain_operator::admin::State::default()),
-    };
-    let id_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let id_port = id_listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        coxswain_operator::identity::server::serve(
-            id_listener,
-            &cert,
-            &key,
-            identity,
-            std::future::pending(),
-        )
-        .await
-        .unwrap();
-    });
+impl Controller {
+    async fn start() -> Self {
+        let env = TestEnv::new().await;
+        let now = time::OffsetDateTime::now_utc();
+        let ca = Arc::new(Ca::generate("cluster.local", now).unwrap());
+        let (cert, key) = ca
+            .sign_server(&["localhost".into()], now, Duration::from_secs(3600))
+            .unwrap();
+        let identity = IdentityService {
+            ca: ca.clone(),
+            reviewer: KubeTokenReviewer {
+                client: env.client.clone(),
+            },
+            allowlist: Arc::new(RwLock::new(Allowlist::new((
+                &env.namespace,
+                "coxswain-proxy",
+            )))),
+            trust_domain: "cluster.local".into(),
+            limiter: coxswain_operator::identity::ratelimit::RateLimiter::new(Default::default()),
+            admin: Arc::new(coxswain_operator::admin::State::default()),
+        };
+        let id_listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let id_port = id_listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            coxswain_operator::identity::server::serve(
+                id_listener,
+                &cert,
+                &key,
+                identity,
+                std::future::pending(),
+            )
+            .await
+            .unwrap();
+        });
+        let hub = Arc::new(Hub::default());
+        hub.allow(ScopeKey::SharedPool, &env.namespace, "coxswain-proxy");
+        let disc_port = free_port();
+        let stop_discovery = discovery(disc_port, &ca, hub.clone()).await;
+        let token = pod_token(&env, "coxswain-proxy", "proxy-0", "coxswain-discovery").await;
+        let files = tempfile::tempdir().unwrap();
+        std::fs::write(files.path().join("token"), token).unwrap();
+        std::fs::write(files.path().join("ca.crt"), ca.cert_pem()).unwrap();
+        Self {
+            ca,
+            hub,
+            id_port,
+            disc_port,
+            stop_discovery,
+            files,
+            _env: env,
+        }
+    }
 
-    // The discovery listener, with the shared pool's snapshot.
-    let (listen, first_backend) = (free_port(), backend("first", Duration::ZERO));
-    let hub = Arc::new(Hub::default());
-    hub.allow(ScopeKey::SharedPool, &env.namespace, "coxswain-proxy");
-    let snapshot = compiled_snapshot(listen, first_backend);
-    hub.publish(ScopeKey::SharedPool, snapshot.clone());
-    let disc_port = free_port();
-    let stop_discovery = discovery(disc_port, &ca, hub.clone()).await;
+    /// Pod `proxy-0` of the shared pool, streaming from `stream_port`.
+    fn proxy_config(&self, stream_port: u16, liveness: Liveness) -> DiscoveryConfig {
+        DiscoveryConfig {
+            endpoints: vec![format!("https://localhost:{stream_port}")],
+            bootstrap_endpoint: format!("https://localhost:{}", self.id_port),
+            token_path: self.files.path().join("token"),
+            trust_bundle_path: self.files.path().join("ca.crt"),
+            scope: snap::Scope {
+                kind: Some(snap::scope::Kind::SharedPool(snap::SharedPool {})),
+            },
+            node_id: "proxy-0".into(),
+            workers: 2,
+            limits: Default::default(),
+            liveness,
+        }
+    }
+}
 
-    // The proxy's mounted files: the projected token and the trust bundle.
-    let token = pod_token(&env, "coxswain-proxy", "proxy-0", "coxswain-discovery").await;
-    let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("token"), token).unwrap();
-    std::fs::write(dir.path().join("ca.crt"), ca.cert_pem()).unwrap();
-
-    let config = DiscoveryConfig {
-        endpoints: vec![format!("https://localhost:{disc_port}")],
-        bootstrap_endpoint: format!("https://localhost:{id_port}"),
-        token_path: dir.path().join("token"),
-        trust_bundle_path: dir.path().join("ca.crt"),
-        scope: snap::Scope {
-            kind: Some(snap::scope::Kind::SharedPool(snap::SharedPool {})),
-        },
-        node_id: "proxy-0".into(),
-        workers: 2,
-        limits: Default::default(),
-    };
+/// Runs a proxy until the returned sender is dropped or sent to.
+fn run_proxy(
+    config: DiscoveryConfig,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), coxswain_proxy::discovery::ServeError>>,
+) {
     let admin = std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
-    let (stop_proxy, proxy_stopped) = tokio::sync::oneshot::channel::<()>();
-    let proxy = tokio::spawn(coxswain_proxy::discovery::serve(
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(coxswain_proxy::discovery::serve(
         config,
         "127.0.0.1".parse().unwrap(),
         admin,
         Duration::from_secs(2),
         async {
-            let _ = proxy_stopped.await;
+            let _ = stopped.await;
         },
     ));
+    (stop, task)
+}
+
+/// Waits (15 s at most) until `listen` answers 200 with a body ending in `name`.
+async fn serves(listen: u16, name: &str) -> bool {
+    for _ in 0..300 {
+        if let Ok(r) = get(listen, "/").await
+            && r.starts_with("HTTP/1.1 200")
+            && r.ends_with(name)
+        {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_bootstraps_subscribes_serves_and_survives_the_controller() {
+    let c = Controller::start().await;
+    let config = c.proxy_config(c.disc_port, Liveness::default());
+    let (listen, first_backend) = (free_port(), backend("first", Duration::ZERO));
+    let snapshot = compiled_snapshot(listen, first_backend);
+    c.hub.publish(ScopeKey::SharedPool, snapshot.clone());
+    let Controller {
+        ca,
+        hub,
+        disc_port,
+        stop_discovery,
+        ..
+    } = c;
+    let (stop_proxy, proxy) = run_proxy(config);
 
     // 1. Bootstrapped, subscribed, applied, acked, reported the bound port, serving.
     let mut body = String::new();
@@ -206,4 +273,45 @@ async fn a_proxy_bootstraps_subscribes_serves_and_survives_the_controller() {
 
     let _ = stop_proxy.send(());
     proxy.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_leaves_a_controller_that_went_silent() {
+    let c = Controller::start().await;
+    let relay = support::silence::SilenceRelay::start(c.disc_port).await;
+    let liveness = Liveness {
+        ping_every: Duration::from_millis(300),
+        answer_within: Duration::from_millis(300),
+    };
+    let listen = free_port();
+    c.hub.publish(
+        ScopeKey::SharedPool,
+        compiled_snapshot(listen, backend("first", Duration::ZERO)),
+    );
+    let (stop_proxy, proxy) = run_proxy(c.proxy_config(relay.port, liveness));
+    assert!(serves(listen, "first").await, "no route served");
+    let connections = relay.accepted();
+
+    // The controller's network goes away under the open stream: no FIN, no reset, and the
+    // change published next never arrives on it. The unanswered pings end the stream; the
+    // proxy reconnects (this time the path works) and gets the change.
+    relay.silence();
+    c.hub.publish(
+        ScopeKey::SharedPool,
+        compiled_snapshot(listen, backend("second", Duration::ZERO)),
+    );
+    assert!(
+        serves(listen, "second").await,
+        "the proxy still waits on the silent stream ({} connections made)",
+        relay.accepted()
+    );
+    assert!(
+        relay.accepted() > connections,
+        "served without reconnecting"
+    );
+    assert_eq!(relay.silenced(), 1);
+
+    let _ = stop_proxy.send(());
+    proxy.await.unwrap().unwrap();
+    drop(c.stop_discovery);
 }

@@ -476,6 +476,7 @@ spec:
         node_id: "dedicated-0".into(),
         workers: 2,
         limits: Default::default(),
+        liveness: Default::default(),
     };
     let edge_scope = snap::Scope {
         kind: Some(snap::scope::Kind::Gateway(snap::ObjectRef {
@@ -738,6 +739,7 @@ spec: {{controllerName: {controller}}}
         node_id: String::new(),
         workers: 0,
         limits: Default::default(),
+        liveness: Default::default(),
     })
     .await
     .unwrap();

@@ -110,6 +110,7 @@ async fn controller(ca: &Arc<Ca>, snapshot: Sealed) -> (u16, u16) {
             &key,
             &ca_pem,
             service,
+            Default::default(),
             std::future::pending(),
         )
         .await

@@ -12,8 +12,8 @@ use crate::table::SharedTable;
 use coxswain_api::discovery::discovery_client::DiscoveryClient;
 use coxswain_api::discovery::identity_client::IdentityClient;
 use coxswain_api::discovery::{
-    Ack, BootstrapRequest, BoundListener, Nack, NodeStatus, ProxyMessage, Subscribe, WIRE_VERSION,
-    controller_message, proxy_message,
+    Ack, BootstrapRequest, BoundListener, Liveness, Nack, NodeStatus, ProxyMessage, Subscribe,
+    WIRE_VERSION, controller_message, proxy_message,
 };
 use coxswain_api::snapshot::Scope;
 use coxswain_api::snapshot::outline::Outline;
@@ -37,6 +37,8 @@ pub struct DiscoveryConfig {
     pub workers: usize,
     /// Deadlines and caps on client connections.
     pub limits: crate::limits::Limits,
+    /// How a controller that went silent is told from one with nothing to push.
+    pub liveness: Liveness,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +103,7 @@ async fn channel(
     endpoint: &str,
     ca_pem: &str,
     identity: Option<&Svid>,
+    liveness: Liveness,
 ) -> Result<Channel, DiscoveryError> {
     let err = |message: String| DiscoveryError::Endpoint {
         endpoint: endpoint.to_owned(),
@@ -118,6 +121,11 @@ async fn channel(
         .tls_config(tls)
         .map_err(|e| err(e.to_string()))?
         .connect_timeout(Duration::from_secs(5))
+        // Pushes come only when something changed, so a quiet stream is normal. Pings tell a
+        // quiet controller from a vanished one; idle included, since that is the case to catch.
+        .http2_keep_alive_interval(liveness.ping_every)
+        .keep_alive_timeout(liveness.answer_within)
+        .keep_alive_while_idle(true)
         // A snapshot is one message: 0.5 MB at 3,000 routes, 3.5 MB at 20,000. One window holds
         // it whole instead of HTTP/2's default 64 KiB, which took dozens of window updates.
         .initial_stream_window_size(SNAPSHOT_WINDOW)
@@ -136,7 +144,9 @@ pub async fn bootstrap(config: &DiscoveryConfig) -> Result<Svid, DiscoveryError>
         .serialize_request(&key)
         .and_then(|r| r.pem())
         .map_err(|e| DiscoveryError::Key(e.to_string()))?;
-    let mut client = IdentityClient::new(channel(&config.bootstrap_endpoint, &trust, None).await?);
+    let mut client = IdentityClient::new(
+        channel(&config.bootstrap_endpoint, &trust, None, config.liveness).await?,
+    );
     let resp = client
         .bootstrap(BootstrapRequest {
             token,
@@ -166,9 +176,16 @@ async fn session(
     listeners: &mut Listeners,
     cache: Option<&SnapshotCache>,
 ) -> Result<(), DiscoveryError> {
-    let mut client =
-        DiscoveryClient::new(channel(endpoint, &svid.trust_bundle_pem, Some(svid)).await?)
-            .max_decoding_message_size(MAX_SNAPSHOT_BYTES);
+    let mut client = DiscoveryClient::new(
+        channel(
+            endpoint,
+            &svid.trust_bundle_pem,
+            Some(svid),
+            config.liveness,
+        )
+        .await?,
+    )
+    .max_decoding_message_size(MAX_SNAPSHOT_BYTES);
     let (tx, rx) = mpsc::channel(8);
     let send = |kind| ProxyMessage { kind: Some(kind) };
     let _ = tx
@@ -378,6 +395,7 @@ pub async fn run(
         };
         let delay = match &result {
             Ok(()) => {
+                tracing::info!("the controller ended the discovery stream; reconnecting");
                 failures = 0;
                 Duration::from_millis(250)
             }

@@ -16,7 +16,8 @@ use crate::compile::ScopeKey;
 use crate::compile::status::ObjectKey;
 use coxswain_api::discovery::discovery_server::Discovery;
 use coxswain_api::discovery::{
-    ControllerMessage, ProxyMessage, SnapshotPush, WIRE_VERSION, controller_message, proxy_message,
+    ControllerMessage, Liveness, ProxyMessage, SnapshotPush, WIRE_VERSION, controller_message,
+    proxy_message,
 };
 use coxswain_api::names::SpiffeId;
 use coxswain_api::snapshot::{Sealed, scope};
@@ -190,6 +191,11 @@ pub struct DiscoveryService {
     pub leader: Arc<AtomicBool>,
 }
 
+/// How often an open stream checks that this replica still holds the Lease. A replica that
+/// lost it pushes nothing more (the new leader does), so its proxies must be sent on at once:
+/// they would otherwise keep a stream that stays silent while routes change.
+const LEADERSHIP_CHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 type Pushes = Pin<Box<dyn Stream<Item = Result<ControllerMessage, Status>> + Send>>;
 
 /// Who the peer's client certificate says it is.
@@ -311,9 +317,12 @@ impl Discovery for DiscoveryService {
         let stream = self.hub.join(&key);
         let (tx, rx) = mpsc::channel::<Result<ControllerMessage, Status>>(4);
         let hub = self.hub.clone();
+        let leader = self.leader.clone();
         let mut snapshots = hub.channel(&scope);
         tokio::spawn(async move {
             let mut current = snapshots.borrow_and_update().clone();
+            let mut leadership = tokio::time::interval(LEADERSHIP_CHECK);
+            leadership.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 if let Some(s) = current.take() {
                     // The scope may have been given to another identity since subscribing.
@@ -341,6 +350,18 @@ impl Discovery for DiscoveryService {
                     tracing::debug!(node = %key.1, version = %s.version, "snapshot queued for the proxy");
                 }
                 tokio::select! {
+                    _ = leadership.tick() => {
+                        if !leader.load(Ordering::Acquire) {
+                            tracing::info!(node = %key.1, "stream ended: this replica no longer leads");
+                            // The proxy's "not the leader" retry: soon, at the next endpoint.
+                            let _ = tx
+                                .send(Err(Status::failed_precondition(
+                                    "not the leader any more; reconnect to the new one",
+                                )))
+                                .await;
+                            break;
+                        }
+                    }
                     changed = snapshots.changed() => {
                         if changed.is_err() { break; }
                         current = snapshots.borrow_and_update().clone();
@@ -378,12 +399,15 @@ impl Discovery for DiscoveryService {
 }
 
 /// Serves discovery with mandatory mutual TLS: client certificates must chain to `ca_pem`.
+/// Connections whose proxy stops answering pings (`liveness`) are closed, so a proxy that is
+/// gone stops counting among those that must ack before a Gateway is Programmed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     cert_pem: &str,
     key_pem: &str,
     ca_pem: &str,
     service: DiscoveryService,
+    liveness: Liveness,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> Result<(), tonic::transport::Error> {
     use coxswain_api::discovery::discovery_server::DiscoveryServer;
@@ -404,6 +428,8 @@ pub async fn serve(
     );
     Server::builder()
         .tls_config(tls)?
+        .http2_keepalive_interval(Some(liveness.ping_every))
+        .http2_keepalive_timeout(Some(liveness.answer_within))
         .add_service(DiscoveryServer::new(service))
         .serve_with_incoming_shutdown(incoming, shutdown)
         .await

@@ -1,6 +1,8 @@
 //! Helpers shared by the operator's integration tests.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod silence;
+
 use coxswain_testenv::TestEnv;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::ServiceAccount;
@@ -411,6 +413,7 @@ impl SharedProxy {
                 node_id: node_id.into(),
                 workers: 2,
                 limits: Default::default(),
+                liveness: Default::default(),
             },
             "127.0.0.1".parse().unwrap(),
             ([127, 0, 0, 1], free_port()).into(),
