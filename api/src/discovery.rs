@@ -18,7 +18,9 @@ pub const WIRE_VERSION: u32 = 1;
 /// controller kept counting a proxy that was gone as one that must ack.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Liveness {
+    /// How often each end sends a PING, whether or not anything else is moving.
     pub ping_every: std::time::Duration,
+    /// How long a PING may go unanswered before the connection is dropped.
     pub answer_within: std::time::Duration,
 }
 

@@ -14,6 +14,7 @@ use serde_json::json;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use tokio::time::Instant;
 
 #[derive(Debug, Clone)]
 pub struct LeaseConfig {
@@ -31,6 +32,19 @@ pub struct LeaseConfig {
     pub pod: Option<String>,
 }
 
+/// How long after the start of its last successful renewal a leader that cannot renew keeps
+/// leading: one renew period short of the Lease's duration, so that it has stopped writing
+/// status and ended its discovery streams before a standby may take the Lease. One slow or
+/// failed call within that time changes nothing.
+fn renew_deadline(c: &LeaseConfig) -> Duration {
+    c.duration.saturating_sub(c.renew_every).max(c.renew_every)
+}
+
+/// While renewals fail, how soon a leader tries again.
+fn retry_every(c: &LeaseConfig) -> Duration {
+    c.renew_every.min(Duration::from_secs(1))
+}
+
 /// Runs the election until `stop`; `leader` says whether this replica holds the lease right
 /// now. On stop a holder releases the lease so a standby can take over at once.
 pub async fn run(
@@ -42,47 +56,87 @@ pub async fn run(
     let api: Api<Lease> = Api::namespaced(client.clone(), &config.namespace);
     let pods: Api<Pod> = Api::namespaced(client, &config.namespace);
     tokio::pin!(stop);
+    // While leading: when the last renewal that succeeded started. The API server stamped
+    // the Lease no earlier, so it lapses no earlier than this plus its duration.
+    let mut renewed: Option<Instant> = None;
     loop {
-        // Bounded: a renewal hanging on an unreachable API server must not leave this replica
-        // believing it leads after its Lease lapsed and a standby took it over.
-        let attempt = tokio::time::timeout(config.renew_every, try_acquire_or_renew(&api, &config));
-        let held = match attempt.await {
-            Ok(Ok(held)) => held,
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "lease not reachable; stepping down until it is");
-                false
+        let started = Instant::now();
+        // kube's client has no read timeout: a call to an API server that stopped answering
+        // would hang for good, with this replica still believing it leads.
+        let budget = match renewed {
+            Some(at) => (at + renew_deadline(&config)).saturating_duration_since(started),
+            None => config.renew_every,
+        };
+        let outcome = match tokio::time::timeout(budget, try_acquire_or_renew(&api, &config)).await
+        {
+            Ok(Ok(held)) => Ok(held),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {} ms", budget.as_millis())),
+        };
+        let (held, failed) = match outcome {
+            Ok(true) => {
+                renewed = Some(started);
+                (true, false)
             }
-            Err(_) => {
-                tracing::warn!(
-                    timeout_ms = config.renew_every.as_millis(),
-                    "lease renewal timed out; stepping down until it answers"
-                );
-                false
+            Ok(false) => {
+                renewed = None;
+                (false, false)
             }
+            Err(error) => match renewed {
+                Some(at) if Instant::now() < at + renew_deadline(&config) => {
+                    tracing::warn!(%error, "lease not renewed; still leading, retrying");
+                    (true, true)
+                }
+                Some(_) => {
+                    tracing::warn!(%error, "lease not renewed in time; stepping down");
+                    renewed = None;
+                    (false, true)
+                }
+                None => {
+                    tracing::warn!(%error, "lease not reachable");
+                    (false, true)
+                }
+            },
         };
         if leader.swap(held, Ordering::AcqRel) != held {
             tracing::info!(identity = %config.identity, leader = held, "leadership changed");
         }
         if let Some(pod) = &config.pod {
-            match tokio::time::timeout(config.renew_every, label_pods(&pods, pod, held)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(pod, error = %e, "leader label not updated"),
-                Err(_) => tracing::warn!(
-                    pod,
-                    "leader label not updated: the API server did not answer"
-                ),
-            }
+            label_bounded(&pods, pod, held, config.renew_every).await;
         }
+        let next = started
+            + if failed && held {
+                retry_every(&config)
+            } else {
+                config.renew_every
+            };
         tokio::select! {
-            () = tokio::time::sleep(config.renew_every) => {}
+            () = tokio::time::sleep_until(next) => {}
             () = &mut stop => break,
         }
     }
     if leader.swap(false, Ordering::AcqRel) {
+        // Bounded too: an API server that does not answer must not hold up the shutdown.
         if let Some(pod) = &config.pod {
-            let _ = label_pods(&pods, pod, false).await;
+            label_bounded(&pods, pod, false, config.renew_every).await;
         }
-        let _ = release(&api, &config).await;
+        match tokio::time::timeout(config.renew_every, release(&api, &config)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "lease not released; it lapses instead"),
+            Err(_) => tracing::warn!("lease not released in time; it lapses instead"),
+        }
+    }
+}
+
+/// [`label_pods`] within `within`.
+async fn label_bounded(pods: &Api<Pod>, pod: &str, leading: bool, within: Duration) {
+    match tokio::time::timeout(within, label_pods(pods, pod, leading)).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!(pod, error = %e, "leader label not updated"),
+        Err(_) => tracing::warn!(
+            pod,
+            "leader label not updated: the API server did not answer"
+        ),
     }
 }
 

@@ -122,10 +122,9 @@ async fn channel(
         .map_err(|e| err(e.to_string()))?
         .connect_timeout(Duration::from_secs(5))
         // Pushes come only when something changed, so a quiet stream is normal. Pings tell a
-        // quiet controller from a vanished one; idle included, since that is the case to catch.
+        // quiet controller from a vanished one (the open stream keeps them going).
         .http2_keep_alive_interval(liveness.ping_every)
         .keep_alive_timeout(liveness.answer_within)
-        .keep_alive_while_idle(true)
         // A snapshot is one message: 0.5 MB at 3,000 routes, 3.5 MB at 20,000. One window holds
         // it whole instead of HTTP/2's default 64 KiB, which took dozens of window updates.
         .initial_stream_window_size(SNAPSHOT_WINDOW)
@@ -167,7 +166,8 @@ pub async fn bootstrap(config: &DiscoveryConfig) -> Result<Svid, DiscoveryError>
     })
 }
 
-/// One stream session: subscribe, then apply pushes until the stream ends.
+/// One stream session: subscribe, then apply pushes until the stream ends. `heard` is set
+/// once a push arrived: the controller was the leader, whatever ended the stream later.
 async fn session(
     config: &DiscoveryConfig,
     endpoint: &str,
@@ -175,6 +175,7 @@ async fn session(
     table: &SharedTable,
     listeners: &mut Listeners,
     cache: Option<&SnapshotCache>,
+    heard: &mut bool,
 ) -> Result<(), DiscoveryError> {
     let mut client = DiscoveryClient::new(
         channel(
@@ -205,6 +206,7 @@ async fn session(
         let Some(controller_message::Kind::Snapshot(push)) = msg.kind else {
             continue;
         };
+        *heard = true;
         if push.snapshot.is_empty() {
             continue;
         }
@@ -382,17 +384,24 @@ pub async fn run(
                 Err(e) => tracing::warn!(error = %e, "bootstrap failed"),
             }
         }
+        let mut heard = false;
         let result = match &svid {
             Some(s) => {
                 let endpoint =
                     config.endpoints[endpoint_index % config.endpoints.len().max(1)].clone();
                 tokio::select! {
-                    r = session(&config, &endpoint, s, &table, listeners, cache) => r,
+                    r = session(&config, &endpoint, s, &table, listeners, cache, &mut heard) => r,
                     () = &mut stop => return,
                 }
             }
             None => Err(DiscoveryError::Connect("no SVID".into())),
         };
+        // A stream that carried snapshots proves the SVID and the endpoint good: however it
+        // ended (a lost connection after days), that is not a streak of failures that calls
+        // for a new SVID.
+        if heard {
+            failures = 0;
+        }
         let delay = match &result {
             Ok(()) => {
                 tracing::info!("the controller ended the discovery stream; reconnecting");
@@ -400,6 +409,9 @@ pub async fn run(
                 Duration::from_millis(250)
             }
             Err(e) if e.is_not_leader() => {
+                if heard {
+                    tracing::info!("the controller stopped leading; looking for the new leader");
+                }
                 endpoint_index += 1;
                 Duration::from_millis(250 + jitter(250))
             }

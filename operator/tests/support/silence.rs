@@ -1,5 +1,5 @@
-//! A TCP relay between a discovery client and server that can make the connections it carries
-//! go silent: bytes stop moving both ways, yet neither end sees a FIN or a reset, as when a
+//! A TCP relay (to a discovery server, to the API server) that can make the connections it
+//! carries go silent: bytes stop moving both ways, yet neither end sees a FIN or a reset, as when a
 //! Pod's network is torn down under an open connection. Connections opened later pass, unless
 //! the relay is cut.
 
@@ -35,13 +35,15 @@ impl SilenceRelay {
         tokio::spawn(async move {
             while let Ok((mut client, _)) = listener.accept().await {
                 count.send_modify(|n| *n += 1);
+                // The generation first: `cut` sets its flag before it bumps the generation, so
+                // a connection either sees the flag here or is silenced by the bump.
+                let mut silenced = generations.subscribe();
+                let born = *silenced.borrow_and_update();
                 if is_cut.load(std::sync::atomic::Ordering::Acquire) {
                     // Accepted (the kernel would have done so anyway) and never answered.
                     kept.lock().unwrap().push((client, None));
                     continue;
                 }
-                let mut silenced = generations.subscribe();
-                let born = *silenced.borrow_and_update();
                 let kept = kept.clone();
                 tokio::spawn(async move {
                     let Ok(mut server) = TcpStream::connect(("127.0.0.1", target)).await else {
