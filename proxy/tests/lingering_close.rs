@@ -123,7 +123,9 @@ async fn a_client_still_sending_a_refused_head_reads_the_refusal() {
 }
 
 /// A chunked body past its route's limit: Pingora counts it as it streams and answers 413
-/// with the rest unread.
+/// with the rest unread. The backend waits before it answers: the echo backend answers
+/// without reading a body, and its 200 could otherwise reach the client first (a CI run saw
+/// that over TLS), which is a proxy relaying an early answer, not the close under test.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_still_sending_a_body_past_the_limit_reads_the_413() {
     let chunk = [b"10000\r\n".as_slice(), &[b'b'; 0x10000], b"\r\n"].concat();
@@ -133,14 +135,15 @@ async fn a_client_still_sending_a_body_past_the_limit_reads_the_413() {
             ..Limits::default()
         })
         .await;
-        let head = b"POST /small HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let head =
+            b"POST /small?delay_ms=5000 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
         let status = status_while_sending(ports.http, head, &chunk, engine).await;
         assert_eq!(status, 413, "{engine}");
         proxy.stop().await;
     }
 }
 
-/// The same over TLS: what is left unread is records.
+/// The same over TLS: what is left unread is records. The backend waits as above.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tls_client_still_sending_a_body_past_the_limit_reads_the_413() {
     let chunk = [b"10000\r\n".as_slice(), &[b'b'; 0x10000], b"\r\n"].concat();
@@ -155,7 +158,8 @@ async fn a_tls_client_still_sending_a_body_past_the_limit_reads_the_413() {
             .unwrap();
         let name = rustls::pki_types::ServerName::try_from("proxy.example").unwrap();
         let tls = connector(&[b"http/1.1"]).connect(name, tcp).await.unwrap();
-        let head = b"POST /small HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+        let head =
+            b"POST /small?delay_ms=5000 HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
         let status = status_over(tls, head, &chunk, engine).await;
         assert_eq!(status, 413, "{engine}");
         proxy.stop().await;
