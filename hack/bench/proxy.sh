@@ -49,7 +49,9 @@
 # its CPU went; the sampling costs a little CPU of its own, so take figures from a run without;
 # BENCH_PERF_CALL_GRAPH=dwarf gives call chains through code built without frame pointers,
 # at a much larger file), BENCH_NSTAT=1 (print the TCP segments the whole machine sent per
-# request, and the pure ACKs, in the notes column; the load is all on loopback).
+# request, and the pure ACKs, in the notes column; the load is all on loopback), BENCH_SYSCALLS=1
+# (print the system calls each proxy made per request, with the epoll waits among them, in
+# the notes column: every process and thread of it, counted by perf over the measured load).
 set -euo pipefail
 # The idle scenarios hold thousands of connections open, on each side.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
@@ -334,11 +336,20 @@ measure() {
     perf_pid=$!
   fi
   [[ -n ${BENCH_NSTAT:-} ]] && nstat -n >/dev/null
+  local counting=""
+  if [[ -n ${BENCH_SYSCALLS:-} ]]; then
+    syscall_count_start "$4"
+    counting=$!
+  fi
   before=$(cpu_ticks "$4")
   user_before=$(cpu_ticks "$4" user)
   IFS=$'\t' read -r requests rps p99 notes < <(load "$1" "$seconds")
   after=$(cpu_ticks "$4")
   user_after=$(cpu_ticks "$4" user)
+  if [[ -n $counting ]]; then
+    syscall_count_end "$counting"
+    notes="${notes:+$notes }$(syscalls_per_request "$requests")"
+  fi
   if [[ -n ${BENCH_NSTAT:-} ]]; then
     # Every TCP segment the machine sent during the load, and the pure ACKs among those
     # received, per request: what each request cost the kernels of all three processes.
@@ -355,6 +366,29 @@ measure() {
   cpu_us=$(per_request $((after - before)) "$requests")
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$rps" "$p99" "$cpu_us" \
     "$(per_request $((user_after - user_before)) "$requests")" "$notes" >> "$work/results.tsv"
+}
+
+# BENCH_SYSCALLS: perf counts the system calls of a proxy (its process, its children and all
+# their threads) from syscall_count_start (in the background: $! is the counter) until
+# syscall_count_end (not in a subshell: it waits for the counter to write its file);
+# syscalls_per_request prints them. $1 pid; $1 counter; $1 requests.
+syscall_count_start() {
+  local procs
+  procs=$(printf '%s\n' "$1" $(pgrep -P "$1" || true) | paste -sd,)
+  perf stat -x, -o "$work/syscalls.csv" -p "$procs" \
+    -e raw_syscalls:sys_enter,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_epoll_pwait 2>/dev/null &
+  # perf attaches before it counts; a moment lets it, so the count covers the whole load.
+  sleep 0.2
+}
+syscall_count_end() {
+  kill -INT "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+syscalls_per_request() {
+  awk -F, -v n="$1" '
+    $3 ~ /raw_syscalls:sys_enter/ { all = $1 } $3 ~ /sys_enter_epoll_(p)?wait/ { epoll += $1 }
+    END { if (n > 0) printf "syscalls/req %.2f (epoll waits %.2f)", all / n, epoll / n }' \
+    "$work/syscalls.csv"
 }
 
 stop_last() { kill "${pids[-1]}" 2>/dev/null || true; wait "${pids[-1]}" 2>/dev/null || true; unset 'pids[-1]'; sleep 0.5; }
