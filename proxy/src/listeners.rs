@@ -63,8 +63,9 @@ fn table_active(table: &SharedTable) -> Arc<AtomicUsize> {
 
 struct Running {
     binding: Binding,
-    /// The accept loop, or a UDP port's receive loop (which holds its flows).
-    accept: JoinHandle<()>,
+    /// The accept loops (one per connection worker), or a UDP port's receive loop (which
+    /// holds its flows).
+    accept: Vec<JoinHandle<()>>,
     /// None on UDP ports.
     proxy: Option<Arc<HttpProxy<Gateway>>>,
     /// Tells fast-path connections idling between requests to close.
@@ -75,11 +76,15 @@ impl Running {
     /// Stops accepting, and wakes connections idling between keep-alive requests so they
     /// close; requests in flight finish. A UDP port's flows end at once.
     async fn stop(self) {
-        self.accept.abort();
-        // The socket closes when the aborted task is dropped, which the runtime does later:
+        for task in &self.accept {
+            task.abort();
+        }
+        // The socket closes when the aborted tasks are dropped, which their runtimes do later:
         // wait for it, or a snapshot that gives the port back at once (a Gateway's internal
         // port freed and allocated again) finds it still in use and cannot bind it.
-        let _ = self.accept.await;
+        for task in self.accept {
+            let _ = task.await;
+        }
         let _ = self.closing.send(true);
         if let Some(proxy) = self.proxy {
             proxy.cleanup().await;
@@ -190,7 +195,7 @@ impl Listeners {
                             port,
                             Running {
                                 binding,
-                                accept: receive,
+                                accept: vec![receive],
                                 proxy: None,
                                 closing,
                             },
@@ -215,28 +220,36 @@ impl Listeners {
                     };
                     let proxy = self.proxy_for(port, binding.public_port, https);
                     let (closing, closed) = watch::channel(false);
-                    let accept = tokio::spawn(accept_loop(
-                        listener,
-                        Connection {
-                            proxy: proxy.clone(),
-                            tls: https.then(|| self.acceptor(port, true)),
-                            relay,
-                            table: self.table.clone(),
-                            limits: self.limits.clone(),
-                            port,
-                            public_port: binding.public_port,
-                            shutdown: self.shutdown.clone(),
-                            closing: closed,
-                            peer: SocketAddr::new(self.bind_ip, 0),
-                            _guard: None,
+                    let template = Connection {
+                        proxy: proxy.clone(),
+                        tls: https.then(|| self.acceptor(port, true)),
+                        relay,
+                        table: self.table.clone(),
+                        limits: self.limits.clone(),
+                        port,
+                        public_port: binding.public_port,
+                        shutdown: self.shutdown.clone(),
+                        closing: closed,
+                        peer: SocketAddr::new(self.bind_ip, 0),
+                        _guard: None,
+                    };
+                    let admission = Admission {
+                        active: self.active.clone(),
+                        permits: self.permits.clone(),
+                        metrics: self.table.metrics().clone(),
+                    };
+                    let accept = match &self.workers {
+                        None => vec![tokio::spawn(accept_loop(listener, template, admission))],
+                        Some(workers) => match listener.into_std() {
+                            Ok(shared) => {
+                                accept_on_workers(workers, &shared, &template, &admission)
+                            }
+                            Err(source) => {
+                                errors.push(ListenError::Bind { addr, source });
+                                continue;
+                            }
                         },
-                        Admission {
-                            active: self.active.clone(),
-                            permits: self.permits.clone(),
-                            metrics: self.table.metrics().clone(),
-                        },
-                        self.workers.clone(),
-                    ));
+                    };
                     tracing::info!(port, ?protocol, "listener bound");
                     self.running.insert(
                         port,
@@ -347,6 +360,7 @@ fn pingora_conf() -> ServerConf {
 
 /// What a connection needs to be let in: a permit under the connection limit, and a place
 /// in the active count.
+#[derive(Clone)]
 struct Admission {
     active: Arc<AtomicUsize>,
     permits: Arc<Semaphore>,
@@ -367,13 +381,33 @@ impl Admission {
     }
 }
 
-/// Accepts connections; `template` is what each one is served with.
-async fn accept_loop(
-    listener: TcpListener,
-    template: Connection,
-    admission: Admission,
-    workers: Option<Workers>,
-) {
+/// Each worker accepts on the port for itself, from its own registration of the one
+/// listening socket, and serves what it accepts: a connection starts on the thread that
+/// will serve it. Accepted on one thread and handed to another, each new connection cost two
+/// more epoll_ctl calls, an eventfd write and a wake-up of the other thread; with one request
+/// per connection (new TLS clients) the handover's latency left a third of the worker idle.
+fn accept_on_workers(
+    workers: &Workers,
+    shared: &std::net::TcpListener,
+    template: &Connection,
+    admission: &Admission,
+) -> Vec<JoinHandle<()>> {
+    workers.spawn_on_each(|| {
+        let listener = shared.try_clone();
+        let (template, admission) = (template.clone(), admission.clone());
+        async move {
+            let registered = listener.and_then(TcpListener::from_std);
+            match registered {
+                Ok(listener) => accept_loop(listener, template, admission).await,
+                Err(e) => tracing::error!(error = %e, "a worker cannot accept on the port"),
+            }
+        }
+    })
+}
+
+/// Accepts connections and serves them on the runtime that accepts them; `template` is what
+/// each one is served with.
+async fn accept_loop(listener: TcpListener, template: Connection, admission: Admission) {
     loop {
         let (tcp, peer) = match listener.accept().await {
             Ok(c) => c,
@@ -396,21 +430,7 @@ async fn accept_loop(
             _guard: Some(Arc::new(ActiveGuard::new(admission.active.clone(), permit))),
             ..template.clone()
         };
-        match &workers {
-            None => {
-                tokio::spawn(conn.serve(tcp));
-            }
-            // The socket moves to the worker's reactor: registered there, driven there.
-            Some(workers) => match tcp.into_std() {
-                Ok(std) => workers.spawn(async move {
-                    match tokio::net::TcpStream::from_std(std) {
-                        Ok(tcp) => conn.serve(tcp).await,
-                        Err(e) => tracing::warn!(error = %e, "connection not registered"),
-                    }
-                }),
-                Err(e) => tracing::warn!(error = %e, "connection not handed to a worker"),
-            },
-        }
+        tokio::spawn(conn.serve(tcp));
     }
 }
 

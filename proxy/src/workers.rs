@@ -1,6 +1,6 @@
 //! Connection workers: each a thread running its own single-threaded tokio runtime.
 //!
-//! A connection is handed to one worker when it is accepted and stays there, with its upstream
+//! A connection is accepted by one worker and stays there, with its upstream
 //! connections, timers and mirrors, as an nginx worker keeps its connections. Nothing is
 //! stolen between threads, so a request never pays for cross-thread wake-ups, and each worker
 //! keeps its own pool of upstream connections (see `index`): a pooled connection is always
@@ -81,6 +81,16 @@ impl Workers {
     }
 }
 
+impl Workers {
+    /// Runs a task made by `make` on every worker; the handles are in worker order.
+    pub fn spawn_on_each<F>(&self, mut make: impl FnMut() -> F) -> Vec<tokio::task::JoinHandle<()>>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        self.inner.handles.iter().map(|h| h.spawn(make())).collect()
+    }
+}
+
 /// The index of the worker running the current task (0 outside a worker), so per-worker state
 /// such as upstream connection pools can be kept apart.
 pub fn index() -> usize {
@@ -129,5 +139,32 @@ mod tests {
         let threads: HashSet<&String> = seen.iter().map(|(_, t)| t).collect();
         assert_eq!(threads.len(), 3);
         assert_eq!(index(), 0, "outside a worker");
+    }
+
+    #[test]
+    fn spawn_on_each_runs_one_task_on_every_worker_in_order() {
+        let workers = Workers::start(3).expect("threads start");
+        let (tx, rx) = std::sync::mpsc::channel();
+        let handles = workers.spawn_on_each(|| {
+            let tx = tx.clone();
+            async move {
+                let _ = tx.send(index());
+            }
+        });
+        let mut ran: Vec<usize> = (0..3)
+            .map(|_| {
+                rx.recv_timeout(std::time::Duration::from_secs(5))
+                    .expect("every task runs")
+            })
+            .collect();
+        ran.sort_unstable();
+        assert_eq!(ran, vec![0, 1, 2]);
+        // Awaited from another runtime, as a port's accept loops are when it closes.
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime");
+        for handle in handles {
+            assert!(runtime.block_on(handle).is_ok(), "the task finished");
+        }
     }
 }
