@@ -145,7 +145,7 @@ impl Listeners {
         self
     }
 
-    /// Runs connections on these workers rather than on the runtime that accepts them.
+    /// Accepts and runs connections on these workers rather than on the caller's runtime.
     pub fn with_workers(mut self, workers: Workers) -> Self {
         self.workers = Some(workers);
         self
