@@ -50,7 +50,8 @@
 # BENCH_PERF_CALL_GRAPH=dwarf gives call chains through code built without frame pointers,
 # at a much larger file), BENCH_NSTAT=1 (print the TCP segments the whole machine sent per
 # request, and the pure ACKs, in the notes column; the load is all on loopback), BENCH_SYSCALLS=1
-# (print the system calls each proxy made per request, with the epoll waits among them, in
+# (print the system calls each proxy made per request, with the epoll waits, epoll_ctl and
+# write calls among them (a connection handed between threads shows in the last two), in
 # the notes column: every process and thread of it, counted by perf over the measured load).
 set -euo pipefail
 # The idle scenarios hold thousands of connections open, on each side.
@@ -376,7 +377,8 @@ syscall_count_start() {
   local procs
   procs=$(printf '%s\n' "$1" $(pgrep -P "$1" || true) | paste -sd,)
   perf stat -x, -o "$work/syscalls.csv" -p "$procs" \
-    -e raw_syscalls:sys_enter,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_epoll_pwait 2>/dev/null &
+    -e raw_syscalls:sys_enter,syscalls:sys_enter_epoll_wait,syscalls:sys_enter_epoll_pwait \
+    -e syscalls:sys_enter_epoll_ctl,syscalls:sys_enter_write 2>/dev/null &
   # perf attaches before it counts; a moment lets it, so the count covers the whole load.
   sleep 0.2
 }
@@ -387,7 +389,9 @@ syscall_count_end() {
 syscalls_per_request() {
   awk -F, -v n="$1" '
     $3 ~ /raw_syscalls:sys_enter/ { all = $1 } $3 ~ /sys_enter_epoll_(p)?wait/ { epoll += $1 }
-    END { if (n > 0) printf "syscalls/req %.2f (epoll waits %.2f)", all / n, epoll / n }' \
+    $3 ~ /sys_enter_epoll_ctl/ { ctl = $1 } $3 ~ /sys_enter_write$/ { write = $1 }
+    END { if (n > 0) printf "syscalls/req %.2f (epoll waits %.2f, epoll_ctl %.2f, write %.2f)",
+      all / n, epoll / n, ctl / n, write / n }' \
     "$work/syscalls.csv"
 }
 
