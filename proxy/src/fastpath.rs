@@ -4,14 +4,15 @@
 //!
 //! The fast path exists because, for the most common request, Pingora's per-request
 //! machinery (header maps rebuilt on both sides, a task pair joined by channels, an upstream
-//! pool that spawns a task and takes locks per release) has nothing to do: no body streams,
+//! pool that spawns a task and takes locks per release) has nothing to do: no chunked body,
 //! no protocol changes, at most a few header fields edited. Such a request (HTTP/1.1, no body
-//! or a Content-Length one of at most `MAX_BODY`, no upgrade, on a route that only forwards to
-//! HTTP/1 backends, with plain header modifiers at most: `CompiledRoute::passthrough`, decided
-//! once per snapshot) is written upstream with its fields as they came, except for a
-//! normalised target, the forwarded fields (`forwarded`) and the modifiers' edits (`heads`),
-//! over a connection from this worker's pool, and the response is copied back with its
-//! framing checked (`http1`) so both connections stay reusable.
+//! or a Content-Length one, no upgrade, on a route that only forwards to HTTP/1 backends,
+//! with plain header modifiers at most: `CompiledRoute::passthrough`, decided once per
+//! snapshot) is written upstream with its fields as they came, except for a normalised
+//! target, the forwarded fields (`forwarded`) and the modifiers' edits (`heads`), over a
+//! connection from this worker's pool, and the response is copied back with its framing
+//! checked (`http1`) so both connections stay reusable. A body of at most `MAX_BODY` is read
+//! whole and sent with the head; a larger one streams after it (`stream`).
 //!
 //! Any other request goes to Pingora with its bytes put back. Pingora serves it and returns
 //! the connection, and the next request is read here again.
@@ -44,9 +45,9 @@ const MAX_RESPONSE_HEADERS: usize = 128;
 const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 /// Room for the request line on top of the header bytes the limits allow.
 const REQUEST_LINE: usize = 8 * 1024;
-/// The largest Content-Length body this path takes. It is read whole before the request goes
-/// upstream, so a request sent again on a fresh connection (see `exchange`) still has it; the
-/// same bound as Pingora's retry buffer. Larger and chunked bodies stream through Pingora.
+/// The largest Content-Length body read whole before the request goes upstream, so a request
+/// sent again on a fresh connection (see `exchange`) still has it: the same bound as
+/// Pingora's retry buffer. Larger ones stream (`stream`); chunked ones go through Pingora.
 const MAX_BODY: u64 = 64 * 1024;
 /// What a client connection's request buffer shrinks back to after a large body.
 const KEPT_BUFFER: usize = 16 * 1024;
@@ -177,7 +178,13 @@ async fn request(
                 return Some(Next::Closed);
             }
             if answer.close_client {
-                close(conn, env.limits.request_head).await;
+                // A body the client may still be sending is read and dropped for a while, so
+                // the answer is not lost to a reset.
+                if answer.body > 0 {
+                    crate::conn::linger(conn, env.limits.request_head).await;
+                } else {
+                    close(conn, env.limits.request_head).await;
+                }
                 return Some(Next::Closed);
             }
             if conn.flush().await.is_err() || *env.shutdown.borrow() {
@@ -193,6 +200,9 @@ async fn request(
         }
         Step::Forward(plan) => plan,
     };
+    if plan.body > MAX_BODY as usize {
+        return stream::request(conn, env, req, len, &up_head, plan, started).await;
+    }
     if plan.body > 0 {
         match read_body(conn, req, len + plan.body, env).await {
             Ok(()) => {}
@@ -361,7 +371,7 @@ struct Plan {
     in_flight: Option<crate::upstream::InFlight>,
     /// Header modifiers for the response head (`ResolvedBackend::response_edits`).
     response_edits: Option<Arc<[snap::HeaderModifier]>>,
-    /// The Content-Length body after the head (at most `MAX_BODY`).
+    /// The Content-Length body after the head: read whole up to `MAX_BODY`, streamed past it.
     body: usize,
     /// The client asked to close after this request: the answer says so and the client
     /// connection ends with it.
@@ -400,7 +410,10 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
     }
     let body = match checked.body {
         Body::None => 0,
-        Body::Length(n) if n <= MAX_BODY => n as usize,
+        Body::Length(n) => match usize::try_from(n) {
+            Ok(n) => n,
+            Err(_) => return Step::Pingora,
+        },
         _ => return Step::Pingora,
     };
     let mut close = false;
@@ -427,7 +440,9 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
     let mut step = plan_checked(head, &checked, body, None, env, up_head);
     match &mut step {
         Step::Forward(plan) => plan.close_client = close,
-        Step::Answer(answer) => answer.close_client = close,
+        // A body too large to read and drop here stays unread: the connection ends after
+        // the answer.
+        Step::Answer(answer) => answer.close_client = close || answer.body > MAX_BODY as usize,
         Step::Pingora | Step::Reject(_) => {}
     }
     step
@@ -578,7 +593,22 @@ async fn exchange(
     resp: &mut Vec<u8>,
     env: &Env<'_>,
 ) -> Result<Exchange, u16> {
-    let (mut upstream, sent) = send(request, plan, resp, env).await?;
+    let (upstream, sent) = send(request, plan, resp, env).await?;
+    relay(conn, upstream, sent, plan, resp, env, true).await
+}
+
+/// Copies the answer whose first bytes are in `resp` from `upstream` to the client, for a
+/// request sent at `sent`. `reusable`: the request went whole, so the connection may go back
+/// to the pool once the answer ends cleanly. Err(status): nothing was sent to the client.
+async fn relay(
+    conn: &mut Buffered,
+    mut upstream: tokio::net::TcpStream,
+    sent: Instant,
+    plan: &mut Plan,
+    resp: &mut Vec<u8>,
+    env: &Env<'_>,
+    reusable: bool,
+) -> Result<Exchange, u16> {
     // Response heads: 1xx interim ones are passed on, then the final one.
     let head = loop {
         let h = next_head(&mut upstream, resp, plan, env).await?;
@@ -672,7 +702,7 @@ async fn exchange(
     if conn.flush().await.is_err() {
         return Ok(Exchange::client_done(status));
     }
-    if complete && head.reusable {
+    if complete && head.reusable && reusable {
         pool::put(plan.upstream, upstream, env.limits.upstream_idle);
     }
     Ok(Exchange {
@@ -700,5 +730,6 @@ mod backend;
 pub mod h2;
 mod heads;
 mod read;
+mod stream;
 #[cfg(test)]
 mod tests;

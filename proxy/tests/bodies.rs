@@ -1,8 +1,8 @@
 //! Request bodies on both engines: Content-Length bodies up to 64 KiB are read whole by the
-//! fast path and sent with the head; larger ones stream through Pingora. Either way the
-//! backend gets every byte, a body that an answer (401) refuses is consumed so the next
-//! request on the connection is read from the right place, and pipelined requests after a
-//! body are answered in order.
+//! fast path and sent with the head; larger ones stream after it (`streamed_bodies.rs`).
+//! Either way the backend gets every byte, a body that an answer (401) refuses is consumed so
+//! the next request on the connection is read from the right place (or, when too large to
+//! read here, the connection ends), and pipelined requests after a body are answered in order.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
 mod support;
@@ -107,8 +107,8 @@ async fn bodies_reach_the_backend_whole_and_the_connection_stays_in_step() {
         let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
         let mut buf = Vec::new();
 
-        // 1 KiB in one write, then 64 KiB (the fast path's largest) in pieces, then one byte
-        // more than that, which Pingora streams.
+        // 1 KiB in one write, then 64 KiB (the largest the fast path reads whole) in pieces,
+        // then one byte more than that, which streams.
         for size in [1024, 64 * 1024, 64 * 1024 + 1] {
             let sent = body(size);
             eprintln!("{engine}: POST of {size}");
@@ -216,4 +216,43 @@ async fn a_body_that_stops_halfway_is_answered_408_by_the_fast_path() {
         String::from_utf8_lossy(&answer)
     );
     proxy.stop().await;
+}
+
+/// A request refused (401) with a body larger than the fast path reads whole: the answer
+/// comes before the body is sent, and the connection ends after it on both engines, so the
+/// body is never read as a request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_request_with_a_large_body_ends_its_connection() {
+    for (fast_path, engine) in engines() {
+        let (rec, mut seen) = recording_backend().await;
+        let port = free_port();
+        let snap = snapshot(
+            ROUTES,
+            &[("PORT", port.to_string()), ("REC", rec.port().to_string())],
+        );
+        let proxy = Proxy::start_with(
+            &snap,
+            Limits {
+                fast_path,
+                ..Limits::default()
+            },
+        )
+        .await;
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        // The head and a first part of a 1 MiB body; the rest never comes.
+        let mut req = post("/auth", &body(1 << 20));
+        req.truncate(req.len() - (1 << 19));
+        s.write_all(&req).await.unwrap();
+        let mut buf = Vec::new();
+        assert_eq!(response(&mut s, &mut buf).await.0, 401, "{engine}");
+        assert!(
+            try_response(&mut s, &mut buf).await.is_none(),
+            "{engine}: the connection stayed open"
+        );
+        assert!(
+            seen.try_recv().is_err(),
+            "{engine}: a request went upstream"
+        );
+        proxy.stop().await;
+    }
 }

@@ -78,35 +78,10 @@ pub(super) async fn send(
     // `policy::BROKEN_RESENDS` times); any other may have been acted on. A connection that
     // cannot be opened sent nothing: another endpoint is tried.
     let mut resent = 0;
-    // Endpoints whose connect failed; allocated only when one does.
-    let mut tried: Vec<usize> = Vec::new();
-    let (mut failed, mut slow) = (0, 0);
+    let mut attempts = Attempts::default();
     let within = env.limits.upstream_timeout;
     loop {
-        let target = plan.upstream;
-        let (mut up, reused) = match pool::take(target) {
-            Some(up) => (up, true),
-            None => match connect(target, env.limits.upstream_connect).await {
-                Ok(up) => {
-                    let _ = up.set_nodelay(true);
-                    (up, false)
-                }
-                Err(e) => {
-                    tracing::debug!(upstream = %target, error = %e, "connect failed");
-                    plan.cluster
-                        .record(plan.endpoint, true, &env.limits.outlier);
-                    failed += 1;
-                    if e.kind() != ErrorKind::ConnectionRefused {
-                        slow += 1;
-                    }
-                    if may_connect_again(failed, slow) && plan.move_on(env, &mut tried) {
-                        Metrics::count(&env.table.metrics().connect_retries);
-                        continue;
-                    }
-                    return Err(502);
-                }
-            },
-        };
+        let (mut up, reused) = open(plan, env, &mut attempts).await?;
         let sent = Instant::now();
         resp.clear();
         let answered = match write_both(&mut up, head, body, within).await {
@@ -133,10 +108,58 @@ pub(super) async fn send(
         // to an endpoint it was not sent to (as on Pingora: `Gateway::resend_elsewhere` says
         // why).
         if !reused {
-            if !plan.move_on(env, &mut tried) {
+            if !plan.move_on(env, &mut attempts.tried) {
                 return Err(502);
             }
             Metrics::count(&env.table.metrics().broken_resends);
+        }
+    }
+}
+
+/// The endpoints a request was moved away from, and its failed connects.
+#[derive(Default)]
+pub(super) struct Attempts {
+    /// Endpoints already tried; allocated only when one failed.
+    tried: Vec<usize>,
+    failed: usize,
+    /// Failed connects that did not fail at once (timed out rather than refused).
+    slow: usize,
+}
+
+/// A connection to `plan`'s endpoint: an idle pooled one, else a new one; when connecting
+/// fails, the request moves to another endpoint while `may_connect_again` allows. Returns
+/// the connection and whether it came from the pool. Err(502): no connection.
+pub(super) async fn open(
+    plan: &mut Plan,
+    env: &Env<'_>,
+    attempts: &mut Attempts,
+) -> Result<(TcpStream, bool), u16> {
+    loop {
+        let target = plan.upstream;
+        if let Some(up) = pool::take(target) {
+            return Ok((up, true));
+        }
+        match connect(target, env.limits.upstream_connect).await {
+            Ok(up) => {
+                let _ = up.set_nodelay(true);
+                return Ok((up, false));
+            }
+            Err(e) => {
+                tracing::debug!(upstream = %target, error = %e, "connect failed");
+                plan.cluster
+                    .record(plan.endpoint, true, &env.limits.outlier);
+                attempts.failed += 1;
+                if e.kind() != ErrorKind::ConnectionRefused {
+                    attempts.slow += 1;
+                }
+                if may_connect_again(attempts.failed, attempts.slow)
+                    && plan.move_on(env, &mut attempts.tried)
+                {
+                    Metrics::count(&env.table.metrics().connect_retries);
+                    continue;
+                }
+                return Err(502);
+            }
         }
     }
 }

@@ -1,0 +1,328 @@
+//! Content-Length bodies larger than the fast path reads whole (64 KiB) stream to the backend
+//! as they arrive, on both engines: every byte reaches the backend and the connection stays in
+//! step; a backend that answers before the body ends has its answer relayed without waiting
+//! for the rest; a client that stops halfway gets 408 and the backend's half request is
+//! dropped; a backend that closes halfway gets the client a 502.
+#![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
+
+mod support;
+
+use coxswain_proxy::limits::Limits;
+use std::net::SocketAddr;
+use std::time::Duration;
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+
+const ROUTES: &str = r#"
+listeners:
+- port: {PORT}
+  protocol: PROTOCOL_HTTP
+  virtualHosts:
+  - hostname: ""
+    routes:
+    - source: {kind: HTTPRoute, namespace: t, name: up, rule: 0}
+      backends: [{cluster: "t/b:80", weight: 1}]
+clusters:
+- name: t/b:80
+  endpoints: [{address: 127.0.0.1, port: {B}, ready: true, serving: true}]
+"#;
+
+/// What the backend made of one request.
+#[derive(Debug)]
+enum Seen {
+    /// A whole request: its path and body.
+    Request(String, Vec<u8>),
+    /// The connection ended inside a request's body, after this many of its bytes.
+    CutAt(usize),
+}
+
+/// A backend that answers without a Date field (Pingora adds one to every answer, so its
+/// absence says the fast path served the request). `/early` is answered 413 as soon as its
+/// head is in, and its body then read and dropped; `/drop` is closed after 16 KiB of body;
+/// anything else is answered 200 "ok" once its body is whole.
+async fn backend() -> (SocketAddr, mpsc::UnboundedReceiver<Seen>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = listener.accept().await else {
+                continue;
+            };
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                loop {
+                    let end = loop {
+                        if let Some(e) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                            break e + 4;
+                        }
+                        if !fill(&mut s, &mut buf).await {
+                            return;
+                        }
+                    };
+                    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                    buf.drain(..end);
+                    let path = head.split(' ').nth(1).unwrap_or("").to_owned();
+                    let length: usize = head
+                        .lines()
+                        .find_map(|l| l.strip_prefix("content-length:"))
+                        .map_or(0, |v| v.trim().parse().unwrap());
+                    if path == "/early" {
+                        let answer = b"HTTP/1.1 413 Payload Too Large\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+                        if s.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                    let limit = if path == "/drop" { 16 << 10 } else { length };
+                    while buf.len() < limit {
+                        if !fill(&mut s, &mut buf).await {
+                            let _ = tx.send(Seen::CutAt(buf.len()));
+                            return;
+                        }
+                    }
+                    if path == "/drop" {
+                        return;
+                    }
+                    let body: Vec<u8> = buf.drain(..length).collect();
+                    let _ = tx.send(Seen::Request(path.clone(), body));
+                    if path == "/early" {
+                        return;
+                    }
+                    if s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    (addr, rx)
+}
+
+/// Reads more into `buf`; false at the end of the stream.
+async fn fill(s: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 16384];
+    match s.read(&mut chunk).await {
+        Ok(0) | Err(_) => false,
+        Ok(n) => {
+            buf.extend_from_slice(&chunk[..n]);
+            true
+        }
+    }
+}
+
+/// Reads one answer with a Content-Length body: (head in lower case, body).
+async fn answer(s: &mut TcpStream, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
+    let within = Duration::from_secs(10);
+    let end = loop {
+        if let Some(e) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break e + 4;
+        }
+        let more = tokio::time::timeout(within, fill(s, buf)).await.unwrap();
+        assert!(
+            more,
+            "closed before an answer: {:?}",
+            String::from_utf8_lossy(buf)
+        );
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    buf.drain(..end);
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap());
+    while buf.len() < length {
+        let more = tokio::time::timeout(within, fill(s, buf)).await.unwrap();
+        assert!(more, "closed inside a body");
+    }
+    (head, buf.drain(..length).collect())
+}
+
+/// Reads until the proxy closes the connection; false when it is still open after 10 s.
+async fn closed(s: &mut TcpStream) -> bool {
+    let mut sink = [0u8; 4096];
+    let wait = async { while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {} };
+    tokio::time::timeout(Duration::from_secs(10), wait)
+        .await
+        .is_ok()
+}
+
+fn head(path: &str, length: usize) -> Vec<u8> {
+    format!("POST {path} HTTP/1.1\r\nHost: a.example\r\nContent-Length: {length}\r\n\r\n")
+        .into_bytes()
+}
+
+/// A body of `n` bytes that shows where each byte belongs.
+fn body(n: usize) -> Vec<u8> {
+    (0..n).map(|i| (i % 251) as u8).collect()
+}
+
+async fn start(fast_path: bool, limits: Limits) -> (Proxy, u16, mpsc::UnboundedReceiver<Seen>) {
+    let (b, seen) = backend().await;
+    let port = free_port();
+    let snap = snapshot(
+        ROUTES,
+        &[("PORT", port.to_string()), ("B", b.port().to_string())],
+    );
+    let proxy = Proxy::start_with(
+        &snap,
+        Limits {
+            fast_path,
+            ..limits
+        },
+    )
+    .await;
+    (proxy, port, seen)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_bodies_reach_the_backend_whole_and_the_connection_stays_in_step() {
+    for (fast_path, engine) in engines() {
+        let (proxy, port, mut seen) = start(fast_path, Limits::default()).await;
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut buf = Vec::new();
+        for size in [64 * 1024 + 1, (1 << 20) + 7, 8 << 20] {
+            eprintln!("{engine}: POST of {size}");
+            let sent = body(size);
+            let mut req = head("/up", size);
+            req.extend_from_slice(&sent);
+            // In pieces, so the body arrives over many reads.
+            for piece in req.chunks(50_000) {
+                s.write_all(piece).await.unwrap();
+                tokio::task::yield_now().await;
+            }
+            let (answer_head, answer_body) = answer(&mut s, &mut buf).await;
+            assert!(
+                answer_head.starts_with("http/1.1 200"),
+                "{engine}: {answer_head}"
+            );
+            assert_eq!(answer_body, b"ok", "{engine}");
+            assert_eq!(
+                answer_head.contains("\r\ndate:"),
+                !fast_path,
+                "{engine}: served by the other engine: {answer_head}"
+            );
+            match seen.recv().await.unwrap() {
+                Seen::Request(path, got) => {
+                    assert_eq!(path, "/up", "{engine}");
+                    assert_eq!(got.len(), size, "{engine}");
+                    assert!(got == sent, "{engine}: a body of {size} changed on the way");
+                }
+                other => panic!("{engine}: {other:?}"),
+            }
+        }
+        // The next request on the connection starts where the last body ended.
+        s.write_all(&head("/after", 3)).await.unwrap();
+        s.write_all(b"abc").await.unwrap();
+        let (answer_head, _) = answer(&mut s, &mut buf).await;
+        assert!(
+            answer_head.starts_with("http/1.1 200"),
+            "{engine}: {answer_head}"
+        );
+        match seen.recv().await.unwrap() {
+            Seen::Request(path, got) => {
+                assert_eq!((path.as_str(), &got[..]), ("/after", &b"abc"[..]))
+            }
+            other => panic!("{engine}: {other:?}"),
+        }
+        proxy.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_before_the_body_ends_is_relayed_without_waiting_for_the_rest() {
+    for (fast_path, engine) in engines() {
+        let (proxy, port, _seen) = start(fast_path, Limits::default()).await;
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        // 4 MiB announced, 100 KiB sent, then the client waits for the answer.
+        let mut req = head("/early", 4 << 20);
+        req.extend_from_slice(&body(100 << 10));
+        s.write_all(&req).await.unwrap();
+        let mut buf = Vec::new();
+        let (answer_head, _) = answer(&mut s, &mut buf).await;
+        assert!(
+            answer_head.starts_with("http/1.1 413"),
+            "{engine}: {answer_head}"
+        );
+        if fast_path {
+            // The rest of the body will not be read as a request: the connection ends.
+            assert!(answer_head.contains("connection: close"), "{answer_head}");
+            assert!(closed(&mut s).await, "the connection stayed open");
+        }
+        proxy.stop().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_body_that_stops_gets_408_and_the_half_request_is_dropped() {
+    let limits = Limits {
+        request_head: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let (proxy, port, mut seen) = start(true, limits).await;
+    let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut req = head("/up", 200_000);
+    req.extend_from_slice(&body(70_000));
+    s.write_all(&req).await.unwrap();
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut answer))
+        .await
+        .expect("the proxy closes the connection")
+        .unwrap();
+    assert_eq!(
+        status_of(&answer),
+        Some(408),
+        "{}",
+        String::from_utf8_lossy(&answer)
+    );
+    // The backend saw its connection end after what the client sent, never a whole request.
+    match tokio::time::timeout(Duration::from_secs(10), seen.recv()).await {
+        Ok(Some(Seen::CutAt(n))) => assert_eq!(n, 70_000),
+        other => panic!("{other:?}"),
+    }
+    proxy.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_that_closes_during_a_body_gets_the_client_a_502() {
+    for (fast_path, engine) in engines() {
+        let (proxy, port, _seen) = start(fast_path, Limits::default()).await;
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let size = 1 << 20;
+        let mut req = head("/drop", size);
+        req.extend_from_slice(&body(size));
+        // The proxy may stop reading once the backend is gone: the client's writes are not
+        // the point, its answer is.
+        let (mut rd, mut wr) = s.split();
+        let send = async {
+            let _ = wr.write_all(&req).await;
+            std::future::pending::<()>().await
+        };
+        let mut got = Vec::new();
+        let read = async {
+            let mut chunk = [0u8; 4096];
+            while let Ok(n) = rd.read(&mut chunk).await {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&chunk[..n]);
+            }
+        };
+        tokio::select! {
+            () = send => unreachable!(),
+            r = tokio::time::timeout(Duration::from_secs(10), read) => r.expect("the proxy answers and closes"),
+        }
+        assert_eq!(
+            status_of(&got),
+            Some(502),
+            "{engine}: {}",
+            String::from_utf8_lossy(&got)
+        );
+        proxy.stop().await;
+    }
+}
