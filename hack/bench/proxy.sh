@@ -12,6 +12,7 @@
 #              response fields
 #   post-1k    POST with a 1 KB body
 #   post-64k   POST with a 64 KB body
+#   post-256k  POST with a 256 KB body (streamed to the backend as it arrives)
 #   latency    HTTP/1.1 cleartext keep-alive at a fixed rate every proxy sustains (BENCH_RATE,
 #              default 40,000 req/s, h2load --h1 --rps): latency at equal load, which the
 #              saturated scenarios' p99 cannot compare (there it mostly follows req/s). The
@@ -60,7 +61,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 seconds="${BENCH_SECONDS:-10}"
 connections="${BENCH_CONNECTIONS:-50}"
-scenarios="${BENCH_SCENARIOS:-http https tls-new h2 h2-upload headers post-1k post-64k latency latency-tls auth idle idle-tls idle-h2}"
+scenarios="${BENCH_SCENARIOS:-http https tls-new h2 h2-upload headers post-1k post-64k post-256k latency latency-tls auth idle idle-tls idle-h2}"
 rate="${BENCH_RATE:-40000}"
 latency_rounds="${BENCH_LATENCY_ROUNDS:-5}"
 latency_seconds="${BENCH_LATENCY_SECONDS:-4}"
@@ -129,7 +130,7 @@ openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 \
 cat "$work/cert.pem" "$work/key.pem" > "$work/haproxy.pem"
 
 # Request bodies for the POST scenarios, sent by wrk's Lua hook.
-for size in 1024 65536; do
+for size in 1024 65536 262144; do
   printf 'wrk.method = "POST"\nwrk.body = string.rep("a", %d)\nwrk.headers["Content-Type"] = "application/octet-stream"\n' \
     "$size" > "$work/post-$size.lua"
 done
@@ -199,7 +200,17 @@ h2load_result() {
     }'
 }
 
-# The load of a scenario; prints "requests rps p99 errors". $1 scenario, $2 seconds.
+# The CPU time of a subshell's children per request, in µs, from the output of `times` at its
+# end: the last line holds the children's user and system time, as "0m1.234s 0m0.567s".
+# $1 the output, $2 requests.
+children_us_per_request() {
+  tail -n 1 <<<"$1" | awk -v n="$2" '
+    function secs(t) { split(t, a, "m"); sub("s", "", a[2]); return a[1] * 60 + a[2] }
+    { if (n > 0) printf "%.1f", (secs($1) + secs($2)) * 1e6 / n; else print "n/a" }'
+}
+
+# The load of a scenario; prints "requests rps p99 load-CPU errors" (load-CPU: the load
+# generator's µs per request). $1 scenario, $2 seconds.
 load() {
   local scenario=$1 secs=$2 url out
   url="$(scheme "$scenario")://127.0.0.1:$proxy_port/"
@@ -208,6 +219,7 @@ load() {
     tls-new) wrk_args+=(-H 'Connection: close') ;;
     post-1k) wrk_args+=(-s "$work/post-1024.lua") ;;
     post-64k) wrk_args+=(-s "$work/post-65536.lua") ;;
+    post-256k) wrk_args+=(-s "$work/post-262144.lua") ;;
   esac
   if [[ $scenario == h2 || $scenario == h2-upload ]]; then
     rm -f "$work/h2.log"
@@ -215,7 +227,7 @@ load() {
     [[ $scenario == h2-upload ]] && upload=(-d "$work/upload-262144.bin")
     # 50 connections x 10 concurrent streams; one thread, as each proxy gets one worker.
     out=$("${on_load[@]}" h2load -c"$connections" -m10 -t1 -D"$secs" --log-file="$work/h2.log" \
-      "${upload[@]}" -H "$auth_header" -H 'X-Remove: yes' "$url" 2>&1)
+      "${upload[@]}" -H "$auth_header" -H 'X-Remove: yes' "$url" 2>&1; times)
     local requests rps failed p99 notes=""
     IFS=$'\t' read -r requests rps failed _ p99 _ _ < <(h2load_result "$out" "$work/h2.log")
     [[ $p99 != n/a ]] && p99="${p99}ms"
@@ -224,16 +236,19 @@ load() {
     local non2xx
     non2xx=$(awk '/^status codes:/ {print $5 + $7 + $9}' <<<"$out")
     (( ${non2xx:-0} > 0 )) && notes="$notes non-2xx: $non2xx"
-    printf '%s\t%s\t%s\t%s\n' "$requests" "$rps" "$p99" "$notes"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$requests" "$rps" "$p99" \
+      "$(children_us_per_request "$out" "${requests:-0}")" "$notes"
     return
   fi
-  out=$("${on_load[@]}" wrk "${wrk_args[@]}" "$url")
+  # `times` in the same subshell: the CPU time of its child, the load generator.
+  out=$("${on_load[@]}" wrk "${wrk_args[@]}" "$url"; times)
   local requests rps p99 notes
   rps=$(awk '/^Requests\/sec:/ {print $2}' <<<"$out")
   p99=$(awk '$1=="99%" {print $2}' <<<"$out")
   requests=$(awk '/requests in/ {print $1}' <<<"$out")
   notes=$(awk '/Non-2xx|Socket errors/ {print}' <<<"$out" | tr '\n' ' ')
-  printf '%s\t%s\t%s\t%s\n' "${requests:-0}" "${rps:-0}" "$p99" "$notes"
+  printf '%s\t%s\t%s\t%s\t%s\n' "${requests:-0}" "${rps:-0}" "$p99" \
+    "$(children_us_per_request "$out" "${requests:-0}")" "$notes"
 }
 
 # The latency scenarios' load: BENCH_RATE requests per second spread over the connections,
@@ -248,10 +263,7 @@ paced_load() {
     --log-file="$log" -H "$auth_header" -H 'X-Remove: yes' "$url" 2>&1; times)
   local requests rps failed p50 p99 p999 max load_us notes=""
   IFS=$'\t' read -r requests rps failed p50 p99 p999 max < <(h2load_result "$out" "$log")
-  # The last line is the children's user and system time, as "0m1.234s 0m0.567s".
-  load_us=$(tail -n 1 <<<"$out" | awk -v n="$requests" '
-    function secs(t) { split(t, a, "m"); sub("s", "", a[2]); return a[1] * 60 + a[2] }
-    { if (n > 0) printf "%.1f", (secs($1) + secs($2)) * 1e6 / n; else print "n/a" }')
+  load_us=$(children_us_per_request "$out" "$requests")
   (( failed > 0 )) && notes="failed: $failed"
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$requests" "$rps" "$p50" "$p99" "$p999" "$max" "$load_us" "$notes"
 }
@@ -342,21 +354,28 @@ measure() {
     syscall_count_start "$4"
     counting=$!
   fi
+  local load_us backend_before backend_after
   before=$(cpu_ticks "$4")
   user_before=$(cpu_ticks "$4" user)
-  IFS=$'\t' read -r requests rps p99 notes < <(load "$1" "$seconds")
+  backend_before=$(cpu_ticks "$backend_pid")
+  IFS=$'\t' read -r requests rps p99 load_us notes < <(load "$1" "$seconds")
   after=$(cpu_ticks "$4")
   user_after=$(cpu_ticks "$4" user)
+  backend_after=$(cpu_ticks "$backend_pid")
+  # What the other side cost per request: a proxy that makes them cheaper leaves the shared
+  # CPU more requests to offer.
+  notes="load us/req $load_us, backend us/req $(per_request $((backend_after - backend_before)) "$requests")${notes:+; $notes}"
   if [[ -n $counting ]]; then
     syscall_count_end "$counting"
-    notes="${notes:+$notes }$(syscalls_per_request "$requests")"
+    notes="${notes:+$notes; }$(syscalls_per_request "$requests")"
   fi
   if [[ -n ${BENCH_NSTAT:-} ]]; then
     # Every TCP segment the machine sent during the load, and the pure ACKs among those
-    # received, per request: what each request cost the kernels of all three processes.
-    notes="${notes:+$notes }$(nstat 2>/dev/null | awk -v n="$requests" '
-      /^TcpOutSegs / { out = $2 } /^TcpExtTCPPureAcks / { acks = $2 }
-      END { if (n > 0) printf "segments/req %.2f, pure ACKs/req %.3f", out / n, acks / n }')"
+    # received, per request: what each request cost the kernels of all three processes; and
+    # the connections opened (the load generator's new ones, and a proxy's new ones upstream).
+    notes="${notes:+$notes; }$(nstat 2>/dev/null | awk -v n="$requests" '
+      /^TcpOutSegs / { out = $2 } /^TcpExtTCPPureAcks / { acks = $2 } /^TcpActiveOpens / { opens = $2 }
+      END { if (n > 0) printf "segments/req %.2f, pure ACKs/req %.3f, connects/req %.3f", out / n, acks / n, opens / n }')"
   fi
   if [[ -n $perf_pid ]]; then
     wait "$perf_pid" || true
