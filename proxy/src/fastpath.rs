@@ -593,25 +593,33 @@ async fn exchange(
     resp: &mut Vec<u8>,
     env: &Env<'_>,
 ) -> Result<Exchange, u16> {
-    let (upstream, sent) = send(request, plan, resp, env).await?;
-    relay(conn, upstream, sent, plan, resp, env, true).await
+    let (mut upstream, sent) = send(request, plan, resp, env).await?;
+    let (exchange, reusable) = relay(conn, &mut upstream, sent, plan, resp, env).await?;
+    if reusable {
+        pool::put(plan.upstream, upstream, env.limits.upstream_idle);
+    }
+    Ok(exchange)
 }
 
 /// Copies the answer whose first bytes are in `resp` from `upstream` to the client, for a
-/// request sent at `sent`. `reusable`: the request went whole, so the connection may go back
-/// to the pool once the answer ends cleanly. Err(status): nothing was sent to the client.
-async fn relay(
-    conn: &mut Buffered,
-    mut upstream: tokio::net::TcpStream,
+/// request sent at `sent`; with it, whether the backend connection ended the answer cleanly
+/// (it may go back to the pool if the request went whole). Err(status): nothing was sent to
+/// the client, which gets that status.
+async fn relay<W, R>(
+    conn: &mut W,
+    upstream: &mut R,
     sent: Instant,
     plan: &mut Plan,
     resp: &mut Vec<u8>,
     env: &Env<'_>,
-    reusable: bool,
-) -> Result<Exchange, u16> {
+) -> Result<(Exchange, bool), u16>
+where
+    W: tokio::io::AsyncWrite + Unpin,
+    R: tokio::io::AsyncRead + Unpin,
+{
     // Response heads: 1xx interim ones are passed on, then the final one.
     let head = loop {
-        let h = next_head(&mut upstream, resp, plan, env).await?;
+        let h = next_head(upstream, resp, plan, env).await?;
         if !(100..200).contains(&h.status) {
             break h;
         }
@@ -624,7 +632,7 @@ async fn relay(
             None => write_head(conn, &resp[..h.len], h.version).await,
         };
         if written.is_err() {
-            return Ok(Exchange::client_done(h.status));
+            return Ok((Exchange::client_done(h.status), false));
         }
         resp.drain(..h.len);
     };
@@ -652,7 +660,7 @@ async fn relay(
         write_head(conn, &resp[..head.len], head.version).await
     };
     if written.is_err() {
-        return Ok(Exchange::client_done(status));
+        return Ok((Exchange::client_done(status), false));
     }
     let mut framing = head.framing;
     let mut pos = head.len;
@@ -664,7 +672,7 @@ async fn relay(
                 // The head went out: the client can only see the connection end.
                 tracing::debug!(upstream = %plan.upstream, error = %e, "response body refused");
                 let _ = conn.flush().await;
-                return Ok(Exchange::client_done(status));
+                return Ok((Exchange::client_done(status), false));
             }
         };
         let upto = pos + end;
@@ -674,7 +682,7 @@ async fn relay(
             plan.in_flight = None;
         }
         if conn.write_all(&resp[pos..upto]).await.is_err() {
-            return Ok(Exchange::client_done(status));
+            return Ok((Exchange::client_done(status), false));
         }
         if done {
             // Bytes past the response's end: the backend broke framing; do not reuse it.
@@ -682,11 +690,11 @@ async fn relay(
             break;
         }
         if conn.flush().await.is_err() {
-            return Ok(Exchange::client_done(status));
+            return Ok((Exchange::client_done(status), false));
         }
         resp.clear();
         pos = 0;
-        match read_more(&mut upstream, resp, env.limits.upstream_timeout).await {
+        match read_more(upstream, resp, env.limits.upstream_timeout).await {
             Ok(n) if n > 0 => {}
             end => {
                 // End of stream: the end of a close-delimited body, else a truncated one. A
@@ -695,26 +703,24 @@ async fn relay(
                     plan.stalled(env);
                 }
                 let _ = conn.flush().await;
-                return Ok(Exchange::client_done(status));
+                return Ok((Exchange::client_done(status), false));
             }
         }
     }
     if conn.flush().await.is_err() {
-        return Ok(Exchange::client_done(status));
+        return Ok((Exchange::client_done(status), false));
     }
-    if complete && head.reusable && reusable {
-        pool::put(plan.upstream, upstream, env.limits.upstream_idle);
-    }
-    Ok(Exchange {
+    let exchange = Exchange {
         status,
         keep_client: framing.delimited() && !plan.close_client,
-    })
+    };
+    Ok((exchange, complete && head.reusable))
 }
 
 /// Writes a response head to the client; an HTTP/1.0 backend's status line goes out as
 /// HTTP/1.1, the version this proxy speaks.
-async fn write_head(
-    conn: &mut Buffered,
+async fn write_head<W: tokio::io::AsyncWrite + Unpin>(
+    conn: &mut W,
     head: &[u8],
     version: http1::Version,
 ) -> std::io::Result<()> {

@@ -14,7 +14,7 @@ use crate::upstream::{may_connect_again, pool};
 use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 impl Plan {
@@ -167,8 +167,8 @@ pub(super) async fn open(
 /// Reads until a whole response head (interim or final) starts `resp`. Err(502): the
 /// backend closed or sent something that is not a response head (counted against it), or
 /// a 101; Err(504): it sent nothing more within the upstream timeout.
-pub(super) async fn next_head(
-    upstream: &mut TcpStream,
+pub(super) async fn next_head<R: AsyncRead + Unpin>(
+    upstream: &mut R,
     resp: &mut Vec<u8>,
     plan: &Plan,
     env: &Env<'_>,
@@ -248,8 +248,8 @@ pub(super) async fn write_both(
 
 /// Reads what is available into the spare capacity of `buf`, waiting at most `within` for it;
 /// past that, a timed-out error.
-pub(super) async fn read_more(
-    up: &mut TcpStream,
+pub(super) async fn read_more<R: AsyncRead + Unpin>(
+    up: &mut R,
     buf: &mut Vec<u8>,
     within: Duration,
 ) -> std::io::Result<usize> {

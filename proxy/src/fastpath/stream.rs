@@ -9,18 +9,23 @@
 //! - Each read of the body may wait the head deadline (`Limits::request_head`), restarting
 //!   with every read; a client that stops sending gets 408, and the backend connection,
 //!   left with half a request, is dropped.
-//! - A backend may answer before the body ends (a 413 of its own, a redirect): the answer is
-//!   relayed at once and no more of the body is sent. That backend connection is not reused,
-//!   and the client's closes after the answer, its unsent body read and dropped for a while
-//!   (`conn::linger`) so a reset does not cost the client the answer.
+//! - The answer is relayed as it comes while the body still goes up: a backend may answer
+//!   before the body ends (a 413 of its own), or stream its answer while it reads (an echo).
+//!   An answer that ends before the whole body went ends the exchange: that backend
+//!   connection is not reused, and the client's closes after the answer, its unsent body
+//!   read and dropped for a while (`conn::linger`) so a reset does not cost the client the
+//!   answer. A client that stops sending after the answer began gets the rest of it.
 
 use super::backend::{Attempts, open, read_more, write_both};
 use super::heads::status_response;
 use super::{ANSWER_BUFFER, Env, Exchange, KEPT_BUFFER, Next, Plan, relay};
 use crate::conn::Buffered;
+use crate::upstream::pool;
+use futures::FutureExt;
 use std::io::ErrorKind;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// The most of a body held between the client and the backend at a time.
@@ -30,13 +35,11 @@ const CHUNK: usize = 64 * 1024;
 enum Pumped {
     /// All of it went.
     Whole,
-    /// The backend's answer began first; its first bytes are in the answer buffer.
-    Answered,
     /// The client closed (or its connection failed) before the body's end.
     ClientLeft,
     /// The client sent nothing within the head deadline.
     ClientSlow,
-    /// Writing to or reading from the backend failed, or it closed.
+    /// Writing to the backend failed (it closed, or took nothing within the upstream timeout).
     BackendFailed(std::io::Error),
 }
 
@@ -92,7 +95,9 @@ pub(super) async fn request(
     Some(Next::Closed)
 }
 
-/// Sends the head and the body upstream and relays the answer. Err(status): nothing was
+/// Sends the head, then the body as it comes while the answer is relayed as it comes: a
+/// backend may answer before the body ends, and one that streams its answer while it reads
+/// (an echo, a progress feed) needs both directions moving at once. Err(status): nothing was
 /// sent to the client, which gets that status (0: the client left, nothing to send).
 async fn forward(
     conn: &mut Buffered,
@@ -103,33 +108,69 @@ async fn forward(
     env: &Env<'_>,
 ) -> Result<Exchange, u16> {
     let (mut upstream, sent) = send_head(request, plan, env).await?;
-    match pump(conn, &mut upstream, rest, resp, env).await {
-        Pumped::Whole => {
-            if resp.is_empty() {
-                match read_more(&mut upstream, resp, env.limits.upstream_timeout).await {
-                    Ok(n) if n > 0 => {}
-                    Err(e) if e.kind() == ErrorKind::TimedOut => return Err(plan.timed_out(env)),
-                    _ => return Err(backend_failed(plan, env)),
+    // Set once the backend's answer began: past it, a client that stops sending can no
+    // longer be told 408.
+    let answering = AtomicBool::new(false);
+    let target = plan.upstream;
+    let (relayed, body_whole) = {
+        let (client_in, mut client_out) = tokio::io::split(&mut *conn);
+        let (mut up_in, up_out) = upstream.split();
+        let pump = pump(client_in, up_out, rest, env);
+        let answer = async {
+            match read_more(&mut up_in, resp, env.limits.upstream_timeout).await {
+                Ok(n) if n > 0 => answering.store(true, Ordering::Relaxed),
+                Err(e) if e.kind() == ErrorKind::TimedOut => return Err(plan.timed_out(env)),
+                _ => return Err(backend_failed(plan, env)),
+            }
+            relay(&mut client_out, &mut up_in, sent, plan, resp, env).await
+        };
+        tokio::pin!(pump, answer);
+        // The pump finished, and whether with the whole body.
+        let (mut pumped, mut whole) = (false, false);
+        loop {
+            tokio::select! {
+                // The pump first: an answer that ends just as the body's last bytes went
+                // must not pass for one that came before them.
+                biased;
+                body = &mut pump, if !pumped => match body {
+                    Pumped::Whole => (pumped, whole) = (true, true),
+                    Pumped::ClientLeft => return Err(0),
+                    Pumped::ClientSlow if !answering.load(Ordering::Relaxed) => {
+                        tracing::debug!(peer = %env.peer, "request body stalled past the head deadline");
+                        return Err(408);
+                    }
+                    // The answer began (and may end without the rest of the body), or the
+                    // backend stopped taking the body: what it answers decides.
+                    Pumped::ClientSlow => pumped = true,
+                    Pumped::BackendFailed(e) => {
+                        tracing::debug!(upstream = %target, error = %e, "backend took no more of a request body");
+                        pumped = true;
+                    }
+                },
+                relayed = &mut answer => {
+                    // The echo of the body's last bytes can complete the answer in the
+                    // same wake-up as their write completes the pump.
+                    if !pumped {
+                        whole = matches!((&mut pump).now_or_never(), Some(Pumped::Whole));
+                    }
+                    break (relayed, whole);
                 }
             }
-            relay(conn, upstream, sent, plan, resp, env, true).await
         }
-        Pumped::Answered => {
-            // The rest of the body stays unread: the client connection cannot go on.
-            plan.close_client = true;
-            relay(conn, upstream, sent, plan, resp, env, false).await
-        }
-        Pumped::ClientLeft => Err(0),
-        Pumped::ClientSlow => {
-            tracing::debug!(peer = %env.peer, "request body stalled past the head deadline");
-            Err(408)
-        }
-        Pumped::BackendFailed(e) if e.kind() == ErrorKind::TimedOut => Err(plan.timed_out(env)),
-        Pumped::BackendFailed(e) => {
-            tracing::debug!(upstream = %plan.upstream, error = %e, "backend failed during a request body");
-            Err(backend_failed(plan, env))
-        }
+    };
+    let (exchange, reusable) = relayed?;
+    if !body_whole {
+        // Answered before the body was all sent: the rest of it is still on its way from
+        // the client, and the backend connection holds half a request. Neither goes on.
+        return Ok(Exchange {
+            status: exchange.status,
+            keep_client: false,
+        });
     }
+    if reusable {
+        pool::put(plan.upstream, upstream, env.limits.upstream_idle);
+    }
+    Ok(exchange)
 }
 
 /// A backend that closed or failed in the middle of a request: counted against its endpoint.
@@ -169,77 +210,32 @@ async fn send_head(
     }
 }
 
-/// Copies `rest` bytes of body from the client to `up`, a chunk at a time, until they all
-/// went or the backend's answer begins (read into `resp`).
-async fn pump(
-    conn: &mut Buffered,
-    up: &mut TcpStream,
+/// Copies `rest` bytes of body from the client to the backend, a chunk at a time.
+async fn pump<R: AsyncRead + Unpin>(
+    mut client: R,
+    mut up: tokio::net::tcp::WriteHalf<'_>,
     mut rest: usize,
-    resp: &mut Vec<u8>,
     env: &Env<'_>,
 ) -> Pumped {
     if rest == 0 {
         return Pumped::Whole;
     }
     let mut chunk = vec![0u8; rest.min(CHUNK)];
-    let (reader, mut writer) = up.split();
-    let backend: &TcpStream = reader.as_ref();
     while rest > 0 {
         let want = rest.min(chunk.len());
-        let n = loop {
-            tokio::select! {
-                biased;
-                ready = backend.readable() => {
-                    if let Some(end) = answered_early(backend, ready, resp) {
-                        return end;
-                    }
-                }
-                read = tokio::time::timeout(env.limits.request_head, conn.read(&mut chunk[..want])) => {
-                    match read {
-                        Ok(Ok(n)) if n > 0 => break n,
-                        Ok(_) => return Pumped::ClientLeft,
-                        Err(_) => return Pumped::ClientSlow,
-                    }
-                }
-            }
+        let n = match tokio::time::timeout(env.limits.request_head, client.read(&mut chunk[..want]))
+            .await
+        {
+            Ok(Ok(n)) if n > 0 => n,
+            Ok(_) => return Pumped::ClientLeft,
+            Err(_) => return Pumped::ClientSlow,
         };
         rest -= n;
-        let write =
-            tokio::time::timeout(env.limits.upstream_timeout, writer.write_all(&chunk[..n]));
-        tokio::pin!(write);
-        loop {
-            tokio::select! {
-                biased;
-                ready = backend.readable() => {
-                    if let Some(end) = answered_early(backend, ready, resp) {
-                        return end;
-                    }
-                }
-                written = &mut write => match written {
-                    Ok(Ok(())) => break,
-                    Ok(Err(e)) => return Pumped::BackendFailed(e),
-                    Err(_) => return Pumped::BackendFailed(ErrorKind::TimedOut.into()),
-                },
-            }
+        match tokio::time::timeout(env.limits.upstream_timeout, up.write_all(&chunk[..n])).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Pumped::BackendFailed(e),
+            Err(_) => return Pumped::BackendFailed(ErrorKind::TimedOut.into()),
         }
     }
     Pumped::Whole
-}
-
-/// The backend's side became readable while the body was being sent: the start of its
-/// answer (read into `resp`), its close, or nothing after all (None: go on).
-fn answered_early(
-    backend: &TcpStream,
-    ready: std::io::Result<()>,
-    resp: &mut Vec<u8>,
-) -> Option<Pumped> {
-    if let Err(e) = ready {
-        return Some(Pumped::BackendFailed(e));
-    }
-    match backend.try_read_buf(resp) {
-        Ok(0) => Some(Pumped::BackendFailed(ErrorKind::UnexpectedEof.into())),
-        Ok(_) => Some(Pumped::Answered),
-        Err(e) if e.kind() == ErrorKind::WouldBlock => None,
-        Err(e) => Some(Pumped::BackendFailed(e)),
-    }
 }
