@@ -6,8 +6,8 @@
 #   https      HTTPS keep-alive, TLS 1.3, ECDSA P-256 certificate (wrk)
 #   tls-new    one request per TLS connection: a full handshake each (wrk, Connection: close)
 #   h2         HTTP/2 over TLS, 50 connections x 10 streams (h2load)
-#   h2-upload  the same, each stream a POST of 256 KiB: past what coxswain's HTTP/2 fast path
-#              takes (64 KiB), so its uploads cross the bridge to Pingora's HTTP/2 server
+#   h2-upload  the same, each stream a POST of 256 KiB: past what coxswain's fast path reads
+#              whole (64 KiB), so its uploads stream to the backend as they arrive
 #   headers    a route that sets, adds and removes request fields and sets and removes
 #              response fields
 #   post-1k    POST with a 1 KB body

@@ -285,7 +285,7 @@ impl Metrics {
             ),
             (
                 "coxswain_proxy_http2_streams_fast_path_total",
-                "HTTP/2 streams served by the fast path: forwarded (passthrough routes, bodies of known length up to 64 KiB) or answered 401/429.",
+                "HTTP/2 streams served by the fast path: forwarded (passthrough routes, bodies of known length) or answered 401/429.",
                 &self.http2_streams_fast_path,
             ),
             (

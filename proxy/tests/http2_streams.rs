@@ -27,6 +27,11 @@ listeners:
     - source: {kind: HTTPRoute, namespace: t, name: mirror, rule: 0}
       match: {path: {kind: KIND_PREFIX, value: /mirror}}
       backends: [{cluster: "t/mirror:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: bridged, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /bridged}}
+      # A timeout of its own: not a passthrough route, so its streams cross the bridge.
+      timeouts: {readMs: 60000}
+      backends: [{cluster: "t/mirror:80", weight: 1}]
     - source: {kind: HTTPRoute, namespace: t, name: silent, rule: 0}
       match: {path: {kind: KIND_PREFIX, value: /silent}}
       backends: [{cluster: "t/silent:80", weight: 1}]
@@ -161,26 +166,28 @@ fn pattern(len: usize, seed: usize) -> Vec<u8> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_body_past_every_window_crosses_the_bridge_both_ways_whole() {
+async fn a_body_past_every_window_crosses_both_engines_both_ways_whole() {
     let (proxy, port) = start().await;
-    tokio::time::timeout(BOUND, async {
-        let h2 = h2c(port).await;
-        // 3 MiB: past the fast path's body bound (so Pingora's), past our stream window of
-        // 1 MiB, the bridge's, and the client's 64 KiB default the answer must respect.
-        let sent = pattern(3 << 20, 7);
-        let (status, at, body) = post(h2, "/mirror/big".into(), sent.clone()).await;
-        assert_eq!((status, at.as_str()), (200, "/mirror/big"));
-        assert_eq!(body.len(), sent.len());
-        assert!(body == sent, "the body came back altered");
-    })
-    .await
-    .expect("finished within the bound");
-    assert_eq!(
-        proxy
-            .metric("coxswain_proxy_http2_streams_pingora_total")
-            .await,
-        1
-    );
+    // 3 MiB: past the fast path's read-whole bound (so it streams), past our stream window
+    // of 1 MiB, the bridge's, and the client's 64 KiB default the answer must respect. The
+    // mirror answers while it reads. To a passthrough route (the fast path), then to one
+    // that is not (Pingora, over the bridge).
+    for (path, engine) in [("/mirror/big", "fast_path"), ("/bridged/big", "pingora")] {
+        tokio::time::timeout(BOUND, async {
+            let h2 = h2c(port).await;
+            let sent = pattern(3 << 20, 7);
+            let (status, at, body) = post(h2, path.into(), sent.clone()).await;
+            assert_eq!((status, at.as_str()), (200, path));
+            assert_eq!(body.len(), sent.len());
+            assert!(body == sent, "{path}: the body came back altered");
+        })
+        .await
+        .expect("finished within the bound");
+        let served = proxy
+            .metric(&format!("coxswain_proxy_http2_streams_{engine}_total"))
+            .await;
+        assert_eq!(served, 1, "{path}");
+    }
     proxy.stop().await;
 }
 
@@ -191,11 +198,16 @@ async fn streams_of_both_engines_run_at_once_on_one_connection() {
         let h2 = h2c(port).await;
         let mut all = Vec::new();
         for i in 0..40 {
-            // Even: 1 KiB, forwarded by the fast path. Odd: 200 KiB, over its bound, relayed
+            // Even: forwarded by the fast path, 1 KiB or 200 KiB (streamed past its
+            // read-whole bound). Odd: 200 KiB, to a route that is not passthrough, relayed
             // to Pingora.
-            let len = if i % 2 == 0 { 1 << 10 } else { 200 << 10 };
+            let len = if i % 4 == 0 { 1 << 10 } else { 200 << 10 };
             let sent = pattern(len, i);
-            let path = format!("/mirror/{i}");
+            let path = if i % 2 == 0 {
+                format!("/mirror/{i}")
+            } else {
+                format!("/bridged/{i}")
+            };
             let h2 = h2.clone();
             all.push(tokio::spawn(async move {
                 let (status, at, body) = post(h2, path.clone(), sent.clone()).await;
@@ -487,12 +499,19 @@ async fn a_connection_announces_the_receive_windows_its_limits_set() {
     proxy.stop().await;
 }
 
-/// Uploads relayed to Pingora on one connection, together many times its receive window.
-/// Pingora's connection window is shared too: a stream that held a share of it while its
-/// client could not send (our window full of other streams' octets, which waited for that
-/// share) stopped them all, and 20 uploads of 200 KiB hung at a 1 MiB window.
+/// Uploads on one connection, together many times its receive window, streamed by the fast
+/// path and then relayed to Pingora. Pingora's connection window is shared too: a stream
+/// that held a share of it while its client could not send (our window full of other
+/// streams' octets, which waited for that share) stopped them all, and 20 uploads of 200 KiB
+/// hung at a 1 MiB window.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn uploads_past_the_connection_window_all_cross_the_bridge() {
+async fn uploads_past_the_connection_window_all_finish_on_both_engines() {
+    for (prefix, engine) in [("/mirror", "fast_path"), ("/bridged", "pingora")] {
+        uploads_past_the_connection_window(prefix, engine).await;
+    }
+}
+
+async fn uploads_past_the_connection_window(prefix: &str, engine: &str) {
     let (proxy, port) = start().await;
     let window = coxswain_proxy::limits::Limits::default().http2_connection_window as usize;
     tokio::time::timeout(BOUND, async {
@@ -500,7 +519,7 @@ async fn uploads_past_the_connection_window_all_cross_the_bridge() {
         let mut all = Vec::new();
         for i in 0..40 {
             let sent = pattern(window / 4 + 1000 * i, i);
-            let path = format!("/mirror/up-{i}");
+            let path = format!("{prefix}/up-{i}");
             let h2 = h2.clone();
             all.push(tokio::spawn(async move {
                 let (status, at, body) = post(h2, path.clone(), sent.clone()).await;
@@ -516,9 +535,10 @@ async fn uploads_past_the_connection_window_all_cross_the_bridge() {
     .expect("every upload finished within the bound");
     assert_eq!(
         proxy
-            .metric("coxswain_proxy_http2_streams_pingora_total")
+            .metric(&format!("coxswain_proxy_http2_streams_{engine}_total"))
             .await,
-        40
+        40,
+        "{prefix}"
     );
     proxy.stop().await;
 }

@@ -434,3 +434,44 @@ async fn a_backend_that_answers_while_it_reads_gets_the_body_as_its_answer_comes
         proxy.stop().await;
     }
 }
+
+/// Over HTTP/2: the early answer ends the stream, the client's unsent rest is declined with
+/// RST_STREAM NO_ERROR (RFC 9113 section 8.1), and the connection goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_answer_over_http2_ends_only_its_stream() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    let (proxy, port, mut seen) = start(true, Limits::default()).await;
+    let mut h2 = support::http2::h2c(port).await;
+    let early = hyper::Request::post("http://a.example/early")
+        .body(Full::new(Bytes::from(body(4 << 20))))
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), h2.send_request(early))
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    assert_eq!(answer.status(), 413);
+    assert!(
+        answer.headers().get("date").is_none(),
+        "served by Pingora: {:?}",
+        answer.headers()
+    );
+    // The backend got less than the body: the proxy stopped sending once the answer ended.
+    match tokio::time::timeout(Duration::from_secs(10), seen.recv()).await {
+        Ok(Some(Seen::CutAt(n))) => assert!(n < 4 << 20, "{n}"),
+        other => panic!("{other:?}"),
+    }
+    let next = hyper::Request::post("http://a.example/up")
+        .body(Full::new(Bytes::from(body(100 << 10))))
+        .unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), h2.send_request(next))
+        .await
+        .expect("an answer in time")
+        .unwrap();
+    assert_eq!(answer.status(), 200);
+    match seen.recv().await.unwrap() {
+        Seen::Request(path, got) => assert_eq!((path.as_str(), got.len()), ("/up", 100 << 10)),
+        other => panic!("{other:?}"),
+    }
+    proxy.stop().await;
+}

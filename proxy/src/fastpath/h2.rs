@@ -7,9 +7,10 @@
 //! either the fast path serves it (`forward`) or Pingora does (`bridge`):
 //! - served here: what the HTTP/1 fast path takes (a `passthrough` route, header modifiers
 //!   at most), with an origin-form :path, :authority and no Host field, no `te` or `expect`
-//!   field, and no body or one of at most `MAX_BODY` announced by Content-Length. It goes
-//!   upstream as HTTP/1.1 over this worker's pool, Host taken from :authority as Pingora
-//!   takes it, and the answer comes back as HEADERS and DATA, its HTTP/1 framing taken off;
+//!   field, and no body or one announced by Content-Length (read whole up to `MAX_BODY`,
+//!   streamed past it). It goes upstream as HTTP/1.1 over this worker's pool, Host taken
+//!   from :authority as Pingora takes it, and the answer comes back as HEADERS and DATA, its
+//!   HTTP/1 framing taken off;
 //! - everything else (gRPC, other routes, bodies of unknown length, refusals) is relayed to
 //!   Pingora's HTTP/2 server over an in-memory bridge, opened at the connection's first such
 //!   stream.
@@ -17,7 +18,7 @@
 //! A stream is a future of the connection's own task, not a task of its own: forwarding it
 //! needs no channel or task switch between the client's frames and the backend's bytes.
 
-use super::{Env, MAX_BODY, Step, plan_checked};
+use super::{Env, Step, plan_checked};
 use crate::hpack::Fields;
 use crate::http2::ErrorCode;
 use crate::http2::conn::{Config, Connection, Event};
@@ -431,7 +432,10 @@ fn plan(req: &Request<'_>, end_stream: bool, env: &Env<'_>, up_head: &mut Vec<u8
         0
     } else {
         match checked.body {
-            Body::Length(n) if n <= MAX_BODY => n as usize,
+            Body::Length(n) => match usize::try_from(n) {
+                Ok(n) => n,
+                Err(_) => return Step::Pingora,
+            },
             _ => return Step::Pingora,
         }
     };

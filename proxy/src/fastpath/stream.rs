@@ -29,10 +29,10 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 /// The most of a body held between the client and the backend at a time.
-const CHUNK: usize = 64 * 1024;
+pub(super) const CHUNK: usize = 64 * 1024;
 
 /// How copying a body upstream ended.
-enum Pumped {
+pub(super) enum Pumped {
     /// All of it went.
     Whole,
     /// The client closed (or its connection failed) before the body's end.
@@ -174,7 +174,7 @@ async fn forward(
 }
 
 /// A backend that closed or failed in the middle of a request: counted against its endpoint.
-fn backend_failed(plan: &Plan, env: &Env<'_>) -> u16 {
+pub(super) fn backend_failed(plan: &Plan, env: &Env<'_>) -> u16 {
     plan.cluster
         .record(plan.endpoint, true, &env.limits.outlier);
     502
@@ -182,7 +182,7 @@ fn backend_failed(plan: &Plan, env: &Env<'_>) -> u16 {
 
 /// Writes the head and the body bytes read with it to a connection to `plan`'s endpoint;
 /// returns the connection and when the request went.
-async fn send_head(
+pub(super) async fn send_head(
     (head, have): (&[u8], &[u8]),
     plan: &mut Plan,
     env: &Env<'_>,

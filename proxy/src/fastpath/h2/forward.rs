@@ -4,14 +4,21 @@
 
 use super::shared::{Gone, Recv, Shared};
 use crate::fastpath::heads::edited_response_head;
-use crate::fastpath::{Answered, Env, MAX_RESPONSE_HEADERS, Plan, next_head, read_more, send};
+use crate::fastpath::stream::{CHUNK, Pumped, backend_failed, send_head};
+use crate::fastpath::{
+    ANSWER_BUFFER, Answered, Env, MAX_BODY, MAX_RESPONSE_HEADERS, Plan, next_head, read_more, send,
+};
 use crate::http1::Framing;
 use crate::http2::ErrorCode;
 use crate::http2::conn::Connection;
 use crate::metrics::Metrics;
 use crate::upstream::pool;
 use bytes::BytesMut;
+use futures::FutureExt;
+use std::io::ErrorKind;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+use tokio::io::{AsyncRead, AsyncWriteExt};
 
 /// Serves a forwarded stream to its end; the stream's status goes to its record.
 pub(super) async fn forward(
@@ -22,6 +29,9 @@ pub(super) async fn forward(
     env: &Env<'_>,
     started: Instant,
 ) {
+    if plan.body > MAX_BODY as usize {
+        return streamed(shared, stream, plan, up_head, env, started).await;
+    }
     let body = if plan.body > 0 {
         match read_body(shared, stream, plan.body, env).await {
             Ok(body) => body,
@@ -100,8 +110,152 @@ async fn exchange(
     env: &Env<'_>,
 ) -> Result<u16, u16> {
     let (mut upstream, sent) = send(request, plan, resp, env).await?;
+    let (status, reusable) = relay(shared, stream, &mut upstream, sent, plan, resp, env).await?;
+    if reusable {
+        pool::put(plan.upstream, upstream, env.limits.upstream_idle);
+    }
+    Ok(status)
+}
+
+/// A stream whose Content-Length body is larger than `MAX_BODY`: the head goes upstream at
+/// once, and the body follows as its DATA arrives while the answer comes back, as on HTTP/1
+/// (`fastpath::stream` says how, and what happens when either side stops). Taking the DATA
+/// reopens the client's window, so the stream holds at most its window and one chunk.
+async fn streamed(
+    shared: &Shared,
+    stream: u32,
+    mut plan: Plan,
+    up_head: Vec<u8>,
+    env: &Env<'_>,
+    started: Instant,
+) {
+    let mut resp = Vec::with_capacity(ANSWER_BUFFER);
+    let outcome = tokio::select! {
+        biased;
+        // Reset by the client: the backend exchange is dropped with its connection.
+        () = shared.closed(stream) => Err(0),
+        outcome = stream_exchange(shared, stream, &up_head, &mut plan, &mut resp, env) => outcome,
+    };
+    match outcome {
+        Ok(status) => plan.record.done(status, Some(plan.upstream), started),
+        Err(0) => plan.record.done(0, None, started),
+        Err(status) => {
+            let upstream = (status != 408).then_some(plan.upstream);
+            plan.record.done(status, upstream, started);
+            respond(&mut shared.lock().conn, stream, status, None);
+        }
+    }
+}
+
+/// Sends the head, then the body as it comes while the answer is relayed as it comes.
+/// Ok(status): the answer's head went out; Err(status): nothing went out, and the client
+/// gets that status (0: the stream is gone, nothing to send).
+async fn stream_exchange(
+    shared: &Shared,
+    stream: u32,
+    head: &[u8],
+    plan: &mut Plan,
+    resp: &mut Vec<u8>,
+    env: &Env<'_>,
+) -> Result<u16, u16> {
+    let (mut upstream, sent) = send_head((head, &[]), plan, env).await?;
+    // Set once the backend's answer began: past it, a client that stops sending can no
+    // longer be told 408.
+    let answering = AtomicBool::new(false);
+    let target = plan.upstream;
+    let (relayed, body_whole) = {
+        let (mut up_in, up_out) = upstream.split();
+        let pump = pump(shared, stream, up_out, env);
+        let answer = async {
+            match read_more(&mut up_in, resp, env.limits.upstream_timeout).await {
+                Ok(n) if n > 0 => answering.store(true, Ordering::Relaxed),
+                Err(e) if e.kind() == ErrorKind::TimedOut => return Err(plan.timed_out(env)),
+                _ => return Err(backend_failed(plan, env)),
+            }
+            relay(shared, stream, &mut up_in, sent, plan, resp, env).await
+        };
+        tokio::pin!(pump, answer);
+        let (mut pumped, mut whole) = (false, false);
+        loop {
+            tokio::select! {
+                // The pump first, as on HTTP/1 (`fastpath::stream::forward`).
+                biased;
+                body = &mut pump, if !pumped => match body {
+                    Pumped::Whole => (pumped, whole) = (true, true),
+                    Pumped::ClientLeft => return Err(0),
+                    Pumped::ClientSlow if !answering.load(Ordering::Relaxed) => {
+                        tracing::debug!(peer = %env.peer, "request body stalled past the head deadline");
+                        return Err(408);
+                    }
+                    Pumped::ClientSlow => pumped = true,
+                    Pumped::BackendFailed(e) => {
+                        tracing::debug!(upstream = %target, error = %e, "backend took no more of a request body");
+                        pumped = true;
+                    }
+                },
+                relayed = &mut answer => {
+                    if !pumped {
+                        whole = matches!((&mut pump).now_or_never(), Some(Pumped::Whole));
+                    }
+                    break (relayed, whole);
+                }
+            }
+        }
+    };
+    let (status, reusable) = relayed?;
+    if !body_whole {
+        // The answer ended before the body: the client may stop sending the rest without
+        // error (RFC 9113 section 8.1); the backend connection holds half a request.
+        shared.finish(stream, ErrorCode::NoError);
+        return Ok(status);
+    }
+    if reusable {
+        pool::put(plan.upstream, upstream, env.limits.upstream_idle);
+    }
+    Ok(status)
+}
+
+/// Copies the stream's DATA to the backend as it comes, until the stream's end.
+async fn pump(
+    shared: &Shared,
+    stream: u32,
+    mut up: tokio::net::tcp::WriteHalf<'_>,
+    env: &Env<'_>,
+) -> Pumped {
+    loop {
+        let data =
+            match tokio::time::timeout(env.limits.request_head, shared.recv(stream, CHUNK)).await {
+                Ok(Recv::Data(data)) => data,
+                // The inbox resets a stream whose DATA disagree with its Content-Length, so its
+                // end is the whole body. Trailers are dropped, as `read_body` drops them.
+                Ok(Recv::End(_)) => return Pumped::Whole,
+                Ok(Recv::Reset) => return Pumped::ClientLeft,
+                Err(_) => return Pumped::ClientSlow,
+            };
+        match tokio::time::timeout(env.limits.upstream_timeout, up.write_all(&data)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Pumped::BackendFailed(e),
+            Err(_) => return Pumped::BackendFailed(ErrorKind::TimedOut.into()),
+        }
+    }
+}
+
+/// Relays the answer whose first bytes are in `resp` from `upstream` as HEADERS and DATA,
+/// for a request sent at `sent`; with its status, whether the backend connection ended the
+/// answer cleanly (it may be pooled if the request went whole). Ok: the head went out (the
+/// stream is then finished, or reset when the backend broke off its body); Err(status):
+/// nothing went out, and the client gets that status.
+async fn relay<R: AsyncRead + Unpin>(
+    shared: &Shared,
+    stream: u32,
+    upstream: &mut R,
+    sent: Instant,
+    plan: &mut Plan,
+    resp: &mut Vec<u8>,
+    env: &Env<'_>,
+) -> Result<(u16, bool), u16> {
     let head = loop {
-        let h = next_head(&mut upstream, resp, plan, env).await?;
+        let h = next_head(upstream, resp, plan, env).await?;
         if !(100..200).contains(&h.status) {
             break h;
         }
@@ -126,7 +280,7 @@ async fn exchange(
         None => &resp[..head.len],
     };
     if write_head(shared, stream, response_head, head.drop_length, empty)? {
-        return Ok(status);
+        return Ok((status, false));
     }
     let mut complete = true;
     if !empty {
@@ -138,7 +292,7 @@ async fn exchange(
                 Err(e) => {
                     tracing::debug!(upstream = %plan.upstream, error = %e, "response body refused");
                     shared.finish(stream, ErrorCode::Internal);
-                    return Ok(status);
+                    return Ok((status, false));
                 }
             };
             if done {
@@ -158,7 +312,7 @@ async fn exchange(
                     if gone == Gone::Stalled {
                         Metrics::count(&env.table.metrics().client_send_timeouts);
                     }
-                    return Ok(status);
+                    return Ok((status, false));
                 }
             }
             if done {
@@ -168,7 +322,7 @@ async fn exchange(
                         .await
                         .is_err()
                 {
-                    return Ok(status);
+                    return Ok((status, false));
                 }
                 // Bytes past the response's end: the backend broke framing; do not reuse it.
                 complete = pos + end == resp.len();
@@ -176,7 +330,7 @@ async fn exchange(
             }
             resp.clear();
             pos = 0;
-            let read = read_more(&mut upstream, resp, env.limits.upstream_timeout).await;
+            let read = read_more(upstream, resp, env.limits.upstream_timeout).await;
             if !matches!(read, Ok(n) if n > 0) {
                 let stalled = read.is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut);
                 if stalled {
@@ -185,7 +339,7 @@ async fn exchange(
                 if framing.delimited() || stalled {
                     // Cut short: the client must not take a truncated body for the whole.
                     shared.finish(stream, ErrorCode::Internal);
-                    return Ok(status);
+                    return Ok((status, false));
                 }
                 // A body that ends when the backend closes has ended.
                 if shared
@@ -193,17 +347,14 @@ async fn exchange(
                     .await
                     .is_err()
                 {
-                    return Ok(status);
+                    return Ok((status, false));
                 }
                 complete = false;
                 break;
             }
         }
     }
-    if complete && head.reusable {
-        pool::put(plan.upstream, upstream, env.limits.upstream_idle);
-    }
-    Ok(status)
+    Ok((status, complete && head.reusable))
 }
 
 /// Fields HTTP/2 forbids in a message (RFC 9113 section 8.2.2), taken off a backend's head
