@@ -22,7 +22,9 @@ use super::{ANSWER_BUFFER, Env, Exchange, KEPT_BUFFER, Next, Plan, relay};
 use crate::conn::Buffered;
 use crate::upstream::pool;
 use futures::FutureExt;
+use std::future::Future;
 use std::io::ErrorKind;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -112,7 +114,7 @@ async fn forward(
     // longer be told 408.
     let answering = AtomicBool::new(false);
     let target = plan.upstream;
-    let (relayed, body_whole) = {
+    let ((exchange, reusable), body_whole) = {
         let (client_in, mut client_out) = tokio::io::split(&mut *conn);
         let (mut up_in, up_out) = upstream.split();
         let pump = pump(client_in, up_out, rest, env);
@@ -124,41 +126,8 @@ async fn forward(
             }
             relay(&mut client_out, &mut up_in, sent, plan, resp, env).await
         };
-        tokio::pin!(pump, answer);
-        // The pump finished, and whether with the whole body.
-        let (mut pumped, mut whole) = (false, false);
-        loop {
-            tokio::select! {
-                // The pump first: an answer that ends just as the body's last bytes went
-                // must not pass for one that came before them.
-                biased;
-                body = &mut pump, if !pumped => match body {
-                    Pumped::Whole => (pumped, whole) = (true, true),
-                    Pumped::ClientLeft => return Err(0),
-                    Pumped::ClientSlow if !answering.load(Ordering::Relaxed) => {
-                        tracing::debug!(peer = %env.peer, "request body stalled past the head deadline");
-                        return Err(408);
-                    }
-                    // The answer began (and may end without the rest of the body), or the
-                    // backend stopped taking the body: what it answers decides.
-                    Pumped::ClientSlow => pumped = true,
-                    Pumped::BackendFailed(e) => {
-                        tracing::debug!(upstream = %target, error = %e, "backend took no more of a request body");
-                        pumped = true;
-                    }
-                },
-                relayed = &mut answer => {
-                    // The echo of the body's last bytes can complete the answer in the
-                    // same wake-up as their write completes the pump.
-                    if !pumped {
-                        whole = matches!((&mut pump).now_or_never(), Some(Pumped::Whole));
-                    }
-                    break (relayed, whole);
-                }
-            }
-        }
+        both_ways(pump, answer, &answering, target, env).await?
     };
-    let (exchange, reusable) = relayed?;
     if !body_whole {
         // Answered before the body was all sent: the rest of it is still on its way from
         // the client, and the backend connection holds half a request. Neither goes on.
@@ -171,6 +140,51 @@ async fn forward(
         pool::put(plan.upstream, upstream, env.limits.upstream_idle);
     }
     Ok(exchange)
+}
+
+/// Drives the body going up (`pump`) and the answer coming back (`answer`) together until the
+/// answer is done; returns the answer's result and whether the whole body went. Err(0): the
+/// client left; Err(408): it stopped sending before the answer began (`answering` unset).
+pub(super) async fn both_ways<T>(
+    pump: impl Future<Output = Pumped>,
+    answer: impl Future<Output = Result<T, u16>>,
+    answering: &AtomicBool,
+    target: SocketAddr,
+    env: &Env<'_>,
+) -> Result<(T, bool), u16> {
+    tokio::pin!(pump, answer);
+    // The pump finished, and whether with the whole body.
+    let (mut pumped, mut whole) = (false, false);
+    loop {
+        tokio::select! {
+            // The pump first: an answer that ends just as the body's last bytes went must
+            // not pass for one that came before them.
+            biased;
+            body = &mut pump, if !pumped => match body {
+                Pumped::Whole => (pumped, whole) = (true, true),
+                Pumped::ClientLeft => return Err(0),
+                Pumped::ClientSlow if !answering.load(Ordering::Relaxed) => {
+                    tracing::debug!(peer = %env.peer, "request body stalled past the head deadline");
+                    return Err(408);
+                }
+                // The answer began (and may end without the rest of the body), or the
+                // backend stopped taking the body: what it answers decides.
+                Pumped::ClientSlow => pumped = true,
+                Pumped::BackendFailed(e) => {
+                    tracing::debug!(upstream = %target, error = %e, "backend took no more of a request body");
+                    pumped = true;
+                }
+            },
+            relayed = &mut answer => {
+                // The echo of the body's last bytes can complete the answer in the same
+                // wake-up as their write completes the pump.
+                if !pumped {
+                    whole = matches!((&mut pump).now_or_never(), Some(Pumped::Whole));
+                }
+                return Ok((relayed?, whole));
+            }
+        }
+    }
 }
 
 /// A backend that closed or failed in the middle of a request: counted against its endpoint.

@@ -4,7 +4,7 @@
 
 use super::shared::{Gone, Recv, Shared};
 use crate::fastpath::heads::edited_response_head;
-use crate::fastpath::stream::{CHUNK, Pumped, backend_failed, send_head};
+use crate::fastpath::stream::{CHUNK, Pumped, backend_failed, both_ways, send_head};
 use crate::fastpath::{
     ANSWER_BUFFER, Answered, Env, MAX_BODY, MAX_RESPONSE_HEADERS, Plan, next_head, read_more, send,
 };
@@ -14,7 +14,6 @@ use crate::http2::conn::Connection;
 use crate::metrics::Metrics;
 use crate::upstream::pool;
 use bytes::BytesMut;
-use futures::FutureExt;
 use std::io::ErrorKind;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -163,7 +162,7 @@ async fn stream_exchange(
     // longer be told 408.
     let answering = AtomicBool::new(false);
     let target = plan.upstream;
-    let (relayed, body_whole) = {
+    let ((status, reusable), body_whole) = {
         let (mut up_in, up_out) = upstream.split();
         let pump = pump(shared, stream, up_out, env);
         let answer = async {
@@ -174,35 +173,8 @@ async fn stream_exchange(
             }
             relay(shared, stream, &mut up_in, sent, plan, resp, env).await
         };
-        tokio::pin!(pump, answer);
-        let (mut pumped, mut whole) = (false, false);
-        loop {
-            tokio::select! {
-                // The pump first, as on HTTP/1 (`fastpath::stream::forward`).
-                biased;
-                body = &mut pump, if !pumped => match body {
-                    Pumped::Whole => (pumped, whole) = (true, true),
-                    Pumped::ClientLeft => return Err(0),
-                    Pumped::ClientSlow if !answering.load(Ordering::Relaxed) => {
-                        tracing::debug!(peer = %env.peer, "request body stalled past the head deadline");
-                        return Err(408);
-                    }
-                    Pumped::ClientSlow => pumped = true,
-                    Pumped::BackendFailed(e) => {
-                        tracing::debug!(upstream = %target, error = %e, "backend took no more of a request body");
-                        pumped = true;
-                    }
-                },
-                relayed = &mut answer => {
-                    if !pumped {
-                        whole = matches!((&mut pump).now_or_never(), Some(Pumped::Whole));
-                    }
-                    break (relayed, whole);
-                }
-            }
-        }
+        both_ways(pump, answer, &answering, target, env).await?
     };
-    let (status, reusable) = relayed?;
     if !body_whole {
         // The answer ended before the body: the client may stop sending the rest without
         // error (RFC 9113 section 8.1); the backend connection holds half a request.
