@@ -180,7 +180,7 @@ spec:
     let dir = tempfile::tempdir().unwrap();
     let snapshot =
         support::compile_snapshot(env!("CARGO_BIN_EXE_coxswain"), dir.path(), &manifests);
-    let _proxy = Proxy(
+    let mut proxy = Proxy(
         Command::new(env!("CARGO_BIN_EXE_coxswain"))
             .args(["serve", "proxy", "--bind-address", "127.0.0.1"])
             .arg("--snapshot-file")
@@ -190,9 +190,12 @@ spec:
             .spawn()
             .unwrap(),
     );
-    tokio::task::spawn_blocking(move || support::wait_proxy_ready(admin))
-        .await
-        .unwrap();
+    let _proxy = tokio::task::spawn_blocking(move || {
+        support::wait_proxy_ready(admin, &mut proxy.0);
+        proxy
+    })
+    .await
+    .unwrap();
 
     let host = "grpc.example.com";
     let say = call(listen, host, "/pkg.Echo/Say", &[]).await;

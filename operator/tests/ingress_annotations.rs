@@ -15,13 +15,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use coxswain_testenv::ports::free_port;
 
 /// A server that reads one request head per connection and writes what `reply` makes of it
 /// (one request per connection is enough for these tests).

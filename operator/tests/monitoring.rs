@@ -113,7 +113,7 @@ fn proxy_metrics() -> String {
     let backend = support::backend("ok", Duration::ZERO);
     let snapshot =
         support::compile_snapshot(bin, dir.path(), &support::app_manifests(port, backend));
-    let _proxy = Killed(
+    let mut proxy = Killed(
         Command::new(bin)
             .args(["serve", "proxy", "--bind-address", "127.0.0.1"])
             .arg("--snapshot-file")
@@ -123,7 +123,7 @@ fn proxy_metrics() -> String {
             .spawn()
             .unwrap(),
     );
-    support::wait_proxy_ready(admin);
+    support::wait_proxy_ready(admin, &mut proxy.0);
     scrape(admin, "proxy")
 }
 

@@ -36,7 +36,7 @@ fn sigterm_drains_in_flight_requests_then_exits() {
         .stderr(Stdio::null())
         .spawn()
         .unwrap();
-    support::wait_proxy_ready(admin);
+    support::wait_proxy_ready(admin, &mut proxy);
 
     let in_flight = std::thread::spawn(move || http_get(port, "/work"));
     std::thread::sleep(Duration::from_millis(300));

@@ -263,15 +263,23 @@ async fn a_killed_proxy_serves_its_cached_snapshot_without_the_controller() {
         let second = Proxy::start(files.path(), cache_dir.path(), unreachable, &[], "2.log");
         let took = wait_until(Duration::from_secs(10), || served(listen, "first"))
             .map(|_| started.elapsed());
-        let log = second.log();
-        let took = took.unwrap_or_else(|| panic!("the cached snapshot was not served:\n{log}"));
+        let took = took.unwrap_or_else(|| {
+            panic!("the cached snapshot was not served:\n{}", second.log())
+        });
         println!(
             "restarted proxy served its cached snapshot {:.1} ms after starting (controller unreachable)",
             took.as_secs_f64() * 1000.0
         );
         assert!(took < Duration::from_secs(2), "{took:?}");
-        assert!(second.readyz().unwrap().starts_with("HTTP/1.1 200"));
-        assert!(log.contains("serving the cached snapshot"), "{log}");
+        // Ready and logged just after the listeners are bound, so possibly after the first
+        // answer.
+        let logged = wait_until(Duration::from_secs(5), || {
+            second
+                .readyz()
+                .is_some_and(|r| r.starts_with("HTTP/1.1 200"))
+                && second.log().contains("serving the cached snapshot")
+        });
+        assert!(logged.is_some(), "{}", second.log());
         drop(second);
 
         // 3. A tampered file (one bit flipped, the recorded hash left as it was) is refused:
@@ -326,7 +334,7 @@ fn readiness_fails_at_sigterm_while_the_shutdown_delay_still_serves() {
         &["--shutdown-delay-seconds", "60", "--drain-seconds", "5"],
         "proxy.log",
     );
-    support::wait_proxy_ready(proxy.admin);
+    support::wait_proxy_ready(proxy.admin, &mut proxy.child);
     assert!(served(listen, "app"));
 
     proxy.signal("TERM");

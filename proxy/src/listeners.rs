@@ -157,7 +157,9 @@ impl Listeners {
     }
 
     /// Binds ports the current table has and this set does not, and closes ports it dropped.
-    /// Returns the errors of ports that could not be bound; the others are served regardless.
+    /// Returns the errors of ports that could not be bound (also counted in the
+    /// `listeners_unbound` gauge); the others are served regardless, and the next `sync`
+    /// tries the failed ones again.
     pub async fn sync(&mut self) -> Vec<ListenError> {
         let wanted: HashMap<u16, Binding> = self.table.load().router.ports().collect();
         // Ports no longer asked for, and ports bound for something else now (bound again
@@ -264,7 +266,19 @@ impl Listeners {
                 Err(source) => errors.push(ListenError::Bind { addr, source }),
             }
         }
+        self.table
+            .metrics()
+            .listeners_unbound
+            .store(errors.len(), Ordering::Relaxed);
         errors
+    }
+
+    /// Ports the table asks for that the last `sync` could not bind.
+    pub fn unbound(&self) -> usize {
+        self.table
+            .metrics()
+            .listeners_unbound
+            .load(Ordering::Relaxed)
     }
 
     pub fn ports(&self) -> Vec<u16> {

@@ -40,6 +40,8 @@ pub struct Metrics {
     unrouted: RouteCounters,
     upstream: Histogram,
     pub active_connections: Arc<AtomicUsize>,
+    /// Ports the current snapshot asks for that could not be bound at the last try.
+    pub listeners_unbound: AtomicUsize,
     /// Times the accept loop found the connection limit reached and waited.
     pub connection_limit_waits: AtomicU64,
     /// Request heads refused before routing (400, 405, 431).
@@ -228,6 +230,16 @@ impl Metrics {
             out,
             "coxswain_proxy_active_connections {}",
             self.active_connections.load(Ordering::Relaxed)
+        );
+        let _ = writeln!(
+            out,
+            "# HELP coxswain_proxy_listeners_unbound Ports the current snapshot asks for that the proxy could not bind (in use, or not permitted); nothing is served on them."
+        );
+        let _ = writeln!(out, "# TYPE coxswain_proxy_listeners_unbound gauge");
+        let _ = writeln!(
+            out,
+            "coxswain_proxy_listeners_unbound {}",
+            self.listeners_unbound.load(Ordering::Relaxed)
         );
         let counters = [
             (

@@ -100,6 +100,12 @@ pub async fn serve(
                             "snapshot not loaded; still serving the previous one"
                         ),
                     }
+                } else if listeners.unbound() > 0 {
+                    // A port in use when the snapshot came (a process before this one still
+                    // draining it) is served as soon as it is free; the failure was logged.
+                    for e in listeners.sync().await {
+                        tracing::debug!(error = %e, "listener still not bound");
+                    }
                 }
             }
             () = &mut stop => break,

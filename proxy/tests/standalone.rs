@@ -314,6 +314,35 @@ clusters:
     proxy.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_in_use_is_reported_and_served_once_it_is_free() {
+    let a = echo_backend("a").await;
+    let b = echo_backend("b").await;
+    let port = free_port();
+    // Another process's listener on the port, as when a proxy before this one still drains.
+    let squatter = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+    let snap = snapshot(
+        ROUTES,
+        &[
+            ("PORT", port.to_string()),
+            ("A", a.port().to_string()),
+            ("B", b.port().to_string()),
+        ],
+    );
+    let proxy = Proxy::launch(&snap, Default::default()).await;
+    assert_eq!(proxy.metric("coxswain_proxy_listeners_unbound").await, 1);
+
+    drop(squatter);
+    proxy
+        .metric_eventually("coxswain_proxy_listeners_unbound", |n| n == 0)
+        .await;
+    let r = get(&format!("http://127.0.0.1:{port}/exact"), &[])
+        .await
+        .unwrap();
+    assert_eq!((r.status, r.header("x-backend")), (200, Some("a")));
+    proxy.stop().await;
+}
+
 /// A backend that accepts an Upgrade: websocket request and then echoes raw bytes, as a
 /// WebSocket echo server does with frames.
 async fn upgrade_echo_backend() -> std::net::SocketAddr {

@@ -11,27 +11,8 @@ use kube::api::{ObjectMeta, PostParams};
 use std::io::{Read, Write};
 use std::time::Duration;
 
-/// A free loopback port (bound and released), never the same twice in one test binary: the
-/// kernel may hand a just-released port to the next `bind(0)`, and two tests side by side
-/// would then configure one port twice.
-pub fn free_port() -> u16 {
-    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    loop {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if HANDED_OUT
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(port)
-        {
-            return port;
-        }
-    }
-}
+/// A loopback port for a server a test starts, never one `bind(0)` could take meanwhile.
+pub use coxswain_testenv::ports::free_port;
 
 /// Creates the ServiceAccount if needed and returns a token for it with `audience`, bound to
 /// Pod `{name}-0` of that ServiceAccount, as a projected token volume would hold.
@@ -279,12 +260,16 @@ pub fn compile_snapshot(bin: &str, dir: &std::path::Path, manifests: &str) -> st
     snapshot
 }
 
-/// Waits (10 s at most) until a proxy's admin listener on `admin` answers /readyz with 200.
-pub fn wait_proxy_ready(admin: u16) {
+/// Waits (30 s at most) until the proxy process `child`, with its admin listener on `admin`,
+/// answers /readyz with 200; fails at once, with its exit status, when the process ended.
+pub fn wait_proxy_ready(admin: u16, child: &mut std::process::Child) {
     let start = std::time::Instant::now();
     while !http_get(admin, "/readyz", "test").is_ok_and(|r| r.starts_with("HTTP/1.1 200")) {
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("the proxy exited before it was ready: {status}");
+        }
         assert!(
-            start.elapsed() < Duration::from_secs(10),
+            start.elapsed() < Duration::from_secs(30),
             "proxy never became ready"
         );
         std::thread::sleep(Duration::from_millis(50));

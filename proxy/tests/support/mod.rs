@@ -3,6 +3,8 @@
 #![allow(dead_code, clippy::unwrap_used)]
 
 pub mod http2;
+#[path = "../../../test/testenv/src/ports.rs"]
+mod ports;
 
 use bytes::Bytes;
 use coxswain_api::snapshot::Snapshot;
@@ -16,7 +18,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
-use std::net::{SocketAddr, TcpListener as StdListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,28 +26,8 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio_rustls::TlsConnector;
 
-/// A free loopback port (bound and released), never the same twice in one test binary: the
-/// kernel may hand a just-released port to the next `bind(0)`, and two tests running side by
-/// side would then configure proxies on one port, one of them failing to bind it and its
-/// requests reaching the other's routes.
-pub fn free_port() -> u16 {
-    static HANDED_OUT: std::sync::Mutex<std::collections::BTreeSet<u16>> =
-        std::sync::Mutex::new(std::collections::BTreeSet::new());
-    loop {
-        let port = StdListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        if HANDED_OUT
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(port)
-        {
-            return port;
-        }
-    }
-}
+/// A loopback port for a server a test starts, never one `bind(0)` could take meanwhile.
+pub use ports::free_port;
 
 /// An HTTP backend (HTTP/1.1 and h2c) that answers with what it received, as JSON, and names
 /// itself in `x-backend`. `/slow` answers after a second, `?delay_ms=N` after N ms.
@@ -129,36 +111,7 @@ pub struct Proxy {
 
 impl Proxy {
     pub async fn start(snapshot: &Snapshot) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("snapshot.json");
-        write_snapshot(&file, snapshot);
-        let admin = SocketAddr::from(([127, 0, 0, 1], free_port()));
-        let (tx, rx) = oneshot::channel();
-        let config = StandaloneConfig {
-            snapshot_file: file.clone(),
-            bind_ip: "127.0.0.1".parse().unwrap(),
-            admin_addr: admin,
-            poll: Duration::from_millis(20),
-            drain: Duration::from_secs(5),
-            threads: 2,
-            limits: Default::default(),
-        };
-        let task = tokio::spawn(async move {
-            standalone::serve(config, async {
-                let _ = rx.await;
-            })
-            .await
-            .unwrap();
-        });
-        let proxy = Self {
-            dir,
-            file,
-            admin,
-            stop: Some(tx),
-            task,
-        };
-        proxy.wait_ready(&snapshot.version).await;
-        proxy
+        Self::start_with(snapshot, Default::default()).await
     }
 
     /// Replaces the snapshot file (write to a temporary name, then rename: atomic).
@@ -166,8 +119,19 @@ impl Proxy {
         write_snapshot(&self.file, snapshot);
     }
 
-    /// Waits until the proxy serves `version` (from /metrics).
+    /// Waits until the proxy serves `version` (from /metrics) on every port it asks for: a
+    /// port the proxy could not bind fails the test here, not as odd answers later.
     pub async fn wait_ready(&self, version: &str) {
+        self.wait_loaded(version).await;
+        let unbound = self.metric("coxswain_proxy_listeners_unbound").await;
+        assert_eq!(
+            unbound, 0,
+            "the proxy could not bind {unbound} of its ports"
+        );
+    }
+
+    /// Waits until the proxy serves `version` (from /metrics), bound or not.
+    pub async fn wait_loaded(&self, version: &str) {
         let url = format!("http://{}/metrics", self.admin);
         for _ in 0..250 {
             if let Ok(r) = get(&url, &[]).await
@@ -339,6 +303,13 @@ pub async fn recording_backend() -> (SocketAddr, tokio::sync::mpsc::UnboundedRec
 impl Proxy {
     /// A proxy serving `snapshot` under these limits.
     pub async fn start_with(snapshot: &Snapshot, limits: coxswain_proxy::limits::Limits) -> Self {
+        let proxy = Self::launch(snapshot, limits).await;
+        proxy.wait_ready(&snapshot.version).await;
+        proxy
+    }
+
+    /// A proxy started on `snapshot` once it has loaded it, whether or not it bound its ports.
+    pub async fn launch(snapshot: &Snapshot, limits: coxswain_proxy::limits::Limits) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("snapshot.json");
         write_snapshot(&file, snapshot);
@@ -367,7 +338,7 @@ impl Proxy {
             stop: Some(tx),
             task,
         };
-        proxy.wait_ready(&snapshot.version).await;
+        proxy.wait_loaded(&snapshot.version).await;
         proxy
     }
 

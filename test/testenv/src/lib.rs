@@ -17,12 +17,12 @@
 #![forbid(unsafe_code)]
 
 pub mod node;
+pub mod ports;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{ObjectMeta, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Api, Client, Config};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -46,8 +46,6 @@ pub enum Error {
         status: std::process::ExitStatus,
         output: String,
     },
-    #[error("no free loopback port: {0}")]
-    Port(#[source] std::io::Error),
     #[error("reading kubeconfig {path}: {source}")]
     Kubeconfig {
         path: PathBuf,
@@ -107,7 +105,7 @@ impl Cluster {
                 state_dir: None,
             });
         }
-        let ports = free_ports::<4>()?;
+        let ports = free_ports::<4>();
         let dir = cache_dir()
             .join("clusters")
             .join(format!("test-{}", std::process::id()));
@@ -408,15 +406,8 @@ fn env_sh_path(var: &str) -> PathBuf {
     }
 }
 
-/// Free loopback ports, held open together so no two are the same.
-fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
-    let listeners = (0..N)
-        .map(|_| TcpListener::bind("127.0.0.1:0"))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(Error::Port)?;
-    let mut ports = [0u16; N];
-    for (port, l) in ports.iter_mut().zip(&listeners) {
-        *port = l.local_addr().map_err(Error::Port)?.port();
-    }
-    Ok(ports)
+/// Loopback ports for the cluster's servers: from `ports`, so no `bind(0)` of this process
+/// takes one of them before etcd or the API server binds it.
+fn free_ports<const N: usize>() -> [u16; N] {
+    std::array::from_fn(|_| ports::free_port())
 }

@@ -2,7 +2,6 @@
 //! node created (Pod namespaces and their processes, the bridge, mounts, the network-index
 //! claim) is gone afterwards.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,12 +11,8 @@ fn repo() -> PathBuf {
 }
 
 fn free_ports() -> Vec<u16> {
-    let listeners: Vec<TcpListener> = (0..4)
-        .map(|_| TcpListener::bind("127.0.0.1:0").expect("bind"))
-        .collect();
-    listeners
-        .iter()
-        .map(|l| l.local_addr().expect("addr").port())
+    (0..4)
+        .map(|_| coxswain_testenv::ports::free_port())
         .collect()
 }
 
