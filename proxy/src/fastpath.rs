@@ -4,15 +4,17 @@
 //!
 //! The fast path exists because, for the most common request, Pingora's per-request
 //! machinery (header maps rebuilt on both sides, a task pair joined by channels, an upstream
-//! pool that spawns a task and takes locks per release) has nothing to do: no chunked body,
-//! no protocol changes, at most a few header fields edited. Such a request (HTTP/1.1, no body
-//! or a Content-Length one, no upgrade, on a route that only forwards to HTTP/1 backends,
-//! with plain header modifiers at most: `CompiledRoute::passthrough`, decided once per
-//! snapshot) is written upstream with its fields as they came, except for a normalised
+//! pool that spawns a task and takes locks per release) has nothing to do: no protocol
+//! changes, at most a few header fields edited. Such a request (HTTP/1.1, no body, a
+//! Content-Length one or a chunked one, no upgrade, on a route that only forwards to HTTP/1
+//! backends, with plain header modifiers at most: `CompiledRoute::passthrough`, decided once
+//! per snapshot) is written upstream with its fields as they came, except for a normalised
 //! target, the forwarded fields (`forwarded`) and the modifiers' edits (`heads`), over a
 //! connection from this worker's pool, and the response is copied back with its framing
-//! checked (`http1`) so both connections stay reusable. A body of at most `MAX_BODY` is read
-//! whole and sent with the head; a larger one streams after it (`stream`).
+//! checked (`http1`) so both connections stay reusable. A Content-Length body of at most
+//! `MAX_BODY` is read whole and sent with the head; a larger one streams after it
+//! (`stream`). A chunked body is framed again on the way: sent with the head when it came
+//! whole with it, else streamed.
 //!
 //! Any other request goes to Pingora with its bytes put back. Pingora serves it and returns
 //! the connection, and the next request is read here again.
@@ -47,7 +49,7 @@ const MAX_RESPONSE_HEAD: usize = 64 * 1024;
 const REQUEST_LINE: usize = 8 * 1024;
 /// The largest Content-Length body read whole before the request goes upstream, so a request
 /// sent again on a fresh connection (see `exchange`) still has it: the same bound as
-/// Pingora's retry buffer. Larger ones stream (`stream`); chunked ones go through Pingora.
+/// Pingora's retry buffer. Larger ones stream (`stream`).
 const MAX_BODY: u64 = 64 * 1024;
 /// What a client connection's request buffer shrinks back to after a large body.
 const KEPT_BUFFER: usize = 16 * 1024;
@@ -180,7 +182,7 @@ async fn request(
             if answer.close_client {
                 // A body the client may still be sending is read and dropped for a while, so
                 // the answer is not lost to a reset.
-                if answer.body > 0 {
+                if answer.body != Some(0) {
                     crate::conn::linger(conn, env.limits.request_head).await;
                 } else {
                     close(conn, env.limits.request_head).await;
@@ -191,17 +193,34 @@ async fn request(
                 return Some(Next::Closed);
             }
             // Then the body is read and dropped, so the next request starts after it (as
-            // Pingora drains one); a body that does not come ends the connection.
-            if answer.body > 0 && read_body(conn, req, len + answer.body, env).await.is_err() {
+            // Pingora drains one); a body that does not come ends the connection. One of
+            // unknown length closed the connection above.
+            let body = answer.body.unwrap_or(0);
+            if body > 0 && read_body(conn, req, len + body, env).await.is_err() {
                 return Some(Next::Closed);
             }
-            req.drain(..len + answer.body);
+            req.drain(..len + body);
             return None;
         }
         Step::Forward(plan) => plan,
     };
-    if plan.body > MAX_BODY as usize {
-        return stream::request(conn, env, req, len, &up_head, plan, started).await;
+    // A chunked body that came whole with the head goes with it, re-framed; one still on
+    // its way streams.
+    let mut reframed = Vec::new();
+    if plan.chunked {
+        let mut decoder = http1::Chunked::default();
+        match stream::reframe(&mut decoder, &req[len..], &mut reframed) {
+            Ok(Some(consumed)) => plan.body = consumed,
+            Ok(None) => {
+                let chunked = Some((decoder, reframed));
+                return stream::request(conn, env, (req, len), &up_head, chunked, plan, started)
+                    .await;
+            }
+            Err(e) => return stream::refuse_body(conn, env, &plan, e, started).await,
+        }
+    }
+    if !plan.chunked && plan.body > MAX_BODY as usize {
+        return stream::request(conn, env, (req, len), &up_head, None, plan, started).await;
     }
     if plan.body > 0 {
         match read_body(conn, req, len + plan.body, env).await {
@@ -221,14 +240,12 @@ async fn request(
         }
     }
     let mut resp: Vec<u8> = Vec::with_capacity(ANSWER_BUFFER);
-    let outcome = exchange(
-        conn,
-        (&up_head, &req[len..len + plan.body]),
-        &mut plan,
-        &mut resp,
-        env,
-    )
-    .await;
+    let body = if plan.chunked {
+        &reframed[..]
+    } else {
+        &req[len..len + plan.body]
+    };
+    let outcome = exchange(conn, (&up_head, body), &mut plan, &mut resp, env).await;
     let status = match outcome {
         Ok(Exchange { status, .. }) | Err(status) => status,
     };
@@ -307,8 +324,9 @@ struct Answered {
     status: u16,
     field: (&'static str, String),
     record: Record,
-    /// The request's body length: read and dropped so the connection can go on.
-    body: usize,
+    /// The request's body length: read and dropped so the connection can go on (None:
+    /// chunked, left unread, and the connection closes).
+    body: Option<usize>,
     /// The client asked to close after this request (`ConnectionOption::Close`).
     close_client: bool,
 }
@@ -372,7 +390,11 @@ struct Plan {
     /// Header modifiers for the response head (`ResolvedBackend::response_edits`).
     response_edits: Option<Arc<[snap::HeaderModifier]>>,
     /// The Content-Length body after the head: read whole up to `MAX_BODY`, streamed past it.
+    /// For a chunked body, the bytes of it read with the head once it was found whole there.
     body: usize,
+    /// The body is chunked: forwarded re-framed, whole with the head when it came with it,
+    /// else streamed (`stream`).
+    chunked: bool,
     /// The client asked to close after this request: the answer says so and the client
     /// connection ends with it.
     close_client: bool,
@@ -408,15 +430,17 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
     if head.version() != Version::Http11 || target.first() != Some(&b'/') {
         return Step::Pingora;
     }
+    // None: a chunked body, whose length nobody knows yet.
     let body = match checked.body {
-        Body::None => 0,
+        Body::None => Some(0),
         Body::Length(n) => match usize::try_from(n) {
-            Ok(n) => n,
+            Ok(n) => Some(n),
             Err(_) => return Step::Pingora,
         },
-        _ => return Step::Pingora,
+        Body::Chunked => None,
     };
     let mut close = false;
+    let mut codings = 0;
     for h in head.0.headers.iter() {
         let name = h.name;
         let plain = if name.eq_ignore_ascii_case("connection") {
@@ -427,22 +451,31 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
                 }
                 None => false,
             }
+        } else if name.eq_ignore_ascii_case("transfer-encoding") {
+            // Chunked alone, in one field: the body is re-framed on the way (`stream`), so
+            // the field stays true. Other codings, and a Content-Length beside it (which
+            // Pingora removes, closing the connection after), are Pingora's.
+            codings += 1;
+            h.value.trim_ascii().eq_ignore_ascii_case(b"chunked")
+        } else if name.eq_ignore_ascii_case("content-length") {
+            body.is_some()
         } else {
-            !(name.eq_ignore_ascii_case("transfer-encoding")
-                || name.eq_ignore_ascii_case("upgrade")
+            !(name.eq_ignore_ascii_case("upgrade")
                 || name.eq_ignore_ascii_case("expect")
                 || name.eq_ignore_ascii_case("te"))
         };
-        if !plain {
+        if !plain || codings > 1 {
             return Step::Pingora;
         }
     }
     let mut step = plan_checked(head, &checked, body, None, env, up_head);
     match &mut step {
         Step::Forward(plan) => plan.close_client = close,
-        // A body too large to read and drop here stays unread: the connection ends after
-        // the answer.
-        Step::Answer(answer) => answer.close_client = close || answer.body > MAX_BODY as usize,
+        // A body too large to read and drop here, or of a length not known, stays unread:
+        // the connection ends after the answer.
+        Step::Answer(answer) => {
+            answer.close_client = close || answer.body.is_none_or(|n| n > MAX_BODY as usize);
+        }
         Step::Pingora | Step::Reject(_) => {}
     }
     step
@@ -450,11 +483,12 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
 
 /// What `plan` does once a head met the conditions of its protocol (HTTP/1 here, HTTP/2 in
 /// `h2`): route it, decide it, and write the HTTP/1.1 head to send upstream, led by `host`
-/// when the request named its host elsewhere than in a field (HTTP/2's :authority).
+/// when the request named its host elsewhere than in a field (HTTP/2's :authority). `body`:
+/// its length, None for a chunked one.
 fn plan_checked<H: Head + ?Sized>(
     head: &H,
     checked: &request::Checked<'_>,
-    body: usize,
+    body: Option<usize>,
     host: Option<&str>,
     env: &Env<'_>,
     up_head: &mut Vec<u8>,
@@ -505,7 +539,9 @@ fn plan_checked<H: Head + ?Sized>(
     };
     // A body over the route's limit is Pingora's 413, decided there alone (deciding here too
     // would take a rate-limit token twice).
-    if route.policy.max_body_bytes > 0 && body as u64 > route.policy.max_body_bytes {
+    if route.policy.max_body_bytes > 0
+        && body.is_none_or(|n| n as u64 > route.policy.max_body_bytes)
+    {
         return Step::Pingora;
     }
     let metrics = env.table.metrics();
@@ -562,7 +598,8 @@ fn plan_checked<H: Head + ?Sized>(
         record: record(route),
         in_flight: forward.cluster.start(forward.endpoint),
         response_edits: forward.backend.response_edits.clone(),
-        body,
+        body: body.unwrap_or(0),
+        chunked: body.is_none(),
         close_client: false,
         _slots: forward.slots,
     })

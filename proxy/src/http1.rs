@@ -217,14 +217,17 @@ impl Framing {
 
 /// Longest chunk-size line (size and extensions) and trailer line accepted.
 const MAX_LINE: usize = 4096;
+/// Most trailer bytes accepted after the last chunk, all lines together (Pingora's bound).
+const MAX_TRAILERS: usize = 64 * 1024;
 
 /// Tracks chunked framing over bytes that are forwarded unchanged (RFC 9112 7.1).
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct Chunked {
     state: ChunkState,
     size: u64,
     digits: u8,
     line: usize,
+    trailers: usize,
 }
 
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -277,6 +280,12 @@ impl Chunked {
             ) {
                 self.line += 1;
                 if self.line > MAX_LINE {
+                    return Err(BadResponse::Chunk);
+                }
+            }
+            if matches!(self.state, S::TrailerStart | S::Trailer | S::TrailerLf) {
+                self.trailers += 1;
+                if self.trailers > MAX_TRAILERS {
                     return Err(BadResponse::Chunk);
                 }
             }

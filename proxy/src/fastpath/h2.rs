@@ -439,7 +439,7 @@ fn plan(req: &Request<'_>, end_stream: bool, env: &Env<'_>, up_head: &mut Vec<u8
             _ => return Step::Pingora,
         }
     };
-    plan_checked(req, &checked, body, Some(checked.host), env, up_head)
+    plan_checked(req, &checked, Some(body), Some(checked.host), env, up_head)
 }
 
 mod bridge;

@@ -103,9 +103,10 @@ pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
 /// The fields about the client's hop that Pingora's request policy takes off before a
 /// request goes upstream (RFC 9110 section 7.6.1), taken off here too so both engines send
 /// the same head: Connection (only ever `close` or `keep-alive` on this path, naming no
-/// field), Keep-Alive, Proxy-Connection, the proxy's own credentials, and the framing and
-/// upgrade fields, which requests with them never reach this path with. Sorted out by length
-/// first: most fields are none of these.
+/// field), Keep-Alive, Proxy-Connection, the proxy's own credentials, and the upgrade fields,
+/// which requests with them never reach this path with. A Transfer-Encoding stays: on this
+/// path it is a lone `chunked`, true of the body as it goes upstream (framed again, but
+/// chunked still). Sorted out by length first: most fields are none of these.
 fn this_hop(name: &[u8]) -> bool {
     let is = |hop: &str| name.eq_ignore_ascii_case(hop.as_bytes());
     match name.len() {
@@ -114,7 +115,6 @@ fn this_hop(name: &[u8]) -> bool {
         10 => is("connection") || is("keep-alive"),
         14 => is("http2-settings"),
         16 => is("proxy-connection"),
-        17 => is("transfer-encoding"),
         18 => is("proxy-authenticate"),
         19 => is("proxy-authorization"),
         _ => false,

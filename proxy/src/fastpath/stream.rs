@@ -1,7 +1,16 @@
-//! Requests whose Content-Length body is larger than `MAX_BODY`: the head goes upstream at
-//! once and the body follows as it arrives, at most `CHUNK` of it held at a time. An upload
-//! costs the proxy one bounded buffer whatever its size, and stays on this path.
+//! Requests whose Content-Length body is larger than `MAX_BODY`, and chunked ones whose body
+//! did not come whole with the head: the head goes upstream at once and the body follows as
+//! it arrives, at most `CHUNK` of it held at a time. An upload costs the proxy one bounded
+//! buffer whatever its size, and stays on this path.
 //!
+//! - A chunked body is decoded (`http1::Chunked`, strict: hex sizes, CRLF line ends, bounded
+//!   lines and trailers) and framed again: what each read brought becomes one chunk, and the
+//!   body ends with the last chunk and no trailer fields. Pingora forwards chunked bodies the
+//!   same way, so the backend sees the same bytes from either engine, and never the client's
+//!   own extensions, whitespace or trailers, on which parsers disagree. A malformed chunk
+//!   gets the client 400 (the answer has not begun) or the connection cut (it has), and the
+//!   backend connection, holding half a request, is dropped. Bytes after the body's end are
+//!   the client's next request.
 //! - Such a request is never sent again once body bytes beyond those read with its head went
 //!   upstream: they are gone (Pingora's retry buffer has the same bound). Only writing the
 //!   head to a pooled connection the backend had closed is retried, on another connection:
@@ -20,6 +29,7 @@ use super::backend::{Attempts, open, read_more, write_both};
 use super::heads::status_response;
 use super::{ANSWER_BUFFER, Env, Exchange, KEPT_BUFFER, Next, Plan, relay};
 use crate::conn::Buffered;
+use crate::http1::{BadResponse, Chunked};
 use crate::upstream::pool;
 use futures::FutureExt;
 use std::future::Future;
@@ -43,33 +53,99 @@ pub(super) enum Pumped {
     ClientSlow,
     /// Writing to the backend failed (it closed, or took nothing within the upstream timeout).
     BackendFailed(std::io::Error),
+    /// The client's chunked framing is malformed.
+    Malformed,
 }
 
-/// Serves a request with a large Content-Length body whose head of `len` bytes starts `req`;
-/// `up_head` is the head to send upstream. None: the connection goes on to its next request.
+/// What is still to come of a streamed body.
+enum Rest {
+    /// This many bytes.
+    Length(usize),
+    /// Chunks up to the last one, decoded and framed again as they come.
+    Chunked(Chunked),
+}
+
+/// Feeds `bytes` to `decoder` and appends their chunk data to `out` as one chunk (nothing for
+/// none), then the last chunk if the body ended; Some(n): it ended after `n` of the bytes.
+pub(super) fn reframe(
+    decoder: &mut Chunked,
+    bytes: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<Option<usize>, BadResponse> {
+    let mut data: Vec<std::ops::Range<usize>> = Vec::new();
+    let ended = decoder.feed_data(bytes, &mut |r| data.push(r))?;
+    let size: usize = data.iter().map(ExactSizeIterator::len).sum();
+    if size > 0 {
+        out.reserve(size + 24);
+        out.extend_from_slice(format!("{size:x}\r\n").as_bytes());
+        for r in data {
+            out.extend_from_slice(&bytes[r]);
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    if ended.is_some() {
+        out.extend_from_slice(b"0\r\n\r\n");
+    }
+    Ok(ended)
+}
+
+/// Answers a request whose chunked body is malformed before anything went upstream: 400, as
+/// Pingora answers one; the connection ends.
+pub(super) async fn refuse_body(
+    conn: &mut Buffered,
+    env: &Env<'_>,
+    plan: &Plan,
+    why: BadResponse,
+    started: Instant,
+) -> Option<Next> {
+    tracing::debug!(peer = %env.peer, error = %why, "request body refused");
+    plan.record.done(400, None, started);
+    if conn.write_all(status_response(400)).await.is_ok() {
+        crate::conn::linger(conn, env.limits.request_head).await;
+    }
+    Some(Next::Closed)
+}
+
+/// Serves a request with a large Content-Length body, or a chunked one, whose head of `len`
+/// bytes starts `req`; `up_head` is the head to send upstream. `chunked`: the decoder that
+/// took the rest of `req` and the chunk it made of it. None: the connection goes on to its
+/// next request.
 pub(super) async fn request(
     conn: &mut Buffered,
     env: &Env<'_>,
-    req: &mut Vec<u8>,
-    len: usize,
+    (req, len): (&mut Vec<u8>, usize),
     up_head: &[u8],
+    chunked: Option<(Chunked, Vec<u8>)>,
     mut plan: Plan,
     started: Instant,
 ) -> Option<Next> {
     // The part of the body read with the head goes with it.
-    let have = (req.len() - len).min(plan.body);
-    let rest = plan.body - have;
+    let (have, rest) = match &chunked {
+        Some((decoder, _)) => (req.len() - len, Rest::Chunked(decoder.clone())),
+        None => {
+            let have = (req.len() - len).min(plan.body);
+            (have, Rest::Length(plan.body - have))
+        }
+    };
+    let first = match &chunked {
+        Some((_, reframed)) => &reframed[..],
+        None => &req[len..len + have],
+    };
     let mut resp: Vec<u8> = Vec::with_capacity(ANSWER_BUFFER);
+    // Bytes read past a chunked body's end: the client's next request.
+    let mut next = Vec::new();
     let outcome = forward(
         conn,
-        (up_head, &req[len..len + have]),
+        (up_head, first),
         rest,
+        &mut next,
         &mut plan,
         &mut resp,
         env,
     )
     .await;
     req.drain(..len + have);
+    req.splice(0..0, next);
     match outcome {
         Ok(Exchange {
             status,
@@ -104,7 +180,8 @@ pub(super) async fn request(
 async fn forward(
     conn: &mut Buffered,
     request: (&[u8], &[u8]),
-    rest: usize,
+    rest: Rest,
+    next: &mut Vec<u8>,
     plan: &mut Plan,
     resp: &mut Vec<u8>,
     env: &Env<'_>,
@@ -117,7 +194,7 @@ async fn forward(
     let ((exchange, reusable), body_whole) = {
         let (client_in, mut client_out) = tokio::io::split(&mut *conn);
         let (mut up_in, up_out) = upstream.split();
-        let pump = pump(client_in, up_out, rest, env);
+        let pump = pump(client_in, up_out, rest, next, env);
         let answer = async {
             match read_more(&mut up_in, resp, env.limits.upstream_timeout).await {
                 Ok(n) if n > 0 => answering.store(true, Ordering::Relaxed),
@@ -174,6 +251,11 @@ pub(super) async fn both_ways<T>(
                     tracing::debug!(upstream = %target, error = %e, "backend took no more of a request body");
                     pumped = true;
                 }
+                // The backend holds half a request, and the client connection cannot go on.
+                Pumped::Malformed => {
+                    tracing::debug!(peer = %env.peer, "malformed chunked request body");
+                    return Err(if answering.load(Ordering::Relaxed) { 0 } else { 400 });
+                }
             },
             relayed = &mut answer => {
                 // The echo of the body's last bytes can complete the answer in the same
@@ -224,19 +306,24 @@ pub(super) async fn send_head(
     }
 }
 
-/// Copies `rest` bytes of body from the client to the backend, a chunk at a time.
+/// Copies the rest of a body from the client to the backend, a read at a time; bytes read
+/// past a chunked body's end go to `next`.
 async fn pump<R: AsyncRead + Unpin>(
     mut client: R,
     mut up: tokio::net::tcp::WriteHalf<'_>,
-    mut rest: usize,
+    rest: Rest,
+    next: &mut Vec<u8>,
     env: &Env<'_>,
 ) -> Pumped {
-    if rest == 0 {
-        return Pumped::Whole;
-    }
-    let mut chunk = vec![0u8; rest.min(CHUNK)];
-    while rest > 0 {
-        let want = rest.min(chunk.len());
+    let (mut left, mut decoder) = match rest {
+        Rest::Length(0) => return Pumped::Whole,
+        Rest::Length(n) => (n, None),
+        Rest::Chunked(decoder) => (usize::MAX, Some(decoder)),
+    };
+    let mut chunk = vec![0u8; left.min(CHUNK)];
+    let mut reframed = Vec::new();
+    loop {
+        let want = left.min(chunk.len());
         let n = match tokio::time::timeout(env.limits.request_head, client.read(&mut chunk[..want]))
             .await
         {
@@ -244,12 +331,32 @@ async fn pump<R: AsyncRead + Unpin>(
             Ok(_) => return Pumped::ClientLeft,
             Err(_) => return Pumped::ClientSlow,
         };
-        rest -= n;
-        match tokio::time::timeout(env.limits.upstream_timeout, up.write_all(&chunk[..n])).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Pumped::BackendFailed(e),
-            Err(_) => return Pumped::BackendFailed(ErrorKind::TimedOut.into()),
+        let (out, whole) = match &mut decoder {
+            None => {
+                left -= n;
+                (&chunk[..n], left == 0)
+            }
+            Some(decoder) => {
+                reframed.clear();
+                match reframe(decoder, &chunk[..n], &mut reframed) {
+                    Ok(None) => (&reframed[..], false),
+                    Ok(Some(end)) => {
+                        next.extend_from_slice(&chunk[end..n]);
+                        (&reframed[..], true)
+                    }
+                    Err(_) => return Pumped::Malformed,
+                }
+            }
+        };
+        if !out.is_empty() {
+            match tokio::time::timeout(env.limits.upstream_timeout, up.write_all(out)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Pumped::BackendFailed(e),
+                Err(_) => return Pumped::BackendFailed(ErrorKind::TimedOut.into()),
+            }
+        }
+        if whole {
+            return Pumped::Whole;
         }
     }
-    Pumped::Whole
 }

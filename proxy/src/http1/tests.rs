@@ -47,6 +47,17 @@ fn malformed_chunks_are_refused() {
     }
     let long = [b"1;".as_slice(), &[b'x'; MAX_LINE]].concat();
     assert_eq!(chunked(&long), Err(BadResponse::Chunk), "size line bounded");
+    // Trailer lines each within bounds, but without end.
+    let line = b"X-Trailer: 0123456789abcdef0123456789abcdef\r\n";
+    let mut endless = b"0\r\n".to_vec();
+    let mut c = Chunked::default();
+    assert_eq!(c.feed(&endless), Ok(None));
+    endless.clear();
+    for _ in 0..(MAX_TRAILERS / line.len()) {
+        endless.extend_from_slice(line);
+    }
+    assert_eq!(c.feed(&endless), Ok(None), "up to the bound: still a body");
+    assert_eq!(c.feed(line), Err(BadResponse::Chunk), "trailers bounded");
 }
 
 fn head(r: &[u8], head_only: bool) -> ResponseHead {
