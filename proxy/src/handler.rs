@@ -378,6 +378,13 @@ impl ProxyHttp for Gateway {
         if !ctx.mirror_taps.is_empty() {
             feed_mirrors(ctx, start, body.as_ref(), end_of_stream);
         }
+        // Pingora writes an empty last piece to an HTTP/1 backend as a chunk of size 0, which
+        // ends a chunked body, and then the real end after it: an HTTP/2 client that ends its
+        // stream with an empty DATA frame would send the backend a stray "0\r\n\r\n". Only
+        // the last piece: None before the end ends the body there.
+        if end_of_stream && body.as_ref().is_some_and(bytes::Bytes::is_empty) {
+            *body = None;
+        }
         Ok(())
     }
 

@@ -3,7 +3,8 @@
 //! Pingora passes none), whether it came with the head or over many reads; the request after
 //! it on the connection is served; a malformed chunk gets 400 and the connection ends; a
 //! backend that answers before the body ends has its answer relayed. The fast path serves
-//! them (its answers carry no Date field; Pingora adds one).
+//! them (its answers carry no Date field; Pingora adds one). An HTTP/2 stream without a
+//! Content-Length reaches an HTTP/1 backend chunked, from either engine.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
 mod support;
@@ -353,6 +354,74 @@ async fn an_answer_before_a_chunked_body_ends_is_relayed() {
         if fast_path {
             assert!(closed(&mut s).await, "{engine}: the connection stayed open");
         }
+        proxy.stop().await;
+    }
+}
+
+/// An HTTP/2 upload to `path` without a Content-Length: `data` in DATA frames of 10,000
+/// bytes, ended by an empty DATA frame, or by trailers when `trailers`. Returns the status
+/// and the answer's body.
+async fn h2_upload(
+    client: &mut h2::client::SendRequest<bytes::Bytes>,
+    data: &[u8],
+    trailers: bool,
+) -> (u16, Vec<u8>) {
+    let req = hyper::Request::post("http://a.example/up")
+        .body(())
+        .unwrap();
+    let (answer, mut send) = client.send_request(req, false).unwrap();
+    for piece in data.chunks(10_000) {
+        // Buffered by h2 until the windows take it.
+        send.send_data(bytes::Bytes::copy_from_slice(piece), false)
+            .unwrap();
+    }
+    if trailers {
+        let mut fields = hyper::HeaderMap::new();
+        fields.insert("x-checksum", "abc".parse().unwrap());
+        send.send_trailers(fields).unwrap();
+    } else {
+        send.send_data(bytes::Bytes::new(), true).unwrap();
+    }
+    let answer = answer.await.unwrap();
+    let status = answer.status().as_u16();
+    let mut body = answer.into_body();
+    let mut got = Vec::new();
+    while let Some(data) = body.data().await {
+        let data = data.unwrap();
+        let _ = body.flow_control().release_capacity(data.len());
+        got.extend_from_slice(&data);
+    }
+    (status, got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http2_body_of_unknown_length_reaches_an_http1_backend_chunked() {
+    for (fast_path, engine) in engines() {
+        let (proxy, port, mut seen) = start(fast_path).await;
+        let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let (mut client, conn) = h2::client::handshake(tcp).await.unwrap();
+        tokio::spawn(conn);
+        for (size, trailers) in [(300 << 10, false), (5, true)] {
+            let sent = body(size);
+            let (status, answer) = tokio::time::timeout(
+                Duration::from_secs(30),
+                h2_upload(&mut client, &sent, trailers),
+            )
+            .await
+            .unwrap();
+            assert_eq!(status, 200, "{engine}");
+            assert_eq!(answer, size.to_string().as_bytes(), "{engine}");
+            let got = seen.recv().await.unwrap();
+            assert!(
+                got.body == sent,
+                "{engine}: a body of {size} changed on the way"
+            );
+            assert_reframed(&got, engine);
+        }
+        let fast = proxy
+            .metric("coxswain_proxy_http2_streams_fast_path_total")
+            .await;
+        assert_eq!(fast, if fast_path { 2 } else { 0 }, "{engine}");
         proxy.stop().await;
     }
 }

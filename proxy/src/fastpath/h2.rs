@@ -427,19 +427,25 @@ fn plan(req: &Request<'_>, end_stream: bool, env: &Env<'_>, up_head: &mut Vec<u8
         return Step::Pingora;
     }
     // HTTP/2 frames the body itself: a stream that ends with its head has none, whatever it
-    // says, and one without a Content-Length has a length nobody knows yet.
+    // says, and one without a Content-Length has a length nobody knows yet (None), sent to
+    // the backend chunked.
     let body = if end_stream {
-        0
+        Some(0)
     } else {
         match checked.body {
             Body::Length(n) => match usize::try_from(n) {
-                Ok(n) => n,
+                Ok(n) => Some(n),
                 Err(_) => return Step::Pingora,
             },
-            _ => return Step::Pingora,
+            _ => None,
         }
     };
-    plan_checked(req, &checked, Some(body), Some(checked.host), env, up_head)
+    let step = plan_checked(req, &checked, body, Some(checked.host), env, up_head);
+    if matches!(&step, Step::Forward(plan) if plan.chunked) {
+        // As Pingora frames an HTTP/1 request for a body of unknown length.
+        super::heads::append_field(up_head, b"transfer-encoding", b"chunked");
+    }
+    step
 }
 
 mod bridge;

@@ -100,6 +100,16 @@ pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
     out.extend_from_slice(b"\r\n");
 }
 
+/// Adds a field at the end of the request head in `head` (which ends with its empty line).
+pub(super) fn append_field(head: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    debug_assert!(head.ends_with(b"\r\n\r\n"));
+    head.truncate(head.len() - 2);
+    head.extend_from_slice(name);
+    head.extend_from_slice(b": ");
+    head.extend_from_slice(value);
+    head.extend_from_slice(b"\r\n\r\n");
+}
+
 /// The fields about the client's hop that Pingora's request policy takes off before a
 /// request goes upstream (RFC 9110 section 7.6.1), taken off here too so both engines send
 /// the same head: Connection (only ever `close` or `keep-alive` on this path, naming no

@@ -28,7 +28,7 @@ pub(super) async fn forward(
     env: &Env<'_>,
     started: Instant,
 ) {
-    if plan.body > MAX_BODY as usize {
+    if plan.chunked || plan.body > MAX_BODY as usize {
         return streamed(shared, stream, plan, up_head, env, started).await;
     }
     let body = if plan.body > 0 {
@@ -116,7 +116,8 @@ async fn exchange(
     Ok(status)
 }
 
-/// A stream whose Content-Length body is larger than `MAX_BODY`: the head goes upstream at
+/// A stream whose Content-Length body is larger than `MAX_BODY`, or whose body has no
+/// Content-Length (sent chunked, each DATA frame's payload a chunk): the head goes upstream at
 /// once, and the body follows as its DATA arrives while the answer comes back, as on HTTP/1
 /// (`fastpath::stream` says how, and what happens when either side stops). Taking the DATA
 /// reopens the client's window, so the stream holds at most its window and one chunk.
@@ -164,7 +165,7 @@ async fn stream_exchange(
     let target = plan.upstream;
     let ((status, reusable), body_whole) = {
         let (mut up_in, up_out) = upstream.split();
-        let pump = pump(shared, stream, up_out, env);
+        let pump = pump(shared, stream, up_out, plan.chunked, env);
         let answer = async {
             match read_more(&mut up_in, resp, env.limits.upstream_timeout).await {
                 Ok(n) if n > 0 => answering.store(true, Ordering::Relaxed),
@@ -187,28 +188,60 @@ async fn stream_exchange(
     Ok(status)
 }
 
-/// Copies the stream's DATA to the backend as it comes, until the stream's end.
+/// Copies the stream's DATA to the backend as it comes, until the stream's end; `chunked`:
+/// each payload framed as a chunk, and the last chunk at the end.
 async fn pump(
     shared: &Shared,
     stream: u32,
     mut up: tokio::net::tcp::WriteHalf<'_>,
+    chunked: bool,
     env: &Env<'_>,
 ) -> Pumped {
+    let mut framed = Vec::new();
     loop {
         let data =
             match tokio::time::timeout(env.limits.request_head, shared.recv(stream, CHUNK)).await {
                 Ok(Recv::Data(data)) => data,
                 // The inbox resets a stream whose DATA disagree with its Content-Length, so its
-                // end is the whole body. Trailers are dropped, as `read_body` drops them.
+                // end is the whole body. Trailers are dropped, as `read_body` drops them (and
+                // Pingora drops them on the way to HTTP/1).
+                Ok(Recv::End(_)) if chunked => {
+                    return match write(&mut up, b"0\r\n\r\n", env).await {
+                        Ok(()) => Pumped::Whole,
+                        Err(e) => Pumped::BackendFailed(e),
+                    };
+                }
                 Ok(Recv::End(_)) => return Pumped::Whole,
                 Ok(Recv::Reset) => return Pumped::ClientLeft,
                 Err(_) => return Pumped::ClientSlow,
             };
-        match tokio::time::timeout(env.limits.upstream_timeout, up.write_all(&data)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Pumped::BackendFailed(e),
-            Err(_) => return Pumped::BackendFailed(ErrorKind::TimedOut.into()),
+        // An empty payload would read as the last chunk.
+        let out = if !chunked {
+            &data[..]
+        } else if data.is_empty() {
+            continue;
+        } else {
+            framed.clear();
+            framed.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            framed.extend_from_slice(&data);
+            framed.extend_from_slice(b"\r\n");
+            &framed[..]
+        };
+        if let Err(e) = write(&mut up, out, env).await {
+            return Pumped::BackendFailed(e);
         }
+    }
+}
+
+/// Writes to the backend within the upstream timeout.
+async fn write(
+    up: &mut tokio::net::tcp::WriteHalf<'_>,
+    bytes: &[u8],
+    env: &Env<'_>,
+) -> std::io::Result<()> {
+    match tokio::time::timeout(env.limits.upstream_timeout, up.write_all(bytes)).await {
+        Ok(result) => result,
+        Err(_) => Err(ErrorKind::TimedOut.into()),
     }
 }
 
