@@ -13,7 +13,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use support::*;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
@@ -42,7 +42,9 @@ enum Seen {
 
 /// A backend that answers without a Date field (Pingora adds one to every answer, so its
 /// absence says the fast path served the request). `/early` is answered 413 as soon as its
-/// head is in, and its body then read and dropped; `/echo` is answered at once with its own
+/// head is in, and its body then read and dropped; `/early-ok` is answered 200 as soon as its
+/// head is in, its body then read, and the connection kept (its path reported with the
+/// connection's number, `/early-ok@N`); `/echo` is answered at once with its own
 /// body, each part written back as it arrives; `/drop` is closed after 16 KiB of body;
 /// anything else is answered 200 "ok" once its body is whole.
 async fn backend() -> (SocketAddr, mpsc::UnboundedReceiver<Seen>) {
@@ -50,7 +52,7 @@ async fn backend() -> (SocketAddr, mpsc::UnboundedReceiver<Seen>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        loop {
+        for conn in 0.. {
             let Ok((mut s, _)) = listener.accept().await else {
                 continue;
             };
@@ -78,6 +80,13 @@ async fn backend() -> (SocketAddr, mpsc::UnboundedReceiver<Seen>) {
                         if s.write_all(answer).await.is_err() {
                             return;
                         }
+                    }
+                    if path == "/early-ok"
+                        && s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nearly")
+                            .await
+                            .is_err()
+                    {
+                        return;
                     }
                     if path == "/echo" {
                         let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {length}\r\n\r\n");
@@ -108,6 +117,10 @@ async fn backend() -> (SocketAddr, mpsc::UnboundedReceiver<Seen>) {
                         return;
                     }
                     let body: Vec<u8> = buf.drain(..length).collect();
+                    if path == "/early-ok" {
+                        let _ = tx.send(Seen::Request(format!("{path}@{conn}"), body));
+                        continue;
+                    }
                     let _ = tx.send(Seen::Request(path.clone(), body));
                     if path == "/early" {
                         return;
@@ -129,7 +142,7 @@ async fn backend() -> (SocketAddr, mpsc::UnboundedReceiver<Seen>) {
 }
 
 /// Reads more into `buf`; false at the end of the stream.
-async fn fill(s: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
+async fn fill<R: AsyncRead + Unpin>(s: &mut R, buf: &mut Vec<u8>) -> bool {
     let mut chunk = [0u8; 16384];
     match s.read(&mut chunk).await {
         Ok(0) | Err(_) => false,
@@ -141,7 +154,7 @@ async fn fill(s: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
 }
 
 /// Reads one answer with a Content-Length body: (head in lower case, body).
-async fn answer(s: &mut TcpStream, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
+async fn answer<R: AsyncRead + Unpin>(s: &mut R, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
     let within = Duration::from_secs(10);
     let end = loop {
         if let Some(e) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
@@ -276,6 +289,54 @@ async fn an_answer_before_the_body_ends_is_relayed_without_waiting_for_the_rest(
         if fast_path {
             // The rest of the body will not be read as a request: the connection ends.
             assert!(closed(&mut s).await, "the connection stayed open");
+        }
+        proxy.stop().await;
+    }
+}
+
+/// A backend that answers before it reads the body but keeps its connection (as an nginx
+/// `return` does) costs neither connection: the rest of the body goes on to it, and the
+/// client's next request follows on both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_answer_from_a_backend_that_keeps_its_connection_keeps_both() {
+    for (fast_path, engine) in engines() {
+        let (proxy, port, mut seen) = start(fast_path, Limits::default()).await;
+        let mut s = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let mut buf = Vec::new();
+        let mut backend_connections = std::collections::BTreeSet::new();
+        for round in 0..3 {
+            let sent = body((1 << 20) + round);
+            let mut req = head("/early-ok", sent.len());
+            req.extend_from_slice(&sent);
+            // The answer is read while the body is written: it comes before the body ends.
+            let (mut reader, mut writer) = s.split();
+            let (written, (answer_head, answer_body)) =
+                tokio::join!(writer.write_all(&req), answer(&mut reader, &mut buf));
+            written.unwrap();
+            assert!(
+                answer_head.starts_with("http/1.1 200"),
+                "{engine}: {answer_head}"
+            );
+            assert_eq!(answer_body, b"early", "{engine}");
+            match seen.recv().await.unwrap() {
+                Seen::Request(path, got) => {
+                    let (path, conn) = path.split_once('@').unwrap();
+                    assert_eq!(path, "/early-ok");
+                    assert!(
+                        got == sent,
+                        "{engine}: the body's rest did not reach the backend"
+                    );
+                    backend_connections.insert(conn.to_owned());
+                }
+                other => panic!("{engine}: {other:?}"),
+            }
+        }
+        if fast_path {
+            assert_eq!(
+                backend_connections.len(),
+                1,
+                "{engine}: {backend_connections:?}"
+            );
         }
         proxy.stop().await;
     }

@@ -20,8 +20,10 @@
 //!   left with half a request, is dropped.
 //! - The answer is relayed as it comes while the body still goes up: a backend may answer
 //!   before the body ends (a 413 of its own), or stream its answer while it reads (an echo).
-//!   An answer that ends before the whole body went ends the exchange: that backend
-//!   connection is not reused, and the client's closes after the answer, its unsent body
+//!   An answer that ends before the whole body went, and after which the backend keeps its
+//!   connection, leaves the rest of the body to go on to it: both connections stay usable,
+//!   as with HAProxy. One after which the backend closes (a 413 with `Connection: close`)
+//!   ends the exchange: the client's connection closes after the answer, its unsent body
 //!   read and dropped for a while (`conn::linger`) so a reset does not cost the client the
 //!   answer. A client that stops sending after the answer began gets the rest of it.
 
@@ -203,7 +205,8 @@ async fn forward(
             }
             relay(&mut client_out, &mut up_in, sent, plan, resp, env).await
         };
-        both_ways(pump, answer, &answering, target, env).await?
+        let reusable = |(exchange, reusable): &(Exchange, bool)| *reusable && exchange.keep_client;
+        both_ways(pump, answer, reusable, &answering, target, env).await?
     };
     if !body_whole {
         // Answered before the body was all sent: the rest of it is still on its way from
@@ -222,9 +225,16 @@ async fn forward(
 /// Drives the body going up (`pump`) and the answer coming back (`answer`) together until the
 /// answer is done; returns the answer's result and whether the whole body went. Err(0): the
 /// client left; Err(408): it stopped sending before the answer began (`answering` unset).
+///
+/// An answer that ended before the body did, and after which both connections may go on
+/// (`reusable`: the backend did not ask to close, its framing was clean), does not end the
+/// exchange: the rest of the body still goes to the backend, which reads and drops it, so
+/// neither connection is lost to an answer that came early (a backend that answers before
+/// reading, as an nginx `return` does). Each read and write keeps its deadline.
 pub(super) async fn both_ways<T>(
     pump: impl Future<Output = Pumped>,
     answer: impl Future<Output = Result<T, u16>>,
+    reusable: impl Fn(&T) -> bool,
     answering: &AtomicBool,
     target: SocketAddr,
     env: &Env<'_>,
@@ -258,12 +268,17 @@ pub(super) async fn both_ways<T>(
                 }
             },
             relayed = &mut answer => {
-                // The echo of the body's last bytes can complete the answer in the same
-                // wake-up as their write completes the pump.
+                let relayed = relayed?;
                 if !pumped {
-                    whole = matches!((&mut pump).now_or_never(), Some(Pumped::Whole));
+                    // The echo of the body's last bytes can complete the answer in the same
+                    // wake-up as their write completes the pump.
+                    whole = match (&mut pump).now_or_never() {
+                        Some(body) => matches!(body, Pumped::Whole),
+                        None if reusable(&relayed) => matches!(pump.await, Pumped::Whole),
+                        None => false,
+                    };
                 }
-                return Ok((relayed?, whole));
+                return Ok((relayed, whole));
             }
         }
     }

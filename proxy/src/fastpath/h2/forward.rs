@@ -174,7 +174,10 @@ async fn stream_exchange(
             }
             relay(shared, stream, &mut up_in, sent, plan, resp, env).await
         };
-        both_ways(pump, answer, &answering, target, env).await?
+        // An answer that ends tells the client to stop sending (RST_STREAM NO_ERROR, from
+        // `http2::conn`), so the rest of an early-answered body never comes: the backend
+        // connection, holding half a request, is not kept.
+        both_ways(pump, answer, |_| false, &answering, target, env).await?
     };
     if !body_whole {
         // The answer ended before the body: the client may stop sending the rest without
