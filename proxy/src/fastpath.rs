@@ -209,7 +209,7 @@ async fn request(
     let mut reframed = Vec::new();
     if plan.chunked {
         let mut decoder = http1::Chunked::default();
-        match stream::reframe(&mut decoder, &req[len..], &mut reframed) {
+        match http1::reframe(&mut decoder, &req[len..], &mut reframed) {
             Ok(Some(consumed)) => plan.body = consumed,
             Ok(None) => {
                 let chunked = Some((decoder, reframed));

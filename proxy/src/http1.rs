@@ -384,6 +384,33 @@ impl Chunked {
     }
 }
 
+/// Decodes `bytes` of a chunked body with `decoder` and appends their chunk data to `out`
+/// framed again as one chunk (nothing when they held no data), then the last chunk, with no
+/// trailer fields, if the body ended; Some(n): it ended after `n` of the bytes. A body
+/// forwarded this way reaches the next hop with canonical framing only: none of the sender's
+/// extensions, whitespace or trailers, on which parsers disagree.
+pub fn reframe(
+    decoder: &mut Chunked,
+    bytes: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<Option<usize>, BadResponse> {
+    let mut data: Vec<std::ops::Range<usize>> = Vec::new();
+    let ended = decoder.feed_data(bytes, &mut |r| data.push(r))?;
+    let size: usize = data.iter().map(ExactSizeIterator::len).sum();
+    if size > 0 {
+        out.reserve(size + 24);
+        out.extend_from_slice(format!("{size:x}\r\n").as_bytes());
+        for r in data {
+            out.extend_from_slice(&bytes[r]);
+        }
+        out.extend_from_slice(b"\r\n");
+    }
+    if ended.is_some() {
+        out.extend_from_slice(b"0\r\n\r\n");
+    }
+    Ok(ended)
+}
+
 fn hex_digit(b: u8) -> Option<u8> {
     match b {
         b'0'..=b'9' => Some(b - b'0'),

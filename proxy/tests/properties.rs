@@ -5,7 +5,7 @@
 //! `make fuzz` runs these with many more cases (PROPTEST_CASES).
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
-use coxswain_proxy::http1::{Chunked, Framing, parse_response};
+use coxswain_proxy::http1::{Chunked, Framing, parse_response, reframe};
 use coxswain_proxy::proxy_protocol;
 use coxswain_proxy::relay::{Hello, client_hello_sni};
 use coxswain_proxy::request::normalize;
@@ -120,6 +120,58 @@ proptest! {
         };
         prop_assert_eq!(found, end);
         prop_assert_eq!(data, chunks.concat());
+    }
+
+    #[test]
+    fn a_chunked_body_framed_again_keeps_its_data_and_only_canonical_framing(
+        chunks in prop::collection::vec(prop::collection::vec(any::<u8>(), 1..40), 0..6),
+        ext in prop::bool::ANY,
+        trailer in prop::bool::ANY,
+        splits in prop::collection::vec(any::<prop::sample::Index>(), 0..4),
+        tail in prop::collection::vec(any::<u8>(), 0..8),
+    ) {
+        let mut body = Vec::new();
+        for c in &chunks {
+            body.extend_from_slice(format!("{:X}", c.len()).as_bytes());
+            if ext {
+                body.extend_from_slice(b" ;name=value");
+            }
+            body.extend_from_slice(b"\r\n");
+            body.extend_from_slice(c);
+            body.extend_from_slice(b"\r\n");
+        }
+        body.extend_from_slice(b"0\r\n");
+        if trailer {
+            body.extend_from_slice(b"x-trailer: 1\r\n");
+        }
+        body.extend_from_slice(b"\r\n");
+        let end = body.len();
+        body.extend_from_slice(&tail);
+        // Fed as reads of any sizes, as a client's bytes arrive.
+        let mut cuts: Vec<usize> = splits.iter().map(|i| i.index(body.len() + 1)).collect();
+        cuts.push(0);
+        cuts.push(body.len());
+        cuts.sort_unstable();
+        let (mut decoder, mut out, mut found) = (Chunked::default(), Vec::new(), None);
+        for w in cuts.windows(2) {
+            let piece = &body[w[0]..w[1]];
+            if let Some(n) = reframe(&mut decoder, piece, &mut out).unwrap() {
+                found = Some(w[0] + n);
+                break;
+            }
+        }
+        prop_assert_eq!(found, Some(end));
+        // What goes on is a chunked body the scanner reads to its very end, with the same
+        // data, no extension and no trailer.
+        let mut data = Vec::new();
+        let again = Chunked::default()
+            .feed_data(&out, &mut |r| data.extend_from_slice(&out[r]))
+            .unwrap();
+        prop_assert_eq!(again, Some(out.len()));
+        prop_assert_eq!(data, chunks.concat());
+        prop_assert!(out.ends_with(b"0\r\n\r\n"));
+        let text = String::from_utf8_lossy(&out);
+        prop_assert!(!text.contains("name=value") && !text.contains("x-trailer"));
     }
 
     #[test]

@@ -31,7 +31,7 @@ use super::backend::{Attempts, open, read_more, write_both};
 use super::heads::status_response;
 use super::{ANSWER_BUFFER, Env, Exchange, KEPT_BUFFER, Next, Plan, relay};
 use crate::conn::Buffered;
-use crate::http1::{BadResponse, Chunked};
+use crate::http1::{BadResponse, Chunked, reframe};
 use crate::upstream::pool;
 use futures::FutureExt;
 use std::future::Future;
@@ -65,30 +65,6 @@ enum Rest {
     Length(usize),
     /// Chunks up to the last one, decoded and framed again as they come.
     Chunked(Chunked),
-}
-
-/// Feeds `bytes` to `decoder` and appends their chunk data to `out` as one chunk (nothing for
-/// none), then the last chunk if the body ended; Some(n): it ended after `n` of the bytes.
-pub(super) fn reframe(
-    decoder: &mut Chunked,
-    bytes: &[u8],
-    out: &mut Vec<u8>,
-) -> Result<Option<usize>, BadResponse> {
-    let mut data: Vec<std::ops::Range<usize>> = Vec::new();
-    let ended = decoder.feed_data(bytes, &mut |r| data.push(r))?;
-    let size: usize = data.iter().map(ExactSizeIterator::len).sum();
-    if size > 0 {
-        out.reserve(size + 24);
-        out.extend_from_slice(format!("{size:x}\r\n").as_bytes());
-        for r in data {
-            out.extend_from_slice(&bytes[r]);
-        }
-        out.extend_from_slice(b"\r\n");
-    }
-    if ended.is_some() {
-        out.extend_from_slice(b"0\r\n\r\n");
-    }
-    Ok(ended)
 }
 
 /// Answers a request whose chunked body is malformed before anything went upstream: 400, as
