@@ -84,7 +84,17 @@ pub async fn serve(
         tokio::select! {
             _ = tick.tick() => {
                 if let Some(result) = watcher.poll() {
-                    match result.and_then(|s| build(&table, &s)) {
+                    // A file that does not check is a refused snapshot, as one that does not
+                    // build is (counted by the table); a missing one is not a snapshot.
+                    let result = match result {
+                        Polled::Read(sealed) => build(&table, &sealed),
+                        Polled::Refused(e) => {
+                            crate::metrics::Metrics::count(&table.metrics().snapshots_rejected);
+                            Err(e)
+                        }
+                        Polled::Missing(e) => Err(e),
+                    };
+                    match result {
                         Ok((version, t)) => {
                             table.store(t);
                             for e in listeners.sync().await {
@@ -157,12 +167,16 @@ impl FileStamp {
     }
 }
 
-/// Notices changes of a file from its metadata, and retries a failed read on the next poll (a
-/// writer may have been half-way through).
+/// Notices changes of a file from its metadata. A file that does not read or check is read
+/// once more at the next poll (a writer may have been half-way through) and only then
+/// reported, once: a bad file is one error, not one per poll.
 struct FileWatch {
     path: PathBuf,
     seen: Option<FileStamp>,
-    failed: bool,
+    /// The file as `seen` failed once; the next poll reads it again.
+    retry: bool,
+    /// The file is missing, and that was reported.
+    missing: bool,
 }
 
 impl FileWatch {
@@ -170,34 +184,53 @@ impl FileWatch {
         Self {
             path: path.to_owned(),
             seen: None,
-            failed: false,
+            retry: false,
+            missing: false,
         }
     }
 
-    /// Some(snapshot or error) when there is something new to load.
-    fn poll(&mut self) -> Option<Result<Sealed, String>> {
+    /// Some when there is something new to load, or a new failure.
+    fn poll(&mut self) -> Option<Polled> {
         let meta = match std::fs::metadata(&self.path) {
             Ok(m) => m,
             Err(e) => {
-                if !self.failed {
-                    self.failed = true;
-                    return Some(Err(e.to_string()));
+                if !self.missing {
+                    self.missing = true;
+                    self.seen = None;
+                    return Some(Polled::Missing(e.to_string()));
                 }
                 return None;
             }
         };
+        self.missing = false;
         let stamp = FileStamp::of(&meta);
-        if self.seen == Some(stamp) && !self.failed {
+        if self.seen == Some(stamp) && !self.retry {
             return None;
         }
+        let retried = self.seen == Some(stamp) && self.retry;
         self.seen = Some(stamp);
         let result = std::fs::read_to_string(&self.path)
             .map_err(|e| e.to_string())
             .and_then(|text| parse(&text))
             .and_then(|s| Sealed::check(s).map_err(|e| e.to_string()));
-        self.failed = result.is_err();
-        Some(result)
+        self.retry = result.is_err() && !retried;
+        if self.retry {
+            return None;
+        }
+        Some(match result {
+            Ok(sealed) => Polled::Read(Box::new(sealed)),
+            Err(e) => Polled::Refused(e),
+        })
     }
+}
+
+/// What a poll of the snapshot file found.
+enum Polled {
+    Read(Box<Sealed>),
+    /// It does not read, parse or check (read twice, a poll apart).
+    Refused(String),
+    /// It is not there.
+    Missing(String),
 }
 
 /// A snapshot file's text. JSON (what `snapshot compile -o json` writes) is read with
@@ -262,5 +295,27 @@ mod tests {
         assert_eq!(parsed, snapshot);
         assert_eq!(parsed, Snapshot::from_yaml(&json).expect("valid YAML"));
         assert!(parse("{ not json, not: yaml").is_err());
+    }
+
+    #[test]
+    fn a_bad_file_is_read_again_once_and_reported_once() {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let path = dir.path().join("snapshot.json");
+        let mut watch = FileWatch::new(&path);
+        assert!(matches!(watch.poll(), Some(Polled::Missing(_))));
+        assert!(watch.poll().is_none(), "a missing file is reported once");
+        std::fs::write(&path, "{ not a snapshot").expect("writable");
+        // The first failure may be a writer half-way through: read again at the next poll,
+        // and only then reported.
+        assert!(watch.poll().is_none());
+        assert!(matches!(watch.poll(), Some(Polled::Refused(_))));
+        for _ in 0..10 {
+            assert!(watch.poll().is_none(), "a bad file is reported once");
+        }
+        let good = Snapshot::default().seal().into_snapshot();
+        let json = serde_json::to_string(&good).expect("serializable");
+        std::fs::write(&path, json).expect("writable");
+        assert!(matches!(watch.poll(), Some(Polled::Read(_))));
+        assert!(watch.poll().is_none());
     }
 }

@@ -290,11 +290,14 @@ clusters:
         "old port released"
     );
 
-    // A tampered file (version does not match content) is refused; the proxy keeps serving.
+    // A tampered file (version does not match content) is refused and counted; the proxy
+    // keeps serving.
     let mut tampered = moved.clone();
     tampered.listeners[0].port = u32::from(p1);
     write_snapshot(&proxy.file, &tampered);
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    proxy
+        .metric_eventually("coxswain_proxy_snapshots_rejected_total", |n| n == 1)
+        .await;
     assert_eq!(
         get(&format!("http://127.0.0.1:{p2}/"), &[])
             .await
