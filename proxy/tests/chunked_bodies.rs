@@ -12,6 +12,7 @@ mod support;
 use coxswain_proxy::limits::Limits;
 use std::net::SocketAddr;
 use std::time::Duration;
+use support::bodies::{answer, body, closed};
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -143,45 +144,6 @@ async fn chunked(s: &mut TcpStream, buf: &mut Vec<u8>) -> Option<(Vec<u8>, Vec<u
     }
 }
 
-/// Reads one answer with a Content-Length body: (head in lower case, body).
-async fn answer(s: &mut TcpStream, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
-    let within = Duration::from_secs(10);
-    let end = tokio::time::timeout(within, until(s, buf, b"\r\n\r\n"))
-        .await
-        .unwrap()
-        .unwrap_or_else(|| {
-            panic!(
-                "closed before an answer: {:?}",
-                String::from_utf8_lossy(buf)
-            )
-        });
-    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-    buf.drain(..end);
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .map_or(0, |v| v.trim().parse().unwrap());
-    while buf.len() < length {
-        let mut chunk = [0u8; 16384];
-        let n = tokio::time::timeout(within, s.read(&mut chunk))
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(n > 0, "closed inside a body");
-        buf.extend_from_slice(&chunk[..n]);
-    }
-    (head, buf.drain(..length).collect())
-}
-
-/// Reads until the proxy closes the connection; false when it is still open after 10 s.
-async fn closed(s: &mut TcpStream) -> bool {
-    let mut sink = [0u8; 4096];
-    let wait = async { while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {} };
-    tokio::time::timeout(Duration::from_secs(10), wait)
-        .await
-        .is_ok()
-}
-
 fn head(path: &str) -> Vec<u8> {
     format!("POST {path} HTTP/1.1\r\nHost: a.example\r\nTransfer-Encoding: chunked\r\n\r\n")
         .into_bytes()
@@ -204,11 +166,6 @@ fn encode(data: &[u8], sizes: &[usize]) -> Vec<u8> {
     }
     out.extend_from_slice(b"0\r\nX-Checksum: abc\r\n\r\n");
     out
-}
-
-/// A body of `n` bytes that shows where each byte belongs.
-fn body(n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i % 251) as u8).collect()
 }
 
 async fn start(fast_path: bool) -> (Proxy, u16, mpsc::UnboundedReceiver<Seen>) {

@@ -53,6 +53,35 @@ fn obfuscate(path: &str, choices: &[u8]) -> String {
     out
 }
 
+/// `chunks` framed as a chunked body: sizes in upper or lower case hex, each with
+/// `extension` when given, then the last chunk with a trailer field when `trailer`.
+fn chunked_body(
+    chunks: &[Vec<u8>],
+    upper: bool,
+    extension: Option<&str>,
+    trailer: bool,
+) -> Vec<u8> {
+    let mut body = Vec::new();
+    for c in chunks {
+        let size = if upper {
+            format!("{:X}", c.len())
+        } else {
+            format!("{:x}", c.len())
+        };
+        body.extend_from_slice(size.as_bytes());
+        body.extend_from_slice(extension.unwrap_or_default().as_bytes());
+        body.extend_from_slice(b"\r\n");
+        body.extend_from_slice(c);
+        body.extend_from_slice(b"\r\n");
+    }
+    body.extend_from_slice(b"0\r\n");
+    if trailer {
+        body.extend_from_slice(b"x-trailer: 1\r\n");
+    }
+    body.extend_from_slice(b"\r\n");
+    body
+}
+
 proptest! {
     #![proptest_config(cases(512))]
 
@@ -87,22 +116,7 @@ proptest! {
         split in any::<prop::sample::Index>(),
         tail in prop::collection::vec(any::<u8>(), 0..8),
     ) {
-        let mut body = Vec::new();
-        for c in &chunks {
-            let size = if upper { format!("{:X}", c.len()) } else { format!("{:x}", c.len()) };
-            body.extend_from_slice(size.as_bytes());
-            if ext {
-                body.extend_from_slice(b";name=value");
-            }
-            body.extend_from_slice(b"\r\n");
-            body.extend_from_slice(c);
-            body.extend_from_slice(b"\r\n");
-        }
-        body.extend_from_slice(b"0\r\n");
-        if trailer {
-            body.extend_from_slice(b"x-trailer: 1\r\n");
-        }
-        body.extend_from_slice(b"\r\n");
+        let mut body = chunked_body(&chunks, upper, ext.then_some(";name=value"), trailer);
         let end = body.len();
         body.extend_from_slice(&tail);
         let at = split.index(body.len() + 1);
@@ -130,21 +144,7 @@ proptest! {
         splits in prop::collection::vec(any::<prop::sample::Index>(), 0..4),
         tail in prop::collection::vec(any::<u8>(), 0..8),
     ) {
-        let mut body = Vec::new();
-        for c in &chunks {
-            body.extend_from_slice(format!("{:X}", c.len()).as_bytes());
-            if ext {
-                body.extend_from_slice(b" ;name=value");
-            }
-            body.extend_from_slice(b"\r\n");
-            body.extend_from_slice(c);
-            body.extend_from_slice(b"\r\n");
-        }
-        body.extend_from_slice(b"0\r\n");
-        if trailer {
-            body.extend_from_slice(b"x-trailer: 1\r\n");
-        }
-        body.extend_from_slice(b"\r\n");
+        let mut body = chunked_body(&chunks, true, ext.then_some(" ;name=value"), trailer);
         let end = body.len();
         body.extend_from_slice(&tail);
         // Fed as reads of any sizes, as a client's bytes arrive.

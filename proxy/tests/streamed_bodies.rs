@@ -12,8 +12,9 @@ use coxswain_proxy::limits::Limits;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use support::bodies::{answer, body, closed, fill};
 use support::*;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 
@@ -141,62 +142,9 @@ async fn backend() -> (SocketAddr, mpsc::UnboundedReceiver<Seen>) {
     (addr, rx)
 }
 
-/// Reads more into `buf`; false at the end of the stream.
-async fn fill<R: AsyncRead + Unpin>(s: &mut R, buf: &mut Vec<u8>) -> bool {
-    let mut chunk = [0u8; 16384];
-    match s.read(&mut chunk).await {
-        Ok(0) | Err(_) => false,
-        Ok(n) => {
-            buf.extend_from_slice(&chunk[..n]);
-            true
-        }
-    }
-}
-
-/// Reads one answer with a Content-Length body: (head in lower case, body).
-async fn answer<R: AsyncRead + Unpin>(s: &mut R, buf: &mut Vec<u8>) -> (String, Vec<u8>) {
-    let within = Duration::from_secs(10);
-    let end = loop {
-        if let Some(e) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break e + 4;
-        }
-        let more = tokio::time::timeout(within, fill(s, buf)).await.unwrap();
-        assert!(
-            more,
-            "closed before an answer: {:?}",
-            String::from_utf8_lossy(buf)
-        );
-    };
-    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
-    buf.drain(..end);
-    let length: usize = head
-        .lines()
-        .find_map(|l| l.strip_prefix("content-length:"))
-        .map_or(0, |v| v.trim().parse().unwrap());
-    while buf.len() < length {
-        let more = tokio::time::timeout(within, fill(s, buf)).await.unwrap();
-        assert!(more, "closed inside a body");
-    }
-    (head, buf.drain(..length).collect())
-}
-
-/// Reads until the proxy closes the connection; false when it is still open after 10 s.
-async fn closed(s: &mut TcpStream) -> bool {
-    let mut sink = [0u8; 4096];
-    let wait = async { while matches!(s.read(&mut sink).await, Ok(n) if n > 0) {} };
-    tokio::time::timeout(Duration::from_secs(10), wait)
-        .await
-        .is_ok()
-}
-
 fn head(path: &str, length: usize) -> Vec<u8> {
     format!("POST {path} HTTP/1.1\r\nHost: a.example\r\nContent-Length: {length}\r\n\r\n")
         .into_bytes()
-}
-
-/// A body of `n` bytes that shows where each byte belongs.
-fn body(n: usize) -> Vec<u8> {
-    (0..n).map(|i| (i % 251) as u8).collect()
 }
 
 async fn start(fast_path: bool, limits: Limits) -> (Proxy, u16, mpsc::UnboundedReceiver<Seen>) {

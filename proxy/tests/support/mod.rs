@@ -2,6 +2,7 @@
 //! serving a snapshot file, and an HTTP client.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod bodies;
 pub mod http2;
 #[path = "../../../test/testenv/src/ports.rs"]
 mod ports;
