@@ -399,7 +399,7 @@ pub fn reframe(
     let size: usize = data.iter().map(ExactSizeIterator::len).sum();
     if size > 0 {
         out.reserve(size + 24);
-        out.extend_from_slice(format!("{size:x}\r\n").as_bytes());
+        let _ = std::io::Write::write_fmt(out, format_args!("{size:x}\r\n"));
         for r in data {
             out.extend_from_slice(&bytes[r]);
         }

@@ -225,7 +225,8 @@ async fn pump(
             continue;
         } else {
             framed.clear();
-            framed.extend_from_slice(format!("{:x}\r\n", data.len()).as_bytes());
+            // Into the reused buffer: no allocation per frame.
+            let _ = std::io::Write::write_fmt(&mut framed, format_args!("{:x}\r\n", data.len()));
             framed.extend_from_slice(&data);
             framed.extend_from_slice(b"\r\n");
             &framed[..]
