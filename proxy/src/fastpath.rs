@@ -7,8 +7,8 @@
 //! pool that spawns a task and takes locks per release) has nothing to do: no protocol
 //! changes, at most a few header fields edited. Such a request (HTTP/1.1, no body, a
 //! Content-Length one or a chunked one, no upgrade, on a route that only forwards to HTTP/1
-//! backends, with plain header modifiers at most: `CompiledRoute::passthrough`, decided once
-//! per snapshot) is written upstream with its fields as they came, except for a normalised
+//! backends, with plain header modifiers and timeouts at most: `CompiledRoute::passthrough`,
+//! decided once per snapshot) is written upstream with its fields as they came, except for a normalised
 //! target, the forwarded fields (`forwarded`) and the modifiers' edits (`heads`), over a
 //! connection from this worker's pool, and the response is copied back with its framing
 //! checked (`http1`) so both connections stay reusable. A Content-Length body of at most
@@ -27,7 +27,7 @@ use crate::limits::Limits;
 use crate::request::{self, Arrival, Body, ConnectionOption, Decision, Head, Version};
 use crate::table::SharedTable;
 use crate::upstream::{ClusterState, pool};
-use backend::{next_head, read_more, send};
+use backend::{Bounds, next_head, read_more, send};
 use coxswain_api::snapshot as snap;
 use heads::{
     answer_head, edited_response_head, status_response, without_content_length, write_upstream_head,
@@ -162,6 +162,7 @@ async fn request(
     };
     let mut plan = match step {
         Step::Pingora => {
+            crate::metrics::Metrics::count(&env.table.metrics().http1_requests_pingora);
             conn.hand_over(&req[..end], &req[end..]);
             return Some(Next::Pingora);
         }
@@ -398,6 +399,8 @@ struct Plan {
     /// The client asked to close after this request: the answer says so and the client
     /// connection ends with it.
     close_client: bool,
+    /// How long each wait on the backend may last (the route's timeouts).
+    bounds: Bounds,
     /// The request counted against its route's limit on requests in progress.
     _slots: Vec<crate::ratelimit::Slot>,
 }
@@ -544,6 +547,12 @@ fn plan_checked<H: Head + ?Sized>(
     {
         return Step::Pingora;
     }
+    let bounds = Bounds::new(route.route.timeouts, env.limits);
+    // A body that streams on a route whose time runs out while it arrives: Pingora answers
+    // 504 at its next piece past the deadline; this path bounds only what it reads whole.
+    if bounds.timed() && body.is_none_or(|n| n > MAX_BODY as usize) {
+        return Step::Pingora;
+    }
     let metrics = env.table.metrics();
     let forward = match request::decide(Some(route), head, checked, &arrival) {
         Decision::Forward(forward) => forward,
@@ -601,6 +610,7 @@ fn plan_checked<H: Head + ?Sized>(
         body: body.unwrap_or(0),
         chunked: body.is_none(),
         close_client: false,
+        bounds,
         _slots: forward.slots,
     })
 }
@@ -713,6 +723,12 @@ where
             }
         };
         let upto = pos + end;
+        if !done && plan.bounds.past() {
+            // The route's time ran out with the body still coming: cut, as on Pingora.
+            tracing::debug!(upstream = %plan.upstream, "route timeout passed mid-response");
+            let _ = conn.flush().await;
+            return Ok((Exchange::client_done(status), false));
+        }
         if done {
             // The backend is done with this request: a least-request pick for the client's
             // next one, which may come as soon as these bytes arrive, must not count it.
@@ -731,7 +747,7 @@ where
         }
         resp.clear();
         pos = 0;
-        match read_more(upstream, resp, env.limits.upstream_timeout).await {
+        match read_more(upstream, resp, plan.bounds.read()).await {
             Ok(n) if n > 0 => {}
             end => {
                 // End of stream: the end of a close-delimited body, else a truncated one. A

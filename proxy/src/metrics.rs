@@ -72,6 +72,8 @@ pub struct Metrics {
     pub http2_streams_fast_path: AtomicU64,
     /// HTTP/2 streams handed to Pingora: every stream the fast path does not take.
     pub http2_streams_pingora: AtomicU64,
+    /// HTTP/1 requests the fast path handed to Pingora.
+    pub http1_requests_pingora: AtomicU64,
     /// Requests sent again under their route's retry policy: an answer it retries, the
     /// backend request timeout, or a connection that broke before the answer.
     pub policy_retries: AtomicU64,
@@ -304,6 +306,11 @@ impl Metrics {
                 "coxswain_proxy_http2_streams_pingora_total",
                 "HTTP/2 streams served by Pingora: every stream the fast path does not take.",
                 &self.http2_streams_pingora,
+            ),
+            (
+                "coxswain_proxy_http1_requests_pingora_total",
+                "HTTP/1 requests served by Pingora: every request the fast path does not take (coxswain_proxy_requests_total less these is what the fast path served).",
+                &self.http1_requests_pingora,
             ),
             (
                 "coxswain_proxy_upstream_connect_retries_total",

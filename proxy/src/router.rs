@@ -214,7 +214,7 @@ pub struct CompiledRoute {
     /// The rule's RequestMirror filters, in order.
     pub mirrors: Vec<Mirror>,
     /// Requests only need forwarding, with at most plain header field edits (see
-    /// `passthrough`): no other filter, no policy, timeout or mirror, and every backend an
+    /// `passthrough`): no other filter, no policy or mirror, and every backend an
     /// HTTP/1 cluster with endpoints.
     pub passthrough: bool,
 }

@@ -2,20 +2,120 @@
 //! request, reading its answer, and where a request goes when an attempt failed before any
 //! of the answer came.
 //!
-//! Every wait on a backend is bounded by `Limits::upstream_timeout`, as Pingora's per-read
-//! and per-write timeouts bound it on the other engine: a backend that accepts and then says
-//! nothing gets the request 504 (counted against the endpoint, never sent again, since it
-//! may be at work on it); one that stops halfway through a body ends the exchange.
+//! Every wait on a backend is bounded (`Bounds`): by the route's timeouts when it has any,
+//! else by `Limits::upstream_timeout`, as `handler::timeouts` bounds them on the other
+//! engine: a backend that accepts and then says nothing gets the request 504 (counted against
+//! the endpoint, never sent again, since it may be at work on it); one that stops halfway
+//! through a body ends the exchange, and so does a request's time running out.
 
 use super::{Env, MAX_RESPONSE_HEAD, MAX_RESPONSE_HEADERS, Plan};
 use crate::http1;
+use crate::limits::Limits;
 use crate::metrics::Metrics;
 use crate::upstream::{may_connect_again, pool};
+use coxswain_api::snapshot as snap;
 use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+/// How long a request's waits on its backend may last. The rules are `handler::timeouts`'s:
+/// a route's request timeout bounds the whole exchange from the request's arrival, its
+/// backend request timeout each attempt, and the Ingress timeouts each connect, read and
+/// write; a wait nothing else bounds gets `Limits::upstream_timeout` (connecting,
+/// `Limits::upstream_connect`). A route without timeouts reads no clock here.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Bounds {
+    /// The request timeout's end.
+    deadline: Option<Instant>,
+    /// The backend request timeout: each attempt's budget.
+    attempt: Option<Duration>,
+    /// The current attempt's end: the sooner of `deadline` and `attempt` from its start.
+    attempt_end: Option<Instant>,
+    connect: Duration,
+    /// The Ingress read and send timeouts.
+    read: Option<Duration>,
+    write: Option<Duration>,
+    /// What bounds a read or write when nothing above does.
+    idle: Duration,
+}
+
+impl Bounds {
+    /// The bounds of a request that arrived just now on a route with `timeouts`.
+    pub(super) fn new(timeouts: Option<snap::Timeouts>, limits: &Limits) -> Self {
+        let ms = |ms: u64| (ms > 0).then(|| Duration::from_millis(ms));
+        let t = timeouts.unwrap_or_default();
+        let deadline = ms(t.request_ms).and_then(|d| Instant::now().checked_add(d));
+        Self {
+            deadline,
+            attempt: ms(t.backend_request_ms),
+            attempt_end: deadline,
+            connect: ms(t.connect_ms).unwrap_or(limits.upstream_connect),
+            read: ms(t.read_ms),
+            write: ms(t.send_ms),
+            idle: limits.upstream_timeout,
+        }
+    }
+
+    /// The route bounds the whole exchange or each attempt, so the time a request body takes
+    /// to arrive counts against it.
+    pub(super) fn timed(&self) -> bool {
+        self.deadline.is_some() || self.attempt.is_some()
+    }
+
+    /// Starts an attempt. False: the request's time is up already (504, sent nowhere).
+    pub(super) fn start_attempt(&mut self) -> bool {
+        if self.attempt.is_none() && self.deadline.is_none() {
+            return true;
+        }
+        let now = Instant::now();
+        if self.deadline.is_some_and(|d| d <= now) {
+            return false;
+        }
+        let per_attempt = self.attempt.and_then(|a| now.checked_add(a));
+        self.attempt_end = match (self.deadline, per_attempt) {
+            (Some(d), Some(a)) => Some(d.min(a)),
+            (d, a) => d.or(a),
+        };
+        true
+    }
+
+    /// How long connecting may take.
+    pub(super) fn connect(&self) -> Duration {
+        self.left()
+            .map_or(self.connect, |left| left.min(self.connect))
+    }
+
+    /// How long the next read from the backend may wait.
+    pub(super) fn read(&self) -> Duration {
+        self.wait(self.read)
+    }
+
+    /// How long the next write to the backend may wait.
+    pub(super) fn write(&self) -> Duration {
+        self.wait(self.write)
+    }
+
+    /// The attempt's time is up: a response still streaming is cut, as Pingora's body filter
+    /// cuts it.
+    pub(super) fn past(&self) -> bool {
+        self.attempt_end.is_some_and(|end| Instant::now() >= end)
+    }
+
+    fn left(&self) -> Option<Duration> {
+        self.attempt_end
+            .map(|end| end.saturating_duration_since(Instant::now()))
+    }
+
+    fn wait(&self, ingress: Option<Duration>) -> Duration {
+        match (self.left(), ingress) {
+            (Some(left), Some(each)) => left.min(each),
+            (Some(left), None) => left,
+            (None, each) => each.unwrap_or(self.idle),
+        }
+    }
+}
 
 impl Plan {
     /// The backend's final answer came, `status`, for a request sent at `sent`: its latency
@@ -44,7 +144,7 @@ impl Plan {
         true
     }
 
-    /// The backend outlasted the upstream timeout before its answer began: counted, and held
+    /// The backend outlasted its time before its answer began: counted, and held
     /// against the endpoint whether the connection was new or pooled (a pooled one that is
     /// merely closed fails at once instead). The request's status, 504.
     pub(super) fn timed_out(&self, env: &Env<'_>) -> u16 {
@@ -54,12 +154,12 @@ impl Plan {
         504
     }
 
-    /// The backend outlasted the upstream timeout: counted. Past the answer's head it is not
+    /// The backend outlasted its time (`Bounds`): counted. Past the answer's head it is not
     /// held against the endpoint, which answered; a stream that pauses longer than the
-    /// timeout (server-sent events) is a route's to allow with a timeout of its own.
+    /// upstream timeout (server-sent events) is a route's to allow with a timeout of its own.
     pub(super) fn stalled(&self, env: &Env<'_>) {
-        tracing::debug!(upstream = %self.upstream, within = ?env.limits.upstream_timeout,
-            "backend sent nothing within the upstream timeout");
+        tracing::debug!(upstream = %self.upstream, bounds = ?self.bounds,
+            "backend sent nothing in time");
         Metrics::count(&env.table.metrics().upstream_timeouts);
     }
 }
@@ -79,13 +179,15 @@ pub(super) async fn send(
     // cannot be opened sent nothing: another endpoint is tried.
     let mut resent = 0;
     let mut attempts = Attempts::default();
-    let within = env.limits.upstream_timeout;
     loop {
+        if !plan.bounds.start_attempt() {
+            return Err(504);
+        }
         let (mut up, reused) = open(plan, env, &mut attempts).await?;
         let sent = Instant::now();
         resp.clear();
-        let answered = match write_both(&mut up, head, body, within).await {
-            Ok(()) => read_more(&mut up, resp, within).await,
+        let answered = match write_both(&mut up, head, body, plan.bounds.write()).await {
+            Ok(()) => read_more(&mut up, resp, plan.bounds.read()).await,
             Err(e) => Err(e),
         };
         match answered {
@@ -139,7 +241,7 @@ pub(super) async fn open(
         if let Some(up) = pool::take(target) {
             return Ok((up, true));
         }
-        match connect(target, env.limits.upstream_connect).await {
+        match connect(target, plan.bounds.connect()).await {
             Ok(up) => {
                 let _ = up.set_nodelay(true);
                 return Ok((up, false));
@@ -166,7 +268,7 @@ pub(super) async fn open(
 
 /// Reads until a whole response head (interim or final) starts `resp`. Err(502): the
 /// backend closed or sent something that is not a response head (counted against it), or
-/// a 101; Err(504): it sent nothing more within the upstream timeout.
+/// a 101; Err(504): it sent nothing more in time (`Bounds::read`).
 pub(super) async fn next_head<R: AsyncRead + Unpin>(
     upstream: &mut R,
     resp: &mut Vec<u8>,
@@ -179,7 +281,7 @@ pub(super) async fn next_head<R: AsyncRead + Unpin>(
             Ok(Some(h)) if h.status == 101 => return Err(502),
             Ok(Some(h)) => return Ok(h),
             Ok(None) if resp.len() < MAX_RESPONSE_HEAD => {
-                match read_more(upstream, resp, env.limits.upstream_timeout).await {
+                match read_more(upstream, resp, plan.bounds.read()).await {
                     Ok(n) if n > 0 => {}
                     Err(e) if e.kind() == ErrorKind::TimedOut => return Err(plan.timed_out(env)),
                     _ => {

@@ -172,9 +172,9 @@ async fn forward(
     let ((exchange, reusable), body_whole) = {
         let (client_in, mut client_out) = tokio::io::split(&mut *conn);
         let (mut up_in, up_out) = upstream.split();
-        let pump = pump(client_in, up_out, rest, next, env);
+        let pump = pump(client_in, (up_out, plan.bounds.write()), rest, next, env);
         let answer = async {
-            match read_more(&mut up_in, resp, env.limits.upstream_timeout).await {
+            match read_more(&mut up_in, resp, plan.bounds.read()).await {
                 Ok(n) if n > 0 => answering.store(true, Ordering::Relaxed),
                 Err(e) if e.kind() == ErrorKind::TimedOut => return Err(plan.timed_out(env)),
                 _ => return Err(backend_failed(plan, env)),
@@ -277,9 +277,12 @@ pub(super) async fn send_head(
     let mut attempts = Attempts::default();
     let mut resent = 0;
     loop {
+        if !plan.bounds.start_attempt() {
+            return Err(504);
+        }
         let (mut up, reused) = open(plan, env, &mut attempts).await?;
         let sent = Instant::now();
-        match write_both(&mut up, head, have, env.limits.upstream_timeout).await {
+        match write_both(&mut up, head, have, plan.bounds.write()).await {
             Ok(()) => return Ok((up, sent)),
             Err(e) if e.kind() == ErrorKind::TimedOut => return Err(plan.timed_out(env)),
             // A pooled connection the backend closed meanwhile: routine, and the request, not
@@ -301,7 +304,7 @@ pub(super) async fn send_head(
 /// past a chunked body's end go to `next`.
 async fn pump<R: AsyncRead + Unpin>(
     mut client: R,
-    mut up: tokio::net::tcp::WriteHalf<'_>,
+    (mut up, within): (tokio::net::tcp::WriteHalf<'_>, std::time::Duration),
     rest: Rest,
     next: &mut Vec<u8>,
     env: &Env<'_>,
@@ -340,7 +343,7 @@ async fn pump<R: AsyncRead + Unpin>(
             }
         };
         if !out.is_empty() {
-            match tokio::time::timeout(env.limits.upstream_timeout, up.write_all(out)).await {
+            match tokio::time::timeout(within, up.write_all(out)).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => return Pumped::BackendFailed(e),
                 Err(_) => return Pumped::BackendFailed(ErrorKind::TimedOut.into()),

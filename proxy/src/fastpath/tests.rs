@@ -157,3 +157,57 @@ async fn an_http2_connections_future_stays_small() {
     drop(serving);
     drop(client);
 }
+
+#[test]
+fn bounds_follow_the_route_timeouts_and_else_the_proxy_limits() {
+    use super::backend::Bounds;
+    use coxswain_api::snapshot::Timeouts;
+    let limits = Limits::default();
+    let ms = Duration::from_millis;
+
+    // No timeouts: the proxy's limits, and no deadline.
+    let mut none = Bounds::new(None, &limits);
+    assert!(!none.timed() && none.start_attempt() && !none.past());
+    assert_eq!(none.read(), limits.upstream_timeout);
+    assert_eq!(none.write(), limits.upstream_timeout);
+    assert_eq!(none.connect(), limits.upstream_connect);
+
+    // Ingress timeouts bound each connect, read and write, and nothing else.
+    let ingress = Timeouts {
+        connect_ms: 700,
+        read_ms: 300,
+        send_ms: 400,
+        ..Default::default()
+    };
+    let mut each = Bounds::new(Some(ingress), &limits);
+    assert!(!each.timed() && each.start_attempt());
+    assert_eq!(
+        (each.connect(), each.read(), each.write()),
+        (ms(700), ms(300), ms(400))
+    );
+
+    // A backend request timeout is each attempt's budget, within the request timeout: the
+    // waits shrink as the attempt goes on, and none lasts past the sooner end.
+    let both = Timeouts {
+        request_ms: 60_000,
+        backend_request_ms: 300,
+        read_ms: 10_000,
+        ..Default::default()
+    };
+    let mut attempt = Bounds::new(Some(both), &limits);
+    assert!(attempt.timed() && attempt.start_attempt() && !attempt.past());
+    assert!(attempt.read() <= ms(300) && attempt.read() > ms(200));
+    assert!(attempt.connect() <= ms(300));
+    assert!(attempt.write() <= ms(300));
+
+    // A request timeout that has run out: no attempt starts, and every wait is 0.
+    let gone = Timeouts {
+        request_ms: 1,
+        ..Default::default()
+    };
+    let mut late = Bounds::new(Some(gone), &limits);
+    std::thread::sleep(ms(5));
+    assert!(late.past());
+    assert!(!late.start_attempt());
+    assert_eq!(late.read(), Duration::ZERO);
+}

@@ -180,7 +180,8 @@ pub(super) fn compile_route(
     };
     // Rate limits and Basic authentication stay on the fast path: `request::decide` decides
     // them for both engines, and the fast path writes their 401 and 429 itself. So do header
-    // modifiers that only edit plain fields: the fast path applies them as it copies heads. External
+    // modifiers that only edit plain fields: the fast path applies them as it copies heads, and
+    // timeouts: it bounds its waits by them (`fastpath::backend::Bounds`). External
     // authorization and global rate limits wait on another service (and authorization edits
     // the request, as a JWT whose claims become fields does): Pingora serves those.
     let passthrough = r.filters.iter().all(crate::filters::edits_fields_only)
@@ -189,7 +190,6 @@ pub(super) fn compile_route(
         && policy.jwt.as_ref().is_none_or(|j| !j.sets_fields())
         && r.direct_status == 0
         && r.client_allowlist.is_none()
-        && r.timeouts.is_none_or(|t| t == snap::Timeouts::default())
         && r.retry.is_none()
         && r.session_persistence.is_none()
         && policy.cors.is_none()

@@ -165,9 +165,15 @@ async fn stream_exchange(
     let target = plan.upstream;
     let ((status, reusable), body_whole) = {
         let (mut up_in, up_out) = upstream.split();
-        let pump = pump(shared, stream, up_out, plan.chunked, env);
+        let pump = pump(
+            shared,
+            stream,
+            (up_out, plan.bounds.write()),
+            plan.chunked,
+            env,
+        );
         let answer = async {
-            match read_more(&mut up_in, resp, env.limits.upstream_timeout).await {
+            match read_more(&mut up_in, resp, plan.bounds.read()).await {
                 Ok(n) if n > 0 => answering.store(true, Ordering::Relaxed),
                 Err(e) if e.kind() == ErrorKind::TimedOut => return Err(plan.timed_out(env)),
                 _ => return Err(backend_failed(plan, env)),
@@ -196,7 +202,7 @@ async fn stream_exchange(
 async fn pump(
     shared: &Shared,
     stream: u32,
-    mut up: tokio::net::tcp::WriteHalf<'_>,
+    (mut up, within): (tokio::net::tcp::WriteHalf<'_>, std::time::Duration),
     chunked: bool,
     env: &Env<'_>,
 ) -> Pumped {
@@ -209,7 +215,7 @@ async fn pump(
                 // end is the whole body. Trailers are dropped, as `read_body` drops them (and
                 // Pingora drops them on the way to HTTP/1).
                 Ok(Recv::End(_)) if chunked => {
-                    return match write(&mut up, b"0\r\n\r\n", env).await {
+                    return match write(&mut up, b"0\r\n\r\n", within).await {
                         Ok(()) => Pumped::Whole,
                         Err(e) => Pumped::BackendFailed(e),
                     };
@@ -231,19 +237,19 @@ async fn pump(
             framed.extend_from_slice(b"\r\n");
             &framed[..]
         };
-        if let Err(e) = write(&mut up, out, env).await {
+        if let Err(e) = write(&mut up, out, within).await {
             return Pumped::BackendFailed(e);
         }
     }
 }
 
-/// Writes to the backend within the upstream timeout.
+/// Writes to the backend, waiting at most `within`.
 async fn write(
     up: &mut tokio::net::tcp::WriteHalf<'_>,
     bytes: &[u8],
-    env: &Env<'_>,
+    within: std::time::Duration,
 ) -> std::io::Result<()> {
-    match tokio::time::timeout(env.limits.upstream_timeout, up.write_all(bytes)).await {
+    match tokio::time::timeout(within, up.write_all(bytes)).await {
         Ok(result) => result,
         Err(_) => Err(ErrorKind::TimedOut.into()),
     }
@@ -304,6 +310,12 @@ async fn relay<R: AsyncRead + Unpin>(
                     return Ok((status, false));
                 }
             };
+            if !done && plan.bounds.past() {
+                // The route's time ran out with the body still coming: cut, as on Pingora.
+                tracing::debug!(upstream = %plan.upstream, "route timeout passed mid-response");
+                shared.finish(stream, ErrorCode::Internal);
+                return Ok((status, false));
+            }
             if done {
                 plan.in_flight = None;
             }
@@ -339,7 +351,7 @@ async fn relay<R: AsyncRead + Unpin>(
             }
             resp.clear();
             pos = 0;
-            let read = read_more(upstream, resp, env.limits.upstream_timeout).await;
+            let read = read_more(upstream, resp, plan.bounds.read()).await;
             if !matches!(read, Ok(n) if n > 0) {
                 let stalled = read.is_err_and(|e| e.kind() == std::io::ErrorKind::TimedOut);
                 if stalled {
