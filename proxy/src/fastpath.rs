@@ -7,9 +7,10 @@
 //! pool that spawns a task and takes locks per release) has nothing to do: no protocol
 //! changes, at most a few header fields edited. Such a request (HTTP/1.1, no body, a
 //! Content-Length one or a chunked one, no upgrade, on a route that only forwards to HTTP/1
-//! backends, with plain header modifiers and timeouts at most: `CompiledRoute::passthrough`,
-//! decided once per snapshot) is written upstream with its fields as they came, except for a normalised
-//! target, the forwarded fields (`forwarded`) and the modifiers' edits (`heads`), over a
+//! backends, with plain header modifiers, URL rewrites and timeouts at most:
+//! `CompiledRoute::passthrough`, decided once per snapshot) is written upstream with its fields
+//! as they came, except for a normalised (and rewritten) target, the forwarded fields
+//! (`forwarded`) and the filters' edits (`heads`), over a
 //! connection from this worker's pool, and the response is copied back with its framing
 //! checked (`http1`) so both connections stay reusable. A Content-Length body of at most
 //! `MAX_BODY` is read whole and sent with the head; a larger one streams after it
@@ -30,7 +31,8 @@ use crate::upstream::{ClusterState, pool};
 use backend::{Bounds, next_head, read_more, send};
 use coxswain_api::snapshot as snap;
 use heads::{
-    answer_head, edited_response_head, status_response, without_content_length, write_upstream_head,
+    RequestEdit, answer_head, edited_response_head, rewritten, status_response,
+    without_content_length, write_upstream_head,
 };
 use read::{BodyRead, HeadRead, read_body, read_head, request_end};
 use std::net::SocketAddr;
@@ -581,20 +583,20 @@ fn plan_checked<H: Head + ?Sized>(
         _ => return Step::Pingora,
     };
     let route = forward.route;
-    let request_edits = route
-        .route
-        .filters
-        .iter()
-        .chain(&forward.backend.filters)
-        .filter_map(|f| match &f.kind {
-            Some(snap::filter::Kind::RequestHeaderModifier(m)) => Some(m),
-            _ => None,
-        });
+    let filters = || route.route.filters.iter().chain(&forward.backend.filters);
+    let request_edits = filters().filter_map(|f| match &f.kind {
+        Some(snap::filter::Kind::RequestHeaderModifier(m)) => Some(RequestEdit::Fields(m)),
+        Some(snap::filter::Kind::UrlRewrite(r)) if !r.hostname.is_empty() => {
+            Some(RequestEdit::Host(&r.hostname))
+        }
+        _ => None,
+    });
+    let target = rewritten(route, filters(), &checked.path_and_query);
     write_upstream_head(
         up_head,
         head,
         host,
-        &checked.path_and_query,
+        target.as_deref().unwrap_or(&checked.path_and_query),
         &forwarded,
         request_edits,
     );

@@ -66,6 +66,19 @@ pub fn edits_fields_only(f: &snap::Filter) -> bool {
         && m.remove.iter().all(|n| name_ok(n))
 }
 
+/// Whether the fast path applies a filter as Pingora would: header edits it can make while it
+/// copies the head (`edits_fields_only`), and URL rewrites, which change the target and the
+/// Host it writes (a hostname that is a valid field value: compiled from a DNS name, it is).
+pub fn fast_path_filter(f: &snap::Filter) -> bool {
+    match &f.kind {
+        Some(snap::filter::Kind::UrlRewrite(r)) => r
+            .hostname
+            .bytes()
+            .all(|b| b == b'-' || b == b'.' || b.is_ascii_alphanumeric()),
+        _ => edits_fields_only(f),
+    }
+}
+
 /// RFC 9110 5.6.2 tchar.
 fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
@@ -357,5 +370,25 @@ mod tests {
             kind: Some(snap::filter::Kind::RequestMirror(Default::default())),
         };
         assert!(!edits_fields_only(&mirror));
+    }
+
+    #[test]
+    fn url_rewrites_take_the_fast_path_when_their_hostname_is_a_plain_name() {
+        let rewrite = |hostname: &str| snap::Filter {
+            kind: Some(snap::filter::Kind::UrlRewrite(snap::UrlRewrite {
+                hostname: hostname.into(),
+                path: Some(prefix("/new")),
+            })),
+        };
+        assert!(fast_path_filter(&rewrite("")));
+        assert!(fast_path_filter(&rewrite("inner.example")));
+        assert!(fast_path_filter(&rewrite("a-1.example")));
+        // Not a field value the head could carry as it is.
+        assert!(!fast_path_filter(&rewrite("a.example\r\nx-b: 1")));
+        assert!(!fast_path_filter(&rewrite("caf\u{e9}.example")));
+        let mirror = snap::Filter {
+            kind: Some(snap::filter::Kind::RequestMirror(Default::default())),
+        };
+        assert!(!fast_path_filter(&mirror));
     }
 }

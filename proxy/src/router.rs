@@ -213,8 +213,8 @@ pub struct CompiledRoute {
     next: AtomicUsize,
     /// The rule's RequestMirror filters, in order.
     pub mirrors: Vec<Mirror>,
-    /// Requests only need forwarding, with at most plain header field edits (see
-    /// `passthrough`): no other filter, no policy or mirror, and every backend an
+    /// Requests only need forwarding, with at most plain header field edits, URL rewrites and
+    /// timeouts (see `passthrough`): no other filter, policy or mirror, and every backend an
     /// HTTP/1 cluster with endpoints.
     pub passthrough: bool,
 }

@@ -82,6 +82,26 @@ listeners:
         filters:
         - kind: {requestHeaderModifier: {add: [{name: x-added, value: "2"}]}}
         - kind: {responseHeaderModifier: {add: [{name: x-answer, value: backend}], set: [{name: content-type, value: text/edited}]}}
+    - source: {kind: HTTPRoute, namespace: t, name: moved, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /rw}}
+      filters:
+      - kind: {urlRewrite: {hostname: inner.example, path: {kind: {replacePrefixMatch: /new}}}}
+      backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: whole, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /full}}
+      filters:
+      - kind: {requestHeaderModifier: {set: [{name: host, value: first.example}]}}
+      - kind: {urlRewrite: {hostname: second.example, path: {kind: {replaceFullPath: /whole}}}}
+      backends:
+      - cluster: "t/a:80"
+        weight: 1
+        filters:
+        - kind: {urlRewrite: {path: {kind: {replacePrefixMatch: /again}}}}
+    - source: {kind: Ingress, namespace: t, name: re, rule: 0}
+      match: {path: {kind: KIND_REGEX, value: "(?i:/re(/|$)(.*)).*"}}
+      filters:
+      - kind: {urlRewrite: {path: {kind: {replaceRegexMatch: "/$2"}}}}
+      backends: [{cluster: "t/a:80", weight: 1}]
     - source: {kind: HTTPRoute, namespace: t, name: rest, rule: 0}
       backends: [{cluster: "t/a:80", weight: 1}]
   - hostname: "*.wild.example"
@@ -163,9 +183,9 @@ impl Rng {
 /// One generated request, as raw bytes.
 fn generate(rng: &mut Rng) -> Vec<u8> {
     const METHODS: [&str; 7] = ["GET", "GET", "GET", "HEAD", "DELETE", "OPTIONS", "POST"];
-    const SEGMENTS: [&str; 21] = [
+    const SEGMENTS: [&str; 24] = [
         "admin", "p", "x", "..", ".", "", "%61dmin", "%2e%2e", "a%2fb", "exact", "old", "gone",
-        "small", "empty", "%7E", "a.b", "P", "%41", "q=1", "auth", "edit",
+        "small", "empty", "%7E", "a.b", "P", "%41", "q=1", "auth", "edit", "rw", "full", "re",
     ];
     const HOSTS: [&str; 8] = [
         "a.example",
@@ -811,6 +831,7 @@ async fn run(transport: Transport, default_count: usize) {
     let mut divergences = Vec::new();
     let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
     let mut edited = 0;
+    let mut rewritten = 0;
     let mut sent = 0;
     for i in 0..count {
         let req = generate(&mut rng);
@@ -829,6 +850,17 @@ async fn run(transport: Transport, default_count: usize) {
         if let Ok(s) = &a {
             *statuses.entry(s.status).or_default() += 1;
             edited += usize::from(s.edited.iter().any(|f| f == "x-served-by: edge"));
+            let seen_by_backend = String::from_utf8_lossy(&s.body);
+            rewritten += usize::from(
+                [
+                    "/new",
+                    "/again/whole",
+                    "host: inner.example",
+                    "host: second.example",
+                ]
+                .iter()
+                .any(|r| seen_by_backend.contains(r)),
+            );
         }
         if a != b {
             divergences.push(format!(
@@ -858,6 +890,8 @@ async fn run(transport: Transport, default_count: usize) {
     assert!(statuses.len() >= 6, "{statuses:?}");
     // And the route whose header modifiers the fast path applies itself.
     assert!(edited > sent / 100, "{edited} responses through /edit");
+    // And the routes whose URL rewrites it applies itself.
+    assert!(rewritten > sent / 100, "{rewritten} rewritten requests");
     if http2 {
         // Streams took the fast path on one proxy and never on the other.
         let fast = proxies[0]

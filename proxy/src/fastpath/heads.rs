@@ -7,18 +7,24 @@ use crate::head::joined_cookies;
 use crate::request::Head;
 use coxswain_api::snapshot as snap;
 
-/// The head sent upstream: the request line with the normalised target, `host` as a Host
-/// field (an HTTP/2 request's :authority), the received fields less the forwarded ones and
-/// this hop's (`this_hop`), then
-/// the forwarded fields this proxy sets; then the route's and the backend's header
-/// modifiers, in that order, as Pingora applies them.
+/// An edit a route or backend filter makes to the fields of the request sent upstream.
+pub(super) enum RequestEdit<'m> {
+    Fields(&'m snap::HeaderModifier),
+    /// A URL rewrite's hostname: the Host sent.
+    Host(&'m str),
+}
+
+/// The head sent upstream: the request line with `target` (normalised, then rewritten), `host`
+/// as a Host field (an HTTP/2 request's :authority), the received fields less the forwarded
+/// ones and this hop's (`this_hop`), then the forwarded fields this proxy sets; then the
+/// route's and the backend's edits, in that order, as Pingora applies them.
 pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
     out: &mut Vec<u8>,
     head: &H,
     host: Option<&str>,
     target: &str,
     forwarded: &Forwarded<'_>,
-    edits: impl Iterator<Item = &'m snap::HeaderModifier>,
+    edits: impl Iterator<Item = RequestEdit<'m>>,
 ) {
     out.clear();
     out.extend_from_slice(head.method().as_bytes());
@@ -63,8 +69,14 @@ pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
         for &(name, start, end) in &spans[..count] {
             fields.0.push((name.as_bytes(), &rendered[start..end]));
         }
-        for m in edits {
-            crate::filters::modify_headers(&mut fields, m);
+        for edit in edits {
+            match edit {
+                RequestEdit::Fields(m) => crate::filters::modify_headers(&mut fields, m),
+                RequestEdit::Host(name) => {
+                    use crate::filters::EditHeaders;
+                    fields.set("host", name);
+                }
+            }
         }
         fields.write(out);
         out.extend_from_slice(b"\r\n");
@@ -98,6 +110,39 @@ pub(super) fn write_upstream_head<'m, H: Head + ?Sized>(
         out.extend_from_slice(b"\r\n");
     });
     out.extend_from_slice(b"\r\n");
+}
+
+/// The target a route's URL rewrites make of `target` (the normalised one), applied in the
+/// order Pingora applies them (`handler::edits`): a prefix or full-path rewrite works on what
+/// the ones before it left, a regex one renders the route's template from the client's
+/// target. A result that is not a valid target is dropped with a warning, as there. None: no
+/// rewrite.
+pub(super) fn rewritten<'f>(
+    route: &crate::router::CompiledRoute,
+    filters: impl Iterator<Item = &'f snap::Filter>,
+    target: &str,
+) -> Option<String> {
+    let mut out: Option<String> = None;
+    for f in filters {
+        let Some(snap::filter::Kind::UrlRewrite(snap::UrlRewrite { path: Some(m), .. })) = &f.kind
+        else {
+            continue;
+        };
+        let new = match &m.kind {
+            Some(snap::path_modifier::Kind::ReplaceRegexMatch(_)) => route.regex_rewrite(target),
+            _ => Some(crate::filters::rewrite_path(
+                out.as_deref().unwrap_or(target),
+                route.matched_prefix(),
+                m,
+            )),
+        };
+        match new {
+            Some(new) if new.parse::<hyper::Uri>().is_ok() => out = Some(new),
+            Some(new) => tracing::warn!(path = %new, "rewritten path is not a valid URI"),
+            None => {}
+        }
+    }
+    out
 }
 
 /// Adds a field at the end of the request head in `head` (which ends with its empty line).

@@ -180,11 +180,12 @@ pub(super) fn compile_route(
     };
     // Rate limits and Basic authentication stay on the fast path: `request::decide` decides
     // them for both engines, and the fast path writes their 401 and 429 itself. So do header
-    // modifiers that only edit plain fields: the fast path applies them as it copies heads, and
-    // timeouts: it bounds its waits by them (`fastpath::backend::Bounds`). External
-    // authorization and global rate limits wait on another service (and authorization edits
-    // the request, as a JWT whose claims become fields does): Pingora serves those.
-    let passthrough = r.filters.iter().all(crate::filters::edits_fields_only)
+    // modifiers that only edit plain fields and URL rewrites, which the fast path applies as
+    // it writes the head, and timeouts, which bound its waits (`fastpath::backend::Bounds`).
+    // External authorization and global rate limits wait on another service (and
+    // authorization edits the request, as a JWT whose claims become fields does): Pingora
+    // serves those.
+    let passthrough = r.filters.iter().all(crate::filters::fast_path_filter)
         && policy.external_auth.is_none()
         && policy.global_limit.is_none()
         && policy.jwt.as_ref().is_none_or(|j| !j.sets_fields())
@@ -193,10 +194,9 @@ pub(super) fn compile_route(
         && r.retry.is_none()
         && r.session_persistence.is_none()
         && policy.cors.is_none()
-        && policy.rewrite.is_none()
         && !backends.is_empty()
         && backends.iter().all(|b| {
-            b.filters.iter().all(crate::filters::edits_fields_only)
+            b.filters.iter().all(crate::filters::fast_path_filter)
                 && b.cluster
                     .as_deref()
                     .is_some_and(|c| c.has_endpoints() && c.backend_tls.is_none() && plain_http1(c))
