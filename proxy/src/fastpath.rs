@@ -317,15 +317,16 @@ impl Head for FastHead<'_, '_> {
 enum Step {
     Pingora,
     Reject(u16),
-    /// Answered here without going upstream, and the connection kept (401, 429).
+    /// Answered here without going upstream, and the connection kept (401, 403, 429, a
+    /// redirect, a route's fixed status).
     Answer(Answered),
     Forward(Plan),
 }
 
-/// An answer the request layer decided, with one header field of its own.
+/// An answer the request layer decided, with at most one header field of its own.
 struct Answered {
     status: u16,
-    field: (&'static str, String),
+    field: Option<(&'static str, String)>,
     record: Record,
     /// The request's body length: read and dropped so the connection can go on (None:
     /// chunked, left unread, and the connection closes).
@@ -562,7 +563,7 @@ fn plan_checked<H: Head + ?Sized>(
             crate::metrics::Metrics::count(&metrics.auth_refused);
             return Step::Answer(Answered {
                 status: 401,
-                field: ("www-authenticate", challenge.to_owned()),
+                field: Some(("www-authenticate", challenge.to_owned())),
                 record: record(route),
                 body,
                 close_client: false,
@@ -572,14 +573,33 @@ fn plan_checked<H: Head + ?Sized>(
             crate::metrics::Metrics::count(&metrics.rate_limited);
             return Step::Answer(Answered {
                 status: 429,
-                field: ("retry-after", retry_after.to_string()),
+                field: Some(("retry-after", retry_after.to_string())),
                 record: record(route),
                 body,
                 close_client: false,
             });
         }
-        // Not reached: a passthrough route has no other policy that answers by itself, and a
-        // body over its limit went to Pingora above.
+        // An allowlist's 403, a route's fixed status.
+        Decision::Status(status) => {
+            return Step::Answer(Answered {
+                status,
+                field: None,
+                record: record(route),
+                body,
+                close_client: false,
+            });
+        }
+        Decision::Redirect { status, location } => {
+            return Step::Answer(Answered {
+                status,
+                field: Some(("location", location)),
+                record: record(route),
+                body,
+                close_client: false,
+            });
+        }
+        // Not reached: a passthrough route has no other policy that answers by itself (CORS,
+        // services), and a body over its limit went to Pingora above.
         _ => return Step::Pingora,
     };
     let route = forward.route;

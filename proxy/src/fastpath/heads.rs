@@ -267,16 +267,18 @@ pub(super) fn without_content_length(head: &[u8]) -> Vec<u8> {
 
 /// The head of an answer with no body, which keeps the connection open unless the client
 /// asked to close it.
-pub(super) fn answer_head(status: u16, (name, value): (&str, String), close: bool) -> String {
-    let reason = match status {
-        401 => "Unauthorized",
-        429 => "Too Many Requests",
-        _ => "",
-    };
+pub(super) fn answer_head(status: u16, field: Option<(&str, String)>, close: bool) -> String {
+    let reason = hyper::StatusCode::from_u16(status)
+        .ok()
+        .and_then(|s| s.canonical_reason())
+        .unwrap_or("");
     let connection = if close { "connection: close\r\n" } else { "" };
-    format!(
-        "HTTP/1.1 {status} {reason}\r\n{name}: {value}\r\ncontent-length: 0\r\n{connection}\r\n"
-    )
+    match field {
+        Some((name, value)) => format!(
+            "HTTP/1.1 {status} {reason}\r\n{name}: {value}\r\ncontent-length: 0\r\n{connection}\r\n"
+        ),
+        None => format!("HTTP/1.1 {status} {reason}\r\ncontent-length: 0\r\n{connection}\r\n"),
+    }
 }
 
 /// The answers this path writes itself; the connection closes after each.

@@ -185,15 +185,22 @@ pub(super) fn compile_route(
     // External authorization and global rate limits wait on another service (and
     // authorization edits the request, as a JWT whose claims become fields does): Pingora
     // serves those.
-    let passthrough = r.filters.iter().all(crate::filters::fast_path_filter)
-        && policy.external_auth.is_none()
+    // A client allowlist's 403 is the request layer's too. A route that only answers, with a
+    // redirect (its one filter) or a fixed status, is answered by `decide` before any backend
+    // matters: the fast path writes that answer as it writes a 401.
+    let services = policy.external_auth.is_none()
         && policy.global_limit.is_none()
         && policy.jwt.as_ref().is_none_or(|j| !j.sets_fields())
+        && policy.cors.is_none();
+    let answers = match r.filters.as_slice() {
+        [f] => matches!(f.kind, Some(snap::filter::Kind::RequestRedirect(_))),
+        [] => r.direct_status != 0,
+        _ => false,
+    };
+    let forwards = r.filters.iter().all(crate::filters::fast_path_filter)
         && r.direct_status == 0
-        && r.client_allowlist.is_none()
         && r.retry.is_none()
         && r.session_persistence.is_none()
-        && policy.cors.is_none()
         && !backends.is_empty()
         && backends.iter().all(|b| {
             b.filters.iter().all(crate::filters::fast_path_filter)
@@ -202,6 +209,7 @@ pub(super) fn compile_route(
                     .is_some_and(|c| c.has_endpoints() && c.backend_tls.is_none() && plain_http1(c))
         })
         && r.backends.iter().any(|b| b.weight > 0);
+    let passthrough = services && (answers || forwards);
     Ok(CompiledRoute {
         path,
         headers,

@@ -284,6 +284,21 @@ listeners:
       match: {path: {kind: KIND_PREFIX, value: /rewrite}}
       filters: [{kind: {urlRewrite: {hostname: b.example}}}]
       backends: [{cluster: "web/up:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: web, name: moved, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /moved}}
+      filters: [{kind: {requestRedirect: {scheme: https, statusCode: 301}}}]
+    - source: {kind: HTTPRoute, namespace: web, name: moved-edited, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /moved-edited}}
+      filters:
+      - kind: {requestRedirect: {scheme: https, statusCode: 301}}
+      - kind: {responseHeaderModifier: {set: [{name: x-rule, value: "1"}]}}
+    - source: {kind: HTTPRoute, namespace: web, name: gone, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /gone}}
+      directStatus: 410
+    - source: {kind: Ingress, namespace: web, name: inside, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /inside}}
+      clientAllowlist: {cidrs: [{address: 10.0.0.0, prefixLen: 8}]}
+      backends: [{cluster: "web/up:80", weight: 1}]
     - source: {kind: HTTPRoute, namespace: web, name: plain, rule: 0}
       backends: [{cluster: "web/up:80", weight: 1}]
 clusters:
@@ -316,6 +331,12 @@ clusters:
     assert!(!route("/framing").passthrough);
     // A URL rewrite is written into the head the fast path sends.
     assert!(route("/rewrite").passthrough);
+    // Answers the request layer decides: a redirect, a fixed status, an allowlist's 403. A
+    // redirect with other filters is Pingora's.
+    assert!(route("/moved").passthrough);
+    assert!(!route("/moved-edited").passthrough);
+    assert!(route("/gone").passthrough);
+    assert!(route("/inside").passthrough);
     let plain = route("/plain");
     assert!(plain.passthrough);
     assert!(plain.backends[0].response_edits.is_none());

@@ -66,8 +66,11 @@ pub(super) async fn forward(
 /// sending, keeps its connection).
 pub(super) fn answer(conn: &mut Connection, stream: u32, answer: Answered, started: Instant) {
     answer.record.done(answer.status, None, started);
-    let (name, value) = answer.field;
-    respond(conn, stream, answer.status, Some((name, &value)));
+    let field = answer
+        .field
+        .as_ref()
+        .map(|(name, value)| (*name, value.as_str()));
+    respond(conn, stream, answer.status, field);
 }
 
 /// Reads a Content-Length body whole within the head deadline, as the HTTP/1 fast path
