@@ -15,6 +15,9 @@
 #   post-256k  POST with a 256 KB body (streamed to the backend as it arrives)
 #   post-chunked  POST with a 64 KiB body sent chunked, 16 chunks of 4 KiB, as a client that
 #              does not know its body's length sends it
+#   rewrite    GET /api/items on a route that rewrites the prefix /api to /v2 and has a
+#              request timeout (30 s) and a backend request timeout (10 s), as an Ingress with
+#              rewrite-target and proxy timeouts, or an HTTPRoute with URLRewrite and timeouts
 #   latency    HTTP/1.1 cleartext keep-alive at a fixed rate every proxy sustains (BENCH_RATE,
 #              default 40,000 req/s, h2load --h1 --rps): latency at equal load, which the
 #              saturated scenarios' p99 cannot compare (there it mostly follows req/s). The
@@ -63,7 +66,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 seconds="${BENCH_SECONDS:-10}"
 connections="${BENCH_CONNECTIONS:-50}"
-scenarios="${BENCH_SCENARIOS:-http https tls-new h2 h2-upload headers post-1k post-64k post-256k latency latency-tls auth idle idle-tls idle-h2}"
+scenarios="${BENCH_SCENARIOS:-http https tls-new h2 h2-upload headers rewrite post-1k post-64k post-256k latency latency-tls auth idle idle-tls idle-h2}"
 rate="${BENCH_RATE:-40000}"
 latency_rounds="${BENCH_LATENCY_ROUNDS:-5}"
 latency_seconds="${BENCH_LATENCY_SECONDS:-4}"
@@ -228,6 +231,7 @@ children_us_per_request() {
 load() {
   local scenario=$1 secs=$2 url out
   url="$(scheme "$scenario")://127.0.0.1:$proxy_port/"
+  [[ $scenario == rewrite ]] && url+="api/items"
   local wrk_args=(-t2 -c"$connections" -d"${secs}s" --latency -H "$auth_header" -H 'X-Remove: yes')
   case $scenario in
     tls-new) wrk_args+=(-H 'Connection: close') ;;
@@ -451,6 +455,13 @@ run_coxswain() { # scenario workers
         set: [{name: X-Served-By, value: bench}]
         remove: [Server]"
   fi
+  if [[ $scenario == rewrite ]]; then
+    filters="matches: [{path: {type: PathPrefix, value: /api}}]
+    filters:
+    - type: URLRewrite
+      urlRewrite: {path: {type: ReplacePrefixMatch, replacePrefixMatch: /v2}}
+    timeouts: {request: 30s, backendRequest: 10s}"
+  fi
   if [[ $scenario != auth ]]; then
     route="apiVersion: gateway.networking.k8s.io/v1
 kind: HTTPRoute
@@ -545,6 +556,12 @@ run_nginx() { # scenario workers
   else
     listen="listen 127.0.0.1:$proxy_port;"
   fi
+  if [[ $scenario == rewrite ]]; then
+    extra="rewrite ^/api(/.*)?\$ /v2\$1 break;
+      proxy_connect_timeout 10s;
+      proxy_send_timeout 10s;
+      proxy_read_timeout 10s;"
+  fi
   if [[ $scenario == headers ]]; then
     extra="proxy_set_header X-Bench one;
       proxy_set_header X-Tenant bench;
@@ -596,6 +613,10 @@ run_haproxy() { # scenario workers
     proto=https
   else
     bind="bind 127.0.0.1:$proxy_port"
+  fi
+  if [[ $scenario == rewrite ]]; then
+    extra="http-request replace-path ^/api(/.*)?\$ /v2\\1
+  timeout server 10s"
   fi
   if [[ $scenario == headers ]]; then
     extra="http-request set-header X-Bench one
