@@ -3,6 +3,8 @@
 //! - a proxy with `--snapshot-cache-dir` keeps the snapshot it applied; killed (SIGKILL) and
 //!   started again with the controller unreachable, it serves that snapshot within 2 s, while
 //!   a tampered cache file is never served;
+//! - a port another process holds when the snapshot comes is bound once it is free, and the
+//!   controller is told;
 //! - on SIGTERM `/readyz` fails at once while new connections are still served during the
 //!   shutdown delay, and a second signal ends the delay.
 //!
@@ -66,6 +68,11 @@ fn compiled_snapshot(listen: u16, backend: u16) -> Sealed {
 /// The bootstrap and discovery listeners of a controller that serves `snapshot` to the shared
 /// pool; returns their ports. They live as long as the test's runtime.
 async fn controller(ca: &Arc<Ca>, snapshot: Sealed) -> (u16, u16) {
+    controller_and_hub(ca, snapshot).await.0
+}
+
+/// `controller`, with the hub that holds what its proxies report.
+async fn controller_and_hub(ca: &Arc<Ca>, snapshot: Sealed) -> ((u16, u16), Arc<Hub>) {
     let now = time::OffsetDateTime::now_utc();
     let (cert, key) = ca
         .sign_server(&["localhost".into()], now, Duration::from_secs(3600))
@@ -97,7 +104,7 @@ async fn controller(ca: &Arc<Ca>, snapshot: Sealed) -> (u16, u16) {
     hub.allow(ScopeKey::SharedPool, NAMESPACE, SERVICE_ACCOUNT);
     hub.publish(ScopeKey::SharedPool, snapshot);
     let service = DiscoveryService {
-        hub,
+        hub: hub.clone(),
         leader: Arc::new(AtomicBool::new(true)),
     };
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -116,7 +123,7 @@ async fn controller(ca: &Arc<Ca>, snapshot: Sealed) -> (u16, u16) {
         .await
         .unwrap();
     });
-    (disc_port, id_port)
+    ((disc_port, id_port), hub)
 }
 
 /// A shared-pool proxy process. `files` holds its token and trust bundle; its log goes to
@@ -312,6 +319,61 @@ async fn a_killed_proxy_serves_its_cached_snapshot_without_the_controller() {
                 .find(|l| l.contains("cached snapshot ignored"))
                 .unwrap_or_default()
         );
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_held_by_another_process_is_bound_once_free_and_reported() {
+    let ca = Arc::new(Ca::generate("cluster.local", time::OffsetDateTime::now_utc()).unwrap());
+    let (listen, app) = (free_port(), backend("held", Duration::ZERO));
+    let snapshot = compiled_snapshot(listen, app);
+    let version = snapshot.version.clone();
+    let (controller, hub) = controller_and_hub(&ca, snapshot).await;
+    let files = mounted_files(&ca);
+    let cache_dir = tempfile::tempdir().unwrap();
+    // Another process's socket on the port, as a proxy still draining it would hold it.
+    let holder = std::net::TcpListener::bind(("127.0.0.1", listen)).unwrap();
+    let reports = move || -> Vec<(Option<String>, Vec<u32>)> {
+        hub.proxies(&ScopeKey::SharedPool)
+            .into_iter()
+            .map(|(_, st)| (st.acked_version, st.bound_ports))
+            .collect()
+    };
+
+    tokio::task::spawn_blocking(move || {
+        let proxy = Proxy::start(files.path(), cache_dir.path(), controller, &[], "held.log");
+        // The snapshot is applied and acked, its port reported as not bound.
+        let unbound = vec![(Some(version.clone()), vec![])];
+        let reported = wait_until(Duration::from_secs(20), || reports() == unbound);
+        assert!(
+            reported.is_some(),
+            "{:?}
+{}",
+            reports(),
+            proxy.log()
+        );
+        // Freed: the proxy binds it on a later try, serves it and says so, with no new
+        // snapshot from the controller.
+        drop(holder);
+        let served_after = wait_until(Duration::from_secs(10), || served(listen, "held"));
+        assert!(
+            served_after.is_some(),
+            "never served:
+{}",
+            proxy.log()
+        );
+        let bound = vec![(Some(version.clone()), vec![u32::from(listen)])];
+        let reported = wait_until(Duration::from_secs(5), || reports() == bound);
+        assert!(
+            reported.is_some(),
+            "{:?}
+{}",
+            reports(),
+            proxy.log()
+        );
+        assert!(proxy.log().contains("listener bound on a later try"));
     })
     .await
     .unwrap();

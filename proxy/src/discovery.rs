@@ -98,6 +98,9 @@ const SNAPSHOT_WINDOW: u32 = 16 << 20;
 /// The largest snapshot a proxy accepts. gRPC's default of 4 MiB refused the snapshot of a
 /// cluster past about 23,000 HTTPRoutes.
 const MAX_SNAPSHOT_BYTES: usize = 256 << 20;
+/// How often ports that could not be bound (a process before this one still holding them) are
+/// tried again between snapshots.
+const UNBOUND_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn channel(
     endpoint: &str,
@@ -202,7 +205,27 @@ async fn session(
         .map_err(DiscoveryError::Stream)?
         .into_inner();
     tracing::info!(%endpoint, "discovery stream open");
-    while let Some(msg) = pushes.message().await.map_err(DiscoveryError::Stream)? {
+    // The version applied last, which a later report of the listeners is about.
+    let mut applied: Option<String> = None;
+    let mut retry = tokio::time::interval(UNBOUND_RETRY);
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let msg = tokio::select! {
+            msg = pushes.message() => msg.map_err(DiscoveryError::Stream)?,
+            _ = retry.tick(), if listeners.unbound() > 0 => {
+                // Ports bound since are reported, so the controller can program them.
+                let before = listeners.unbound();
+                let errors = listeners.sync().await;
+                if let Some(version) = &applied
+                    && listeners.unbound() < before
+                {
+                    tracing::info!(ports = ?listeners.ports(), "listener bound on a later try");
+                    let _ = tx.send(node_status(version, listeners, &errors)).await;
+                }
+                continue;
+            }
+        };
+        let Some(msg) = msg else { break };
         let Some(controller_message::Kind::Snapshot(push)) = msg.kind else {
             continue;
         };
@@ -249,28 +272,9 @@ async fn session(
                         nonce: push.nonce,
                     })))
                     .await;
-                let failed: Vec<String> = errors.iter().map(ToString::to_string).collect();
-                let mut bound: Vec<BoundListener> = listeners
-                    .ports()
-                    .into_iter()
-                    .map(|p| BoundListener {
-                        port: u32::from(p),
-                        bound: true,
-                        error: String::new(),
-                    })
-                    .collect();
-                bound.extend(failed.into_iter().map(|error| BoundListener {
-                    port: 0,
-                    bound: false,
-                    error,
-                }));
-                let _ = tx
-                    .send(send(proxy_message::Kind::NodeStatus(NodeStatus {
-                        snapshot_version: version.clone(),
-                        listeners: bound,
-                    })))
-                    .await;
+                let _ = tx.send(node_status(&version, listeners, &errors)).await;
                 tracing::info!(%version, decode_us, build_us, ports = ?listeners.ports(), "snapshot applied");
+                applied = Some(version.clone());
                 table.forget_unused();
                 // After the ack: the controller learns the proxy serves it without waiting for
                 // a disk write.
@@ -291,6 +295,34 @@ async fn session(
         }
     }
     Ok(())
+}
+
+/// The report of the listeners serving `version`: the ports bound, and each failure.
+fn node_status(
+    version: &str,
+    listeners: &Listeners,
+    errors: &[crate::listeners::ListenError],
+) -> ProxyMessage {
+    let mut bound: Vec<BoundListener> = listeners
+        .ports()
+        .into_iter()
+        .map(|p| BoundListener {
+            port: u32::from(p),
+            bound: true,
+            error: String::new(),
+        })
+        .collect();
+    bound.extend(errors.iter().map(|e| BoundListener {
+        port: 0,
+        bound: false,
+        error: e.to_string(),
+    }));
+    ProxyMessage {
+        kind: Some(proxy_message::Kind::NodeStatus(NodeStatus {
+            snapshot_version: version.to_owned(),
+            listeners: bound,
+        })),
+    }
 }
 
 /// Writes an applied snapshot to the cache. A failure costs only the next restart's head
