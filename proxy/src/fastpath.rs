@@ -25,15 +25,13 @@ use crate::conn::Buffered;
 use crate::head::visible;
 use crate::http1;
 use crate::limits::Limits;
-use crate::request::{self, Arrival, Body, ConnectionOption, Decision, Head, Version};
+use crate::request::{self, Body, ConnectionOption, Head, Version};
 use crate::table::SharedTable;
 use crate::upstream::{ClusterState, pool};
 use backend::{Bounds, next_head, read_more, send};
 use coxswain_api::snapshot as snap;
-use heads::{
-    RequestEdit, answer_head, edited_response_head, rewritten, status_response,
-    without_content_length, write_upstream_head,
-};
+use heads::{answer_head, edited_response_head, status_response, without_content_length};
+use plan::plan_checked;
 use read::{BodyRead, HeadRead, read_body, read_head, request_end};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -178,8 +176,8 @@ async fn request(
         }
         Step::Answer(answer) => {
             answer.record.done(answer.status, None, started);
-            let head = answer_head(answer.status, answer.field, answer.close_client);
-            if conn.write_all(head.as_bytes()).await.is_err() {
+            let head = answer_head(answer.status, &answer.fields, answer.close_client);
+            if conn.write_all(&head).await.is_err() {
                 return Some(Next::Closed);
             }
             if answer.close_client {
@@ -314,6 +312,9 @@ impl Head for FastHead<'_, '_> {
     }
 }
 
+// A request's one step, returned once and matched at once: boxing the plan would cost an
+// allocation per request to save stack no one keeps.
+#[allow(clippy::large_enum_variant)]
 enum Step {
     Pingora,
     Reject(u16),
@@ -323,10 +324,10 @@ enum Step {
     Forward(Plan),
 }
 
-/// An answer the request layer decided, with at most one header field of its own.
+/// An answer the request layer decided, with the header fields it gets.
 struct Answered {
     status: u16,
-    field: Option<(&'static str, String)>,
+    fields: Vec<crate::policy::PolicyField>,
     record: Record,
     /// The request's body length: read and dropped so the connection can go on (None:
     /// chunked, left unread, and the connection closes).
@@ -393,6 +394,8 @@ struct Plan {
     in_flight: Option<crate::upstream::InFlight>,
     /// Header modifiers for the response head (`ResolvedBackend::response_edits`).
     response_edits: Option<Arc<[snap::HeaderModifier]>>,
+    /// Fields the route's policy adds to the answer before the modifiers (CORS).
+    policy_fields: Vec<crate::policy::PolicyField>,
     /// The Content-Length body after the head: read whole up to `MAX_BODY`, streamed past it.
     /// For a chunked body, the bytes of it read with the head once it was found whole there.
     body: usize,
@@ -487,156 +490,6 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
     step
 }
 
-/// What `plan` does once a head met the conditions of its protocol (HTTP/1 here, HTTP/2 in
-/// `h2`): route it, decide it, and write the HTTP/1.1 head to send upstream, led by `host`
-/// when the request named its host elsewhere than in a field (HTTP/2's :authority). `body`:
-/// its length, None for a chunked one.
-fn plan_checked<H: Head + ?Sized>(
-    head: &H,
-    checked: &request::Checked<'_>,
-    body: Option<usize>,
-    host: Option<&str>,
-    env: &Env<'_>,
-    up_head: &mut Vec<u8>,
-) -> Step {
-    let table = env.table.load();
-    // A Host that belongs to another listener than the SNI: Pingora answers 421 and counts it.
-    if env.https && request::misdirected(&table, env.port, env.sni, checked) {
-        return Step::Pingora;
-    }
-    let Some(route) = request::route(&table, env.port, head, checked).filter(|r| r.passthrough)
-    else {
-        return Step::Pingora;
-    };
-    let forwarded = request::forwarded(
-        head,
-        checked,
-        Some(env.peer.ip()),
-        env.public_port,
-        env.https,
-        env.limits,
-    );
-    let arrival = Arrival {
-        port: env.public_port,
-        https: env.https,
-        client: forwarded.client,
-        consulted: None,
-    };
-    let method = head.method();
-    let record = |route: &crate::router::CompiledRoute| Record {
-        counters: route.counters.clone(),
-        access_log: (route.policy.access_log
-            && tracing::enabled!(target: "coxswain::access", tracing::Level::INFO))
-        .then(|| AccessFields {
-            client: forwarded.client,
-            method: method.to_owned(),
-            host: checked.host.to_owned(),
-            path: checked.path().to_owned(),
-            route: route.route.clone(),
-        }),
-        span: crate::request_trace::span(
-            env.limits,
-            &forwarded,
-            head,
-            checked,
-            &arrival,
-            Some(route),
-        ),
-    };
-    // A body over the route's limit is Pingora's 413, decided there alone (deciding here too
-    // would take a rate-limit token twice).
-    if route.policy.max_body_bytes > 0
-        && body.is_none_or(|n| n as u64 > route.policy.max_body_bytes)
-    {
-        return Step::Pingora;
-    }
-    let bounds = Bounds::new(route.route.timeouts, env.limits);
-    // A body that streams on a route whose time runs out while it arrives: Pingora answers
-    // 504 at its next piece past the deadline; this path bounds only what it reads whole.
-    if bounds.timed() && body.is_none_or(|n| n > MAX_BODY as usize) {
-        return Step::Pingora;
-    }
-    let metrics = env.table.metrics();
-    let forward = match request::decide(Some(route), head, checked, &arrival) {
-        Decision::Forward(forward) => forward,
-        Decision::Unauthorized(challenge) => {
-            crate::metrics::Metrics::count(&metrics.auth_refused);
-            return Step::Answer(Answered {
-                status: 401,
-                field: Some(("www-authenticate", challenge.to_owned())),
-                record: record(route),
-                body,
-                close_client: false,
-            });
-        }
-        Decision::Limited { retry_after } => {
-            crate::metrics::Metrics::count(&metrics.rate_limited);
-            return Step::Answer(Answered {
-                status: 429,
-                field: Some(("retry-after", retry_after.to_string())),
-                record: record(route),
-                body,
-                close_client: false,
-            });
-        }
-        // An allowlist's 403, a route's fixed status.
-        Decision::Status(status) => {
-            return Step::Answer(Answered {
-                status,
-                field: None,
-                record: record(route),
-                body,
-                close_client: false,
-            });
-        }
-        Decision::Redirect { status, location } => {
-            return Step::Answer(Answered {
-                status,
-                field: Some(("location", location)),
-                record: record(route),
-                body,
-                close_client: false,
-            });
-        }
-        // Not reached: a passthrough route has no other policy that answers by itself (CORS,
-        // services), and a body over its limit went to Pingora above.
-        _ => return Step::Pingora,
-    };
-    let route = forward.route;
-    let filters = || route.route.filters.iter().chain(&forward.backend.filters);
-    let request_edits = filters().filter_map(|f| match &f.kind {
-        Some(snap::filter::Kind::RequestHeaderModifier(m)) => Some(RequestEdit::Fields(m)),
-        Some(snap::filter::Kind::UrlRewrite(r)) if !r.hostname.is_empty() => {
-            Some(RequestEdit::Host(&r.hostname))
-        }
-        _ => None,
-    });
-    let target = rewritten(route, filters(), &checked.path_and_query);
-    write_upstream_head(
-        up_head,
-        head,
-        host,
-        target.as_deref().unwrap_or(&checked.path_and_query),
-        &forwarded,
-        request_edits,
-    );
-    Step::Forward(Plan {
-        upstream: forward.addr,
-        endpoint: forward.endpoint,
-        cluster: forward.cluster.clone(),
-        head_only: method == "HEAD",
-        idempotent: request::idempotent(method),
-        record: record(route),
-        in_flight: forward.cluster.start(forward.endpoint),
-        response_edits: forward.backend.response_edits.clone(),
-        body: body.unwrap_or(0),
-        chunked: body.is_none(),
-        close_client: false,
-        bounds,
-        _slots: forward.slots,
-    })
-}
-
 struct Exchange {
     status: u16,
     /// The client connection can take another request.
@@ -693,12 +546,15 @@ where
             break h;
         }
         // Pingora runs the response filters on interim heads too.
-        let written = match &plan.response_edits {
-            Some(edits) => match edited_response_head(&resp[..h.len], false, edits, false) {
+        let written = if plan.response_edits.is_some() || !plan.policy_fields.is_empty() {
+            let edits = plan.response_edits.as_deref().unwrap_or_default();
+            let added = (&plan.policy_fields[..], edits);
+            match edited_response_head(&resp[..h.len], false, added, false) {
                 Some(edited) => write_head(conn, &edited, h.version).await,
                 None => return Err(502),
-            },
-            None => write_head(conn, &resp[..h.len], h.version).await,
+            }
+        } else {
+            write_head(conn, &resp[..h.len], h.version).await
         };
         if written.is_err() {
             return Ok((Exchange::client_done(h.status), false));
@@ -710,24 +566,25 @@ where
 
     // The head, then the body as it arrives: each read is flushed to the client at once,
     // so streamed responses (server-sent events, long polls) are not held back.
-    let written = if plan.response_edits.is_some() || plan.close_client {
-        // The head parsed once already; it parses again the same way.
-        let edits = plan.response_edits.as_deref().unwrap_or_default();
-        match edited_response_head(
-            &resp[..head.len],
-            head.drop_length,
-            edits,
-            plan.close_client,
-        ) {
-            Some(edited) => write_head(conn, &edited, head.version).await,
-            None => return Err(502),
-        }
-    } else if head.drop_length {
-        let kept = without_content_length(&resp[..head.len]);
-        write_head(conn, &kept, head.version).await
-    } else {
-        write_head(conn, &resp[..head.len], head.version).await
-    };
+    let written =
+        if plan.response_edits.is_some() || plan.close_client || !plan.policy_fields.is_empty() {
+            // The head parsed once already; it parses again the same way.
+            let edits = plan.response_edits.as_deref().unwrap_or_default();
+            match edited_response_head(
+                &resp[..head.len],
+                head.drop_length,
+                (&plan.policy_fields, edits),
+                plan.close_client,
+            ) {
+                Some(edited) => write_head(conn, &edited, head.version).await,
+                None => return Err(502),
+            }
+        } else if head.drop_length {
+            let kept = without_content_length(&resp[..head.len]);
+            write_head(conn, &kept, head.version).await
+        } else {
+            write_head(conn, &resp[..head.len], head.version).await
+        };
     if written.is_err() {
         return Ok((Exchange::client_done(status), false));
     }
@@ -810,6 +667,7 @@ async fn write_head<W: tokio::io::AsyncWrite + Unpin>(
 mod backend;
 pub mod h2;
 mod heads;
+mod plan;
 mod read;
 mod stream;
 #[cfg(test)]

@@ -67,10 +67,12 @@ pub fn edits_fields_only(f: &snap::Filter) -> bool {
 }
 
 /// Whether the fast path applies a filter as Pingora would: header edits it can make while it
-/// copies the head (`edits_fields_only`), and URL rewrites, which change the target and the
-/// Host it writes (a hostname that is a valid field value: compiled from a DNS name, it is).
+/// copies the head (`edits_fields_only`), URL rewrites, which change the target and the Host
+/// it writes (a hostname that is a valid field value: compiled from a DNS name, it is), and
+/// CORS, whose answers and fields the route policy gives both engines.
 pub fn fast_path_filter(f: &snap::Filter) -> bool {
     match &f.kind {
+        Some(snap::filter::Kind::Cors(_)) => true,
         Some(snap::filter::Kind::UrlRewrite(r)) => r
             .hostname
             .bytes()
@@ -373,7 +375,7 @@ mod tests {
     }
 
     #[test]
-    fn url_rewrites_take_the_fast_path_when_their_hostname_is_a_plain_name() {
+    fn url_rewrites_and_cors_take_the_fast_path() {
         let rewrite = |hostname: &str| snap::Filter {
             kind: Some(snap::filter::Kind::UrlRewrite(snap::UrlRewrite {
                 hostname: hostname.into(),
@@ -390,5 +392,9 @@ mod tests {
             kind: Some(snap::filter::Kind::RequestMirror(Default::default())),
         };
         assert!(!fast_path_filter(&mirror));
+        let cors = snap::Filter {
+            kind: Some(snap::filter::Kind::Cors(Default::default())),
+        };
+        assert!(fast_path_filter(&cors));
     }
 }

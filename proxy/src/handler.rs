@@ -676,24 +676,11 @@ impl ProxyHttp for Gateway {
         if let Some(sent) = ctx.upstream_sent.take() {
             self.table.metrics().upstream_latency(sent.elapsed());
         }
-        if let Some(cors) = ctx.policy.as_ref().and_then(|p| p.cors.as_ref())
-            && let Some(origin) = session
-                .req_header()
-                .headers
-                .get("origin")
-                .and_then(|o| o.to_str().ok())
-            && let Some(allowed) = cors.allow_origin(origin)
-        {
-            response.insert_header("access-control-allow-origin", allowed)?;
-            if allowed != "*" {
-                response.append_header("vary", "Origin")?;
-            }
-            if cors.allow_credentials {
-                response.insert_header("access-control-allow-credentials", "true")?;
-            }
-            if !cors.expose_headers.is_empty() {
-                response.insert_header("access-control-expose-headers", &*cors.expose_headers)?;
-            }
+        if let Some(cors) = ctx.policy.as_ref().and_then(|p| p.cors.as_ref()) {
+            let origin = session.req_header().headers.get("origin");
+            let mut fields = Vec::new();
+            cors.answer_fields(origin.and_then(|o| o.to_str().ok()), &mut fields);
+            answers::add_fields(response, fields)?;
         }
         if let Some(session) = ctx.policy.as_ref().and_then(|p| p.session.as_ref())
             && ctx.session_named != Some(ctx.endpoint)

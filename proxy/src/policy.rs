@@ -308,7 +308,88 @@ impl CorsPolicy {
     }
 }
 
+/// How a field a policy adds joins the answer's: `Set` replaces the fields of its name, `Add`
+/// goes beside them (Pingora's `insert_header` and `append_header`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FieldOp {
+    Set,
+    Add,
+}
+
+/// A field a route policy adds to an answer: name, value, and how it joins.
+pub type PolicyField = (&'static str, String, FieldOp);
+
 impl CorsPolicy {
+    /// The fields the answer to a request (not a preflight) from `origin` gets, in the order
+    /// both engines add them: none when the origin is not allowed.
+    pub fn answer_fields(&self, origin: Option<&str>, out: &mut Vec<PolicyField>) {
+        let Some(allowed) = origin.and_then(|o| self.allow_origin(o)) else {
+            return;
+        };
+        out.push((
+            "access-control-allow-origin",
+            allowed.to_owned(),
+            FieldOp::Set,
+        ));
+        if allowed != "*" {
+            out.push(("vary", "Origin".to_owned(), FieldOp::Add));
+        }
+        if self.allow_credentials {
+            out.push((
+                "access-control-allow-credentials",
+                "true".to_owned(),
+                FieldOp::Set,
+            ));
+        }
+        if !self.expose_headers.is_empty() {
+            let expose = self.expose_headers.to_string();
+            out.push(("access-control-expose-headers", expose, FieldOp::Set));
+        }
+    }
+
+    /// The fields of the answer to a preflight (204, no body) from `origin` asking for
+    /// `method` and `headers`: none for an origin not allowed, so the browser refuses the
+    /// real request.
+    pub fn preflight_fields(
+        &self,
+        origin: Option<&str>,
+        method: Option<&str>,
+        headers: Option<&str>,
+    ) -> Vec<PolicyField> {
+        let mut out = Vec::new();
+        let Some(allowed) = origin.and_then(|o| self.allow_origin(o)) else {
+            return out;
+        };
+        out.push((
+            "access-control-allow-origin",
+            allowed.to_owned(),
+            FieldOp::Set,
+        ));
+        if allowed != "*" {
+            out.push(("vary", "Origin".to_owned(), FieldOp::Add));
+        }
+        let credentials = if self.allow_credentials { "true" } else { "" };
+        let rest = [
+            ("access-control-allow-credentials", credentials),
+            (
+                "access-control-allow-methods",
+                self.preflight_methods(method),
+            ),
+            (
+                "access-control-allow-headers",
+                self.preflight_headers(headers),
+            ),
+            ("access-control-expose-headers", &self.expose_headers),
+            ("access-control-max-age", &self.max_age),
+        ];
+        for (name, value) in rest {
+            if !value.is_empty() {
+                out.push((name, value.to_owned(), FieldOp::Set));
+            }
+        }
+        out
+    }
+
     /// Access-Control-Allow-Methods for a preflight asking for `requested`: the configured
     /// list, or the requested method when the list allows any (a literal "*" does not cover
     /// credentialed requests in browsers).

@@ -102,6 +102,17 @@ listeners:
       filters:
       - kind: {urlRewrite: {path: {kind: {replaceRegexMatch: "/$2"}}}}
       backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: cors, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /cors}}
+      filters:
+      - kind: {cors: {allowOrigins: ["https://app.example", "https://*.example.com"], allowMethods: [GET, POST], allowHeaders: [X-Token], exposeHeaders: [X-Backend], allowCredentials: true, maxAgeSeconds: 600}}
+      backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: anycors, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /anycors}}
+      filters:
+      - kind: {cors: {allowOrigins: ["*"], allowMethods: ["*"], allowHeaders: ["*"], maxAgeSeconds: 5}}
+      - kind: {responseHeaderModifier: {add: [{name: x-answer, value: cors}]}}
+      backends: [{cluster: "t/a:80", weight: 1}]
     - source: {kind: HTTPRoute, namespace: t, name: rest, rule: 0}
       backends: [{cluster: "t/a:80", weight: 1}]
   - hostname: "*.wild.example"
@@ -183,9 +194,10 @@ impl Rng {
 /// One generated request, as raw bytes.
 fn generate(rng: &mut Rng) -> Vec<u8> {
     const METHODS: [&str; 7] = ["GET", "GET", "GET", "HEAD", "DELETE", "OPTIONS", "POST"];
-    const SEGMENTS: [&str; 24] = [
+    const SEGMENTS: [&str; 26] = [
         "admin", "p", "x", "..", ".", "", "%61dmin", "%2e%2e", "a%2fb", "exact", "old", "gone",
         "small", "empty", "%7E", "a.b", "P", "%41", "q=1", "auth", "edit", "rw", "full", "re",
+        "cors", "anycors",
     ];
     const HOSTS: [&str; 8] = [
         "a.example",
@@ -279,6 +291,26 @@ fn generate(rng: &mut Rng) -> Vec<u8> {
         req.extend_from_slice(
             b"Origin: https://app.example\r\nAccess-Control-Request-Method: GET\r\n",
         );
+        rng.field(
+            &mut req,
+            50,
+            "Access-Control-Request-Headers: ",
+            &["X-Token", "x-other, x-token"],
+        );
+    } else {
+        // Origins the CORS routes allow, one matching a wildcard, and ones they do not.
+        rng.field(
+            &mut req,
+            25,
+            "Origin: ",
+            &[
+                "https://app.example",
+                "https://api.example.com",
+                "https://evil.example",
+                "https://a.b.example.com/path",
+                "null",
+            ],
+        );
     }
     let body: &[u8] = match rng.below(10) {
         0 => b"Content-Length: 5\r\n\r\nhello",
@@ -342,7 +374,8 @@ struct Seen {
     /// WWW-Authenticate and Retry-After: the answers the request layer decides with a field.
     challenge: Option<String>,
     retry_after: Option<String>,
-    /// The fields the /edit route's response header modifiers touch, every value in order.
+    /// The fields the /edit route's response header modifiers and the CORS routes touch,
+    /// every value in order.
     edited: Vec<String>,
     body: Vec<u8>,
     /// The answer said `connection: close`, and the proxy then closed the connection.
@@ -359,8 +392,8 @@ fn edited_fields(head: &str) -> Vec<String> {
         .filter_map(|l| {
             let (n, v) = l.split_once(':')?;
             let n = n.trim().to_ascii_lowercase();
-            ["x-served-by", "x-answer", "x-backend", "content-type"]
-                .contains(&n.as_str())
+            let cors = n.starts_with("access-control-") || n == "vary";
+            (cors || ["x-served-by", "x-answer", "x-backend", "content-type"].contains(&n.as_str()))
                 .then(|| (n, v.trim().to_owned()))
         })
         .collect();
@@ -832,6 +865,7 @@ async fn run(transport: Transport, default_count: usize) {
     let mut statuses = std::collections::BTreeMap::<u16, usize>::new();
     let mut edited = 0;
     let mut rewritten = 0;
+    let mut cors = 0;
     let mut sent = 0;
     for i in 0..count {
         let req = generate(&mut rng);
@@ -850,6 +884,11 @@ async fn run(transport: Transport, default_count: usize) {
         if let Ok(s) = &a {
             *statuses.entry(s.status).or_default() += 1;
             edited += usize::from(s.edited.iter().any(|f| f == "x-served-by: edge"));
+            cors += usize::from(
+                s.edited
+                    .iter()
+                    .any(|f| f.starts_with("access-control-allow-origin")),
+            );
             let seen_by_backend = String::from_utf8_lossy(&s.body);
             rewritten += usize::from(
                 [
@@ -892,6 +931,8 @@ async fn run(transport: Transport, default_count: usize) {
     assert!(edited > sent / 100, "{edited} responses through /edit");
     // And the routes whose URL rewrites it applies itself.
     assert!(rewritten > sent / 100, "{rewritten} rewritten requests");
+    // And CORS answers, preflights and others.
+    assert!(cors > sent / 200, "{cors} CORS answers");
     if http2 {
         // Streams took the fast path on one proxy and never on the other.
         let fast = proxies[0]

@@ -4,8 +4,10 @@
 use super::MAX_RESPONSE_HEADERS;
 use crate::forwarded::Forwarded;
 use crate::head::joined_cookies;
+use crate::policy::{FieldOp, PolicyField};
 use crate::request::Head;
 use coxswain_api::snapshot as snap;
+use std::io::Write;
 
 /// An edit a route or backend filter makes to the fields of the request sent upstream.
 pub(super) enum RequestEdit<'m> {
@@ -212,13 +214,14 @@ impl<'a> crate::filters::EditHeaders<'a> for Fields<'a> {
 }
 
 /// The response head as it goes to the client: the status line, then the fields less any
-/// Content-Length beside a Transfer-Encoding (`drop_length`), edited by `edits`; with
-/// `close`, its connection fields replaced by `connection: close` (after the edits, as
-/// Pingora sets the field when it writes the head).
+/// Content-Length beside a Transfer-Encoding (`drop_length`), with the route policy's fields
+/// (`added`: CORS) and then the header modifiers' `edits`, in the order Pingora's response
+/// filter applies them; with `close`, its connection fields replaced by `connection: close`
+/// (after the edits, as Pingora sets the field when it writes the head).
 pub(super) fn edited_response_head(
     head: &[u8],
     drop_length: bool,
-    edits: &[snap::HeaderModifier],
+    (added, edits): (&[PolicyField], &[snap::HeaderModifier]),
     close: bool,
 ) -> Option<Vec<u8>> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
@@ -229,10 +232,19 @@ pub(super) fn edited_response_head(
     let status_line = head[..line_end]
         .strip_suffix(b"\r")
         .unwrap_or(&head[..line_end]);
-    let mut fields = Fields(Vec::with_capacity(parsed.headers.len() + edits.len()));
+    let mut fields = Fields(Vec::with_capacity(
+        parsed.headers.len() + added.len() + edits.len(),
+    ));
     for h in parsed.headers.iter() {
         if !(drop_length && h.name.eq_ignore_ascii_case("content-length")) {
             fields.0.push((h.name.as_bytes(), h.value));
+        }
+    }
+    for (name, value, op) in added {
+        use crate::filters::EditHeaders;
+        match op {
+            FieldOp::Set => fields.set(name, value),
+            FieldOp::Add => fields.add(name, value),
         }
     }
     for m in edits {
@@ -267,18 +279,22 @@ pub(super) fn without_content_length(head: &[u8]) -> Vec<u8> {
 
 /// The head of an answer with no body, which keeps the connection open unless the client
 /// asked to close it.
-pub(super) fn answer_head(status: u16, field: Option<(&str, String)>, close: bool) -> String {
+pub(super) fn answer_head(status: u16, fields: &[PolicyField], close: bool) -> Vec<u8> {
     let reason = hyper::StatusCode::from_u16(status)
         .ok()
         .and_then(|s| s.canonical_reason())
         .unwrap_or("");
-    let connection = if close { "connection: close\r\n" } else { "" };
-    match field {
-        Some((name, value)) => format!(
-            "HTTP/1.1 {status} {reason}\r\n{name}: {value}\r\ncontent-length: 0\r\n{connection}\r\n"
-        ),
-        None => format!("HTTP/1.1 {status} {reason}\r\ncontent-length: 0\r\n{connection}\r\n"),
+    let mut out = Vec::with_capacity(128);
+    let _ = write!(out, "HTTP/1.1 {status} {reason}\r\n");
+    for (name, value, _) in fields {
+        let _ = write!(out, "{name}: {value}\r\n");
     }
+    out.extend_from_slice(b"content-length: 0\r\n");
+    if close {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+    out
 }
 
 /// The answers this path writes itself; the connection closes after each.

@@ -12,34 +12,33 @@ pub(super) async fn respond_preflight(
     origin: Option<&str>,
 ) -> pingora::Result<bool> {
     let mut resp = ResponseHeader::build(204, Some(8))?;
-    if let Some(allowed) = origin.and_then(|o| cors.allow_origin(o)) {
-        let req = session.req_header();
-        let asked = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
-        resp.insert_header("access-control-allow-origin", allowed)?;
-        if allowed != "*" {
-            resp.append_header("vary", "Origin")?;
-        }
-        if cors.allow_credentials {
-            resp.insert_header("access-control-allow-credentials", "true")?;
-        }
-        let methods = cors.preflight_methods(asked("access-control-request-method"));
-        if !methods.is_empty() {
-            resp.insert_header("access-control-allow-methods", methods)?;
-        }
-        let headers = cors.preflight_headers(asked("access-control-request-headers"));
-        if !headers.is_empty() {
-            resp.insert_header("access-control-allow-headers", headers)?;
-        }
-        if !cors.expose_headers.is_empty() {
-            resp.insert_header("access-control-expose-headers", &*cors.expose_headers)?;
-        }
-        if !cors.max_age.is_empty() {
-            resp.insert_header("access-control-max-age", &*cors.max_age)?;
-        }
-    }
+    let req = session.req_header();
+    let asked = |name: &str| req.headers.get(name).and_then(|v| v.to_str().ok());
+    let fields = cors.preflight_fields(
+        origin,
+        asked("access-control-request-method"),
+        asked("access-control-request-headers"),
+    );
+    add_fields(&mut resp, fields)?;
     resp.insert_header("content-length", "0")?;
     session.write_response_header(Box::new(resp), true).await?;
     Ok(true)
+}
+
+/// Adds a policy's fields to an answer (`policy::PolicyField`).
+pub(super) fn add_fields(
+    resp: &mut ResponseHeader,
+    fields: Vec<crate::policy::PolicyField>,
+) -> pingora::Result<()> {
+    for (name, value, op) in fields {
+        match op {
+            crate::policy::FieldOp::Set => resp.insert_header(name, value)?,
+            crate::policy::FieldOp::Add => {
+                resp.append_header(name, value)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Content-Length, when present and a number.

@@ -190,8 +190,7 @@ pub(super) fn compile_route(
     // matters: the fast path writes that answer as it writes a 401.
     let services = policy.external_auth.is_none()
         && policy.global_limit.is_none()
-        && policy.jwt.as_ref().is_none_or(|j| !j.sets_fields())
-        && policy.cors.is_none();
+        && policy.jwt.as_ref().is_none_or(|j| !j.sets_fields());
     let answers = match r.filters.as_slice() {
         [f] => matches!(f.kind, Some(snap::filter::Kind::RequestRedirect(_))),
         [] => r.direct_status != 0,

@@ -299,6 +299,10 @@ listeners:
       match: {path: {kind: KIND_PREFIX, value: /inside}}
       clientAllowlist: {cidrs: [{address: 10.0.0.0, prefixLen: 8}]}
       backends: [{cluster: "web/up:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: web, name: cors, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /cors}}
+      filters: [{kind: {cors: {allowOrigins: ["*"]}}}]
+      backends: [{cluster: "web/up:80", weight: 1}]
     - source: {kind: HTTPRoute, namespace: web, name: plain, rule: 0}
       backends: [{cluster: "web/up:80", weight: 1}]
 clusters:
@@ -337,6 +341,7 @@ clusters:
     assert!(!route("/moved-edited").passthrough);
     assert!(route("/gone").passthrough);
     assert!(route("/inside").passthrough);
+    assert!(route("/cors").passthrough);
     let plain = route("/plain");
     assert!(plain.passthrough);
     assert!(plain.backends[0].response_edits.is_none());

@@ -37,7 +37,7 @@ pub(super) async fn forward(
             Err(status) => {
                 plan.record.done(status, None, started);
                 if status > 0 {
-                    respond(&mut shared.lock().conn, stream, status, None);
+                    respond(&mut shared.lock().conn, stream, status);
                 }
                 return;
             }
@@ -58,7 +58,7 @@ pub(super) async fn forward(
     };
     plan.record.done(status, Some(plan.upstream), started);
     if let Err(status) = outcome {
-        respond(&mut shared.lock().conn, stream, status, None);
+        respond(&mut shared.lock().conn, stream, status);
     }
 }
 
@@ -66,11 +66,12 @@ pub(super) async fn forward(
 /// sending, keeps its connection).
 pub(super) fn answer(conn: &mut Connection, stream: u32, answer: Answered, started: Instant) {
     answer.record.done(answer.status, None, started);
-    let field = answer
-        .field
-        .as_ref()
-        .map(|(name, value)| (*name, value.as_str()));
-    respond(conn, stream, answer.status, field);
+    let mut fields: Vec<(&[u8], &[u8])> = Vec::with_capacity(answer.fields.len() + 1);
+    for (name, value, _) in &answer.fields {
+        fields.push((name.as_bytes(), value.as_bytes()));
+    }
+    fields.push((b"content-length", b"0"));
+    let _ = conn.send_headers(stream, Some(answer.status), fields, true);
 }
 
 /// Reads a Content-Length body whole within the head deadline, as the HTTP/1 fast path
@@ -145,7 +146,7 @@ async fn streamed(
         Err(status) => {
             let upstream = (status != 408).then_some(plan.upstream);
             plan.record.done(status, upstream, started);
-            respond(&mut shared.lock().conn, stream, status, None);
+            respond(&mut shared.lock().conn, stream, status);
         }
     }
 }
@@ -289,13 +290,14 @@ async fn relay<R: AsyncRead + Unpin>(
         plan.in_flight = None;
     }
     let edited;
-    let response_head = match &plan.response_edits {
-        Some(edits) => {
-            edited = edited_response_head(&resp[..head.len], head.drop_length, edits, false)
-                .ok_or(502u16)?;
-            &edited[..]
-        }
-        None => &resp[..head.len],
+    let response_head = if plan.response_edits.is_some() || !plan.policy_fields.is_empty() {
+        let edits = plan.response_edits.as_deref().unwrap_or_default();
+        let added = (&plan.policy_fields[..], edits);
+        edited = edited_response_head(&resp[..head.len], head.drop_length, added, false)
+            .ok_or(502u16)?;
+        &edited[..]
+    } else {
+        &resp[..head.len]
     };
     if write_head(shared, stream, response_head, head.drop_length, empty)? {
         return Ok((status, false));
@@ -425,13 +427,10 @@ fn write_head(
     Ok(gone)
 }
 
-/// An answer without a body, decided here: 401 and 429 with their field, or the status of
-/// a request that could not be forwarded (as the HTTP/1 fast path's `status_response`).
-fn respond(conn: &mut Connection, stream: u32, status: u16, field: Option<(&'static str, &str)>) {
-    let mut fields: Vec<(&[u8], &[u8])> = Vec::with_capacity(3);
-    if let Some((name, value)) = field {
-        fields.push((name.as_bytes(), value.as_bytes()));
-    }
+/// The status of a request that could not be forwarded, without a body (as the HTTP/1 fast
+/// path's `status_response`).
+fn respond(conn: &mut Connection, stream: u32, status: u16) {
+    let mut fields: Vec<(&[u8], &[u8])> = Vec::with_capacity(2);
     fields.push((b"content-length", b"0"));
     if status >= 500 {
         fields.push((b"cache-control", b"private, no-store"));
