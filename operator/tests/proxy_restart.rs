@@ -344,35 +344,20 @@ async fn a_port_held_by_another_process_is_bound_once_free_and_reported() {
 
     tokio::task::spawn_blocking(move || {
         let proxy = Proxy::start(files.path(), cache_dir.path(), controller, &[], "held.log");
+        // What the controller heard is `ports` bound for the version, within `secs`.
+        let reported = |secs, ports: Vec<u32>| {
+            let want = vec![(Some(version.clone()), ports)];
+            let heard = wait_until(Duration::from_secs(secs), || reports() == want);
+            assert!(heard.is_some(), "{:?}\n{}", reports(), proxy.log());
+        };
         // The snapshot is applied and acked, its port reported as not bound.
-        let unbound = vec![(Some(version.clone()), vec![])];
-        let reported = wait_until(Duration::from_secs(20), || reports() == unbound);
-        assert!(
-            reported.is_some(),
-            "{:?}
-{}",
-            reports(),
-            proxy.log()
-        );
+        reported(20, vec![]);
         // Freed: the proxy binds it on a later try, serves it and says so, with no new
         // snapshot from the controller.
         drop(holder);
         let served_after = wait_until(Duration::from_secs(10), || served(listen, "held"));
-        assert!(
-            served_after.is_some(),
-            "never served:
-{}",
-            proxy.log()
-        );
-        let bound = vec![(Some(version.clone()), vec![u32::from(listen)])];
-        let reported = wait_until(Duration::from_secs(5), || reports() == bound);
-        assert!(
-            reported.is_some(),
-            "{:?}
-{}",
-            reports(),
-            proxy.log()
-        );
+        assert!(served_after.is_some(), "never served:\n{}", proxy.log());
+        reported(5, vec![u32::from(listen)]);
         assert!(proxy.log().contains("listener bound on a later try"));
     })
     .await

@@ -348,8 +348,8 @@ impl CorsPolicy {
     }
 
     /// The fields of the answer to a preflight (204, no body) from `origin` asking for
-    /// `method` and `headers`: none for an origin not allowed, so the browser refuses the
-    /// real request.
+    /// `method` and `headers`: an answer's fields and what the preflight was asking about, or
+    /// none for an origin not allowed, so the browser refuses the real request.
     pub fn preflight_fields(
         &self,
         origin: Option<&str>,
@@ -357,20 +357,11 @@ impl CorsPolicy {
         headers: Option<&str>,
     ) -> Vec<PolicyField> {
         let mut out = Vec::new();
-        let Some(allowed) = origin.and_then(|o| self.allow_origin(o)) else {
+        self.answer_fields(origin, &mut out);
+        if out.is_empty() {
             return out;
-        };
-        out.push((
-            "access-control-allow-origin",
-            allowed.to_owned(),
-            FieldOp::Set,
-        ));
-        if allowed != "*" {
-            out.push(("vary", "Origin".to_owned(), FieldOp::Add));
         }
-        let credentials = if self.allow_credentials { "true" } else { "" };
-        let rest = [
-            ("access-control-allow-credentials", credentials),
+        let asked = [
             (
                 "access-control-allow-methods",
                 self.preflight_methods(method),
@@ -379,10 +370,9 @@ impl CorsPolicy {
                 "access-control-allow-headers",
                 self.preflight_headers(headers),
             ),
-            ("access-control-expose-headers", &self.expose_headers),
             ("access-control-max-age", &self.max_age),
         ];
-        for (name, value) in rest {
+        for (name, value) in asked {
             if !value.is_empty() {
                 out.push((name, value.to_owned(), FieldOp::Set));
             }

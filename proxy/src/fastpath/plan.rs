@@ -78,63 +78,42 @@ pub(super) fn plan_checked<H: Head + ?Sized>(
         return Step::Pingora;
     }
     let metrics = env.table.metrics();
+    // An answer decided by the request layer, with the fields it carries.
+    let answer = |status, fields| {
+        Step::Answer(Answered {
+            status,
+            fields,
+            record: record(route),
+            body,
+            close_client: false,
+        })
+    };
     let forward = match request::decide(Some(route), head, checked, &arrival) {
         Decision::Forward(forward) => forward,
         Decision::Unauthorized(challenge) => {
             crate::metrics::Metrics::count(&metrics.auth_refused);
-            return Step::Answer(Answered {
-                status: 401,
-                fields: vec![("www-authenticate", challenge.to_owned(), FieldOp::Set)],
-                record: record(route),
-                body,
-                close_client: false,
-            });
+            let challenge = challenge.to_owned();
+            return answer(401, vec![("www-authenticate", challenge, FieldOp::Set)]);
         }
         Decision::Limited { retry_after } => {
             crate::metrics::Metrics::count(&metrics.rate_limited);
-            return Step::Answer(Answered {
-                status: 429,
-                fields: vec![("retry-after", retry_after.to_string(), FieldOp::Set)],
-                record: record(route),
-                body,
-                close_client: false,
-            });
+            let retry = retry_after.to_string();
+            return answer(429, vec![("retry-after", retry, FieldOp::Set)]);
         }
         // An allowlist's 403, a route's fixed status.
-        Decision::Status(status) => {
-            return Step::Answer(Answered {
-                status,
-                fields: Vec::new(),
-                record: record(route),
-                body,
-                close_client: false,
-            });
-        }
+        Decision::Status(status) => return answer(status, Vec::new()),
         Decision::Redirect { status, location } => {
-            return Step::Answer(Answered {
-                status,
-                fields: vec![("location", location, FieldOp::Set)],
-                record: record(route),
-                body,
-                close_client: false,
-            });
+            return answer(status, vec![("location", location, FieldOp::Set)]);
         }
         Decision::Preflight(policy) => {
-            let fields = match &policy.cors {
-                Some(cors) => cors.preflight_fields(
+            let fields = policy.cors.as_ref().map(|cors| {
+                cors.preflight_fields(
                     head.get("origin"),
                     head.get("access-control-request-method"),
                     head.get("access-control-request-headers"),
-                ),
-                None => Vec::new(),
-            };
-            return Step::Answer(Answered {
-                status: 204,
-                fields,
-                record: record(route),
-                body,
-                close_client: false,
+                )
             });
+            return answer(204, fields.unwrap_or_default());
         }
         // Not reached: a passthrough route has no other policy that answers by itself (the
         // services), and a body over its limit went to Pingora above.
