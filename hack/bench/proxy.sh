@@ -18,6 +18,11 @@
 #   rewrite    GET /api/items on a route that rewrites the prefix /api to /v2 and has a
 #              request timeout (30 s) and a backend request timeout (10 s), as an Ingress with
 #              rewrite-target and proxy timeouts, or an HTTPRoute with URLRewrite and timeouts
+#   session    a route with cookie session persistence (HTTPRoute sessionPersistence, as
+#              Ingress cookie affinity compiles to), clients that bring no cookie: each answer
+#              names the endpoint in a Set-Cookie. HAProxy inserts its server cookie; nginx
+#              (no sticky cookies in its open source build) hashes the cookie to pick the
+#              server and adds the same Set-Cookie
 #   latency    HTTP/1.1 cleartext keep-alive at a fixed rate every proxy sustains (BENCH_RATE,
 #              default 40,000 req/s, h2load --h1 --rps): latency at equal load, which the
 #              saturated scenarios' p99 cannot compare (there it mostly follows req/s). The
@@ -66,7 +71,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 seconds="${BENCH_SECONDS:-10}"
 connections="${BENCH_CONNECTIONS:-50}"
-scenarios="${BENCH_SCENARIOS:-http https tls-new h2 h2-upload headers rewrite post-1k post-64k post-256k latency latency-tls auth idle idle-tls idle-h2}"
+scenarios="${BENCH_SCENARIOS:-http https tls-new h2 h2-upload headers rewrite session post-1k post-64k post-256k latency latency-tls auth idle idle-tls idle-h2}"
 rate="${BENCH_RATE:-40000}"
 latency_rounds="${BENCH_LATENCY_ROUNDS:-5}"
 latency_seconds="${BENCH_LATENCY_SECONDS:-4}"
@@ -455,6 +460,9 @@ run_coxswain() { # scenario workers
         set: [{name: X-Served-By, value: bench}]
         remove: [Server]"
   fi
+  if [[ $scenario == session ]]; then
+    filters="sessionPersistence: {sessionName: app-session, type: Cookie}"
+  fi
   if [[ $scenario == rewrite ]]; then
     filters="matches: [{path: {type: PathPrefix, value: /api}}]
     filters:
@@ -562,6 +570,11 @@ run_nginx() { # scenario workers
       proxy_send_timeout 10s;
       proxy_read_timeout 10s;"
   fi
+  local balance=""
+  if [[ $scenario == session ]]; then
+    balance="hash \$cookie_app_session consistent;"
+    extra="add_header Set-Cookie \"app-session=b1; Path=/; HttpOnly\" always;"
+  fi
   if [[ $scenario == headers ]]; then
     extra="proxy_set_header X-Bench one;
       proxy_set_header X-Tenant bench;
@@ -581,7 +594,7 @@ http {
   client_max_body_size 1m;
   client_body_buffer_size 128k;
   proxy_request_buffering off;
-  upstream backend { server 127.0.0.1:$backend_port; keepalive 128; }
+  upstream backend { $balance server 127.0.0.1:$backend_port; keepalive 128; }
   server {
     $listen
     location / {
@@ -618,6 +631,11 @@ run_haproxy() { # scenario workers
     extra="http-request replace-path ^/api(/.*)?\$ /v2\\1
   timeout server 10s"
   fi
+  local server_cookie=""
+  if [[ $scenario == session ]]; then
+    extra="cookie app-session insert indirect httponly"
+    server_cookie="cookie b1"
+  fi
   if [[ $scenario == headers ]]; then
     extra="http-request set-header X-Bench one
   http-request add-header X-Tenant bench
@@ -648,7 +666,7 @@ backend be
   http-request set-header X-Forwarded-Host %[req.hdr(host)]
   http-request set-header X-Forwarded-Port %[dst_port]
   $extra
-  server b1 127.0.0.1:$backend_port
+  server b1 127.0.0.1:$backend_port $server_cookie
 CONF
   $(proxy_pin "$workers") haproxy -f "$work/haproxy.cfg" -db &
   pids+=($!)

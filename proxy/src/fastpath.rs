@@ -396,6 +396,9 @@ struct Plan {
     response_edits: Option<Arc<[snap::HeaderModifier]>>,
     /// Fields the route's policy adds to the answer before the modifiers (CORS).
     policy_fields: Vec<crate::policy::PolicyField>,
+    /// Session persistence: the answer names the endpoint that served it, unless the request
+    /// named that one.
+    session: Option<SessionAnswer>,
     /// The Content-Length body after the head: read whole up to `MAX_BODY`, streamed past it.
     /// For a chunked body, the bytes of it read with the head once it was found whole there.
     body: usize,
@@ -409,6 +412,14 @@ struct Plan {
     bounds: Bounds,
     /// The request counted against its route's limit on requests in progress.
     _slots: Vec<crate::ratelimit::Slot>,
+}
+
+/// A route's session persistence, for the answer to one request.
+struct SessionAnswer {
+    policy: Arc<crate::policy::RoutePolicy>,
+    /// The endpoint the request named and was first sent to: the answer names none while
+    /// the request stays there, and the new one when a failed connection moved it.
+    named: Option<usize>,
 }
 
 /// What the access log line needs once the request buffer has moved on.
@@ -546,9 +557,10 @@ where
             break h;
         }
         // Pingora runs the response filters on interim heads too.
-        let written = if plan.response_edits.is_some() || !plan.policy_fields.is_empty() {
+        let fields = plan.added_fields();
+        let written = if plan.response_edits.is_some() || !fields.is_empty() {
             let edits = plan.response_edits.as_deref().unwrap_or_default();
-            let added = (&plan.policy_fields[..], edits);
+            let added = (&fields[..], edits);
             match edited_response_head(&resp[..h.len], false, added, false) {
                 Some(edited) => write_head(conn, &edited, h.version).await,
                 None => return Err(502),
@@ -566,25 +578,25 @@ where
 
     // The head, then the body as it arrives: each read is flushed to the client at once,
     // so streamed responses (server-sent events, long polls) are not held back.
-    let written =
-        if plan.response_edits.is_some() || plan.close_client || !plan.policy_fields.is_empty() {
-            // The head parsed once already; it parses again the same way.
-            let edits = plan.response_edits.as_deref().unwrap_or_default();
-            match edited_response_head(
-                &resp[..head.len],
-                head.drop_length,
-                (&plan.policy_fields, edits),
-                plan.close_client,
-            ) {
-                Some(edited) => write_head(conn, &edited, head.version).await,
-                None => return Err(502),
-            }
-        } else if head.drop_length {
-            let kept = without_content_length(&resp[..head.len]);
-            write_head(conn, &kept, head.version).await
-        } else {
-            write_head(conn, &resp[..head.len], head.version).await
-        };
+    let fields = plan.added_fields();
+    let written = if plan.response_edits.is_some() || plan.close_client || !fields.is_empty() {
+        // The head parsed once already; it parses again the same way.
+        let edits = plan.response_edits.as_deref().unwrap_or_default();
+        match edited_response_head(
+            &resp[..head.len],
+            head.drop_length,
+            (&fields, edits),
+            plan.close_client,
+        ) {
+            Some(edited) => write_head(conn, &edited, head.version).await,
+            None => return Err(502),
+        }
+    } else if head.drop_length {
+        let kept = without_content_length(&resp[..head.len]);
+        write_head(conn, &kept, head.version).await
+    } else {
+        write_head(conn, &resp[..head.len], head.version).await
+    };
     if written.is_err() {
         return Ok((Exchange::client_done(status), false));
     }

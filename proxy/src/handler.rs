@@ -686,8 +686,10 @@ impl ProxyHttp for Gateway {
             && ctx.session_named != Some(ctx.endpoint)
             && let Some(cluster) = &ctx.cluster
         {
-            let (name, value) = session.answer(cluster.endpoint_id(ctx.endpoint));
-            response.append_header(name.to_owned(), value)?;
+            answers::add_fields(
+                response,
+                vec![session.answer(cluster.endpoint_id(ctx.endpoint))],
+            )?;
         }
         let Some(route) = ctx.route.clone() else {
             return Ok(());

@@ -4,6 +4,7 @@
 
 pub use crate::addresses::{AddressSet, BadCidr};
 use coxswain_api::snapshot::{self as snap, filter, path_modifier};
+use std::borrow::Cow;
 
 /// What a route asks of each request beyond matching and forwarding.
 #[derive(Debug)]
@@ -83,14 +84,20 @@ impl SessionPolicy {
         u64::from_str_radix(std::str::from_utf8(value).ok()?, 16).ok()
     }
 
-    /// The response field that names endpoint `id` to the client.
-    pub fn answer(&self, id: u64) -> (&str, String) {
+    /// The response field that names endpoint `id` to the client, added beside the
+    /// backend's own (a Set-Cookie of the application's stays).
+    pub fn answer(&self, id: u64) -> PolicyField {
         match self.kind {
             SessionKind::Cookie => (
-                "set-cookie",
+                Cow::Borrowed("set-cookie"),
                 format!("{}={id:016x}{}", self.name, self.cookie_attributes),
+                FieldOp::Add,
             ),
-            SessionKind::Header => (&self.name, format!("{id:016x}")),
+            SessionKind::Header => (
+                Cow::Owned(self.name.to_string()),
+                format!("{id:016x}"),
+                FieldOp::Add,
+            ),
         }
     }
 }
@@ -316,8 +323,8 @@ pub enum FieldOp {
     Add,
 }
 
-/// A field a route policy adds to an answer: name, value, and how it joins.
-pub type PolicyField = (&'static str, String, FieldOp);
+/// A field a route policy adds to an answer: name (lowercase), value, and how it joins.
+pub type PolicyField = (Cow<'static, str>, String, FieldOp);
 
 impl CorsPolicy {
     /// The fields the answer to a request (not a preflight) from `origin` gets, in the order
@@ -326,24 +333,28 @@ impl CorsPolicy {
         let Some(allowed) = origin.and_then(|o| self.allow_origin(o)) else {
             return;
         };
-        out.push((
+        let mut push = |name, value, op| out.push((Cow::Borrowed(name), value, op));
+        push(
             "access-control-allow-origin",
             allowed.to_owned(),
             FieldOp::Set,
-        ));
+        );
         if allowed != "*" {
-            out.push(("vary", "Origin".to_owned(), FieldOp::Add));
+            push("vary", "Origin".to_owned(), FieldOp::Add);
         }
         if self.allow_credentials {
-            out.push((
+            push(
                 "access-control-allow-credentials",
                 "true".to_owned(),
                 FieldOp::Set,
-            ));
+            );
         }
         if !self.expose_headers.is_empty() {
-            let expose = self.expose_headers.to_string();
-            out.push(("access-control-expose-headers", expose, FieldOp::Set));
+            push(
+                "access-control-expose-headers",
+                self.expose_headers.to_string(),
+                FieldOp::Set,
+            );
         }
     }
 
@@ -374,7 +385,7 @@ impl CorsPolicy {
         ];
         for (name, value) in asked {
             if !value.is_empty() {
-                out.push((name, value.to_owned(), FieldOp::Set));
+                out.push((name.into(), value.to_owned(), FieldOp::Set));
             }
         }
         out

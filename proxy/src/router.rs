@@ -213,9 +213,9 @@ pub struct CompiledRoute {
     next: AtomicUsize,
     /// The rule's RequestMirror filters, in order.
     pub mirrors: Vec<Mirror>,
-    /// Requests only need forwarding, with at most plain header field edits, URL rewrites and
-    /// timeouts (see `passthrough`): no other filter, policy or mirror, and every backend an
-    /// HTTP/1 cluster with endpoints.
+    /// Requests only need forwarding, with at most plain header field edits, URL rewrites,
+    /// timeouts and the request layer's policies (see `compile_route`): no other filter, no
+    /// retry, mirror or outside service, and every backend an HTTP/1 cluster with endpoints.
     pub passthrough: bool,
 }
 

@@ -60,7 +60,15 @@ listeners:
       match: {path: {kind: KIND_PREFIX, value: /header}}
       sessionPersistence: {kind: HEADER, name: X-Session}
       backends: [{cluster: "t/three:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: moved, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /moved}}
+      sessionPersistence: {kind: COOKIE, name: app-session}
+      backends: [{cluster: "t/half:80", weight: 1}]
 clusters:
+- name: t/half:80
+  endpoints:
+  - {address: 127.0.0.1, port: {A}, ready: true}
+  - {address: 127.0.0.1, port: {DEAD}, ready: true}
 - name: t/three:80
   endpoints:
   - {address: 127.0.0.1, port: {A}, ready: true}
@@ -71,10 +79,13 @@ clusters:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_cookie_or_header_keeps_a_client_on_one_endpoint() {
     let addrs = backends(&["a", "b", "c"]).await;
+    // Listed as ready, refuses every connection.
+    let dead: std::net::SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
     let vars = [
         ("A", addrs[0].port().to_string()),
         ("B", addrs[1].port().to_string()),
         ("C", addrs[2].port().to_string()),
+        ("DEAD", dead.port().to_string()),
     ];
     for fast_path in [true, false] {
         let engine = engine(fast_path);
@@ -145,6 +156,45 @@ async fn a_session_cookie_or_header_keeps_a_client_on_one_endpoint() {
                 .await
                 .unwrap();
             assert_eq!(backend_of(&r), first, "{engine}: header session moved");
+        }
+
+        // A session whose endpoint refuses connections moves to one that answers, and the
+        // answer names the new endpoint, not the one the request named.
+        let url = format!("http://127.0.0.1:{port}/moved");
+        let named = coxswain_proxy::balance::endpoint_id(dead);
+        let served = coxswain_proxy::balance::endpoint_id(addrs[0]);
+        for _ in 0..3 {
+            let r = request(
+                &client,
+                "GET",
+                &url,
+                &[("cookie", &format!("app-session={named:016x}"))],
+            )
+            .await
+            .unwrap();
+            assert_eq!(r.status, 200, "{engine}");
+            assert_eq!(backend_of(&r), "a", "{engine}");
+            let set = r
+                .headers
+                .get("set-cookie")
+                .expect("the new endpoint is named");
+            assert_eq!(
+                set.to_str().unwrap(),
+                format!("app-session={served:016x}; Path=/; HttpOnly"),
+                "{engine}"
+            );
+        }
+        // The fast path served every one of them itself.
+        let handed = proxy
+            .metric("coxswain_proxy_http1_requests_pingora_total")
+            .await;
+        if fast_path {
+            assert_eq!(handed, 0, "session routes left the fast path");
+        } else {
+            assert_eq!(
+                handed, 285,
+                "the Pingora engine counts each request it serves"
+            );
         }
         proxy.stop().await;
     }

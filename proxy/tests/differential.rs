@@ -113,6 +113,16 @@ listeners:
       - kind: {cors: {allowOrigins: ["*"], allowMethods: ["*"], allowHeaders: ["*"], maxAgeSeconds: 5}}
       - kind: {responseHeaderModifier: {add: [{name: x-answer, value: cors}]}}
       backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: sticky, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /sticky}}
+      sessionPersistence: {kind: COOKIE, name: app-session, maxAgeS: 60, path: /sticky}
+      filters:
+      - kind: {responseHeaderModifier: {add: [{name: x-answer, value: sticky}]}}
+      backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: t, name: stuck, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /stuck}}
+      sessionPersistence: {kind: HEADER, name: X-Session}
+      backends: [{cluster: "t/a:80", weight: 1}]
     - source: {kind: HTTPRoute, namespace: t, name: rest, rule: 0}
       backends: [{cluster: "t/a:80", weight: 1}]
   - hostname: "*.wild.example"
@@ -191,13 +201,14 @@ impl Rng {
     }
 }
 
-/// One generated request, as raw bytes.
-fn generate(rng: &mut Rng) -> Vec<u8> {
+/// One generated request, as raw bytes. `session`: the backend's endpoint name, as session
+/// persistence writes it.
+fn generate(rng: &mut Rng, session: &str) -> Vec<u8> {
     const METHODS: [&str; 7] = ["GET", "GET", "GET", "HEAD", "DELETE", "OPTIONS", "POST"];
-    const SEGMENTS: [&str; 26] = [
+    const SEGMENTS: [&str; 28] = [
         "admin", "p", "x", "..", ".", "", "%61dmin", "%2e%2e", "a%2fb", "exact", "old", "gone",
         "small", "empty", "%7E", "a.b", "P", "%41", "q=1", "auth", "edit", "rw", "full", "re",
-        "cors", "anycors",
+        "cors", "anycors", "sticky", "stuck",
     ];
     const HOSTS: [&str; 8] = [
         "a.example",
@@ -312,6 +323,18 @@ fn generate(rng: &mut Rng) -> Vec<u8> {
             ],
         );
     }
+    // Sessions naming the backend, or no endpoint of it.
+    if rng.chance(30) {
+        let field = match rng.below(5) {
+            0 => format!("Cookie: app-session={session}"),
+            1 => format!("Cookie: a=1; app-session={session}; b=2"),
+            2 => "Cookie: app-session=00000000deadbeef".to_owned(),
+            3 => format!("X-Session: {session}"),
+            _ => "X-Session: not-an-endpoint".to_owned(),
+        };
+        req.extend_from_slice(field.as_bytes());
+        req.extend_from_slice(b"\r\n");
+    }
     let body: &[u8] = match rng.below(10) {
         0 => b"Content-Length: 5\r\n\r\nhello",
         1 => b"Content-Length: 0\r\n\r\n",
@@ -393,8 +416,15 @@ fn edited_fields(head: &str) -> Vec<String> {
             let (n, v) = l.split_once(':')?;
             let n = n.trim().to_ascii_lowercase();
             let cors = n.starts_with("access-control-") || n == "vary";
-            (cors || ["x-served-by", "x-answer", "x-backend", "content-type"].contains(&n.as_str()))
-                .then(|| (n, v.trim().to_owned()))
+            let edited = [
+                "x-served-by",
+                "x-answer",
+                "x-backend",
+                "content-type",
+                "set-cookie",
+                "x-session",
+            ];
+            (cors || edited.contains(&n.as_str())).then(|| (n, v.trim().to_owned()))
         })
         .collect();
     fields.sort_by(|a, b| a.0.cmp(&b.0));
@@ -866,9 +896,11 @@ async fn run(transport: Transport, default_count: usize) {
     let mut edited = 0;
     let mut rewritten = 0;
     let mut cors = 0;
+    let mut sessions = [0; 2];
     let mut sent = 0;
+    let session = format!("{:016x}", coxswain_proxy::balance::endpoint_id(backend));
     for i in 0..count {
-        let req = generate(&mut rng);
+        let req = generate(&mut rng, &session);
         let Some((mut a, mut b)) = clients.send(&req).await else {
             continue;
         };
@@ -889,6 +921,11 @@ async fn run(transport: Transport, default_count: usize) {
                     .iter()
                     .any(|f| f.starts_with("access-control-allow-origin")),
             );
+            // Sessions named in the answer, and ones the request kept.
+            if s.edited.iter().any(|f| f == "x-answer: sticky") {
+                let named = s.edited.iter().any(|f| f.starts_with("set-cookie"));
+                sessions[usize::from(named)] += 1;
+            }
             let seen_by_backend = String::from_utf8_lossy(&s.body);
             rewritten += usize::from(
                 [
@@ -933,6 +970,11 @@ async fn run(transport: Transport, default_count: usize) {
     assert!(rewritten > sent / 100, "{rewritten} rewritten requests");
     // And CORS answers, preflights and others.
     assert!(cors > sent / 200, "{cors} CORS answers");
+    // And session answers, new sessions named and kept ones not.
+    assert!(
+        sessions.iter().all(|n| *n > sent / 1000),
+        "{sessions:?} sessions kept and named"
+    );
     if http2 {
         // Streams took the fast path on one proxy and never on the other.
         let fast = proxies[0]

@@ -12,8 +12,10 @@ use super::{Env, MAX_RESPONSE_HEAD, MAX_RESPONSE_HEADERS, Plan};
 use crate::http1;
 use crate::limits::Limits;
 use crate::metrics::Metrics;
+use crate::policy::PolicyField;
 use crate::upstream::{may_connect_again, pool};
 use coxswain_api::snapshot as snap;
+use std::borrow::Cow;
 use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -118,6 +120,24 @@ impl Bounds {
 }
 
 impl Plan {
+    /// The fields the route's policies add to the answer, in Pingora's order: CORS's, then
+    /// the session's name for the endpoint that served (final once an answer came from it).
+    pub(super) fn added_fields(&self) -> Cow<'_, [PolicyField]> {
+        let session = self
+            .session
+            .as_ref()
+            .filter(|s| s.named != Some(self.endpoint))
+            .and_then(|s| s.policy.session.as_ref());
+        match session {
+            None => Cow::Borrowed(&self.policy_fields),
+            Some(session) => {
+                let mut fields = self.policy_fields.clone();
+                fields.push(session.answer(self.cluster.endpoint_id(self.endpoint)));
+                Cow::Owned(fields)
+            }
+        }
+    }
+
     /// The backend's final answer came, `status`, for a request sent at `sent`: its latency
     /// is observed, and a 5xx counts toward the endpoint's ejection (anything else clears
     /// its streak).

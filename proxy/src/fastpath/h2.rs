@@ -218,7 +218,9 @@ struct Driver<'a, 'e, P> {
     rejected: usize,
 }
 
-/// What becomes of a stream whose head arrived.
+/// What becomes of a stream whose head arrived. Returned once and matched at once, as
+/// `Step` is: boxing the plan would cost an allocation per stream.
+#[allow(clippy::large_enum_variant)]
 enum Opened {
     Forward(super::Plan, Vec<u8>),
     Answer(super::Answered),

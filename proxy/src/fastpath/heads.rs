@@ -243,8 +243,8 @@ pub(super) fn edited_response_head(
     for (name, value, op) in added {
         use crate::filters::EditHeaders;
         match op {
-            FieldOp::Set => fields.set(name, value),
-            FieldOp::Add => fields.add(name, value),
+            FieldOp::Set => fields.set(name.as_ref(), value),
+            FieldOp::Add => fields.add(name.as_ref(), value),
         }
     }
     for m in edits {

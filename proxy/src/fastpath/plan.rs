@@ -3,7 +3,7 @@
 //! answered here, or left to Pingora.
 
 use super::heads::{RequestEdit, rewritten, write_upstream_head};
-use super::{AccessFields, Answered, Bounds, Env, MAX_BODY, Plan, Record, Step};
+use super::{AccessFields, Answered, Bounds, Env, MAX_BODY, Plan, Record, SessionAnswer, Step};
 use crate::policy::FieldOp;
 use crate::request::{self, Arrival, Decision, Head};
 use coxswain_api::snapshot as snap;
@@ -93,17 +93,20 @@ pub(super) fn plan_checked<H: Head + ?Sized>(
         Decision::Unauthorized(challenge) => {
             crate::metrics::Metrics::count(&metrics.auth_refused);
             let challenge = challenge.to_owned();
-            return answer(401, vec![("www-authenticate", challenge, FieldOp::Set)]);
+            return answer(
+                401,
+                vec![("www-authenticate".into(), challenge, FieldOp::Set)],
+            );
         }
         Decision::Limited { retry_after } => {
             crate::metrics::Metrics::count(&metrics.rate_limited);
             let retry = retry_after.to_string();
-            return answer(429, vec![("retry-after", retry, FieldOp::Set)]);
+            return answer(429, vec![("retry-after".into(), retry, FieldOp::Set)]);
         }
         // An allowlist's 403, a route's fixed status.
         Decision::Status(status) => return answer(status, Vec::new()),
         Decision::Redirect { status, location } => {
-            return answer(status, vec![("location", location, FieldOp::Set)]);
+            return answer(status, vec![("location".into(), location, FieldOp::Set)]);
         }
         Decision::Preflight(policy) => {
             let fields = policy.cors.as_ref().map(|cors| {
@@ -153,6 +156,10 @@ pub(super) fn plan_checked<H: Head + ?Sized>(
             }
             fields
         },
+        session: route.policy.session.is_some().then(|| SessionAnswer {
+            policy: route.policy.clone(),
+            named: forward.session.is_none().then_some(forward.endpoint),
+        }),
         body: body.unwrap_or(0),
         chunked: body.is_none(),
         close_client: false,

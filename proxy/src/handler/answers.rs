@@ -1,8 +1,9 @@
 //! The answers the Pingora engine writes itself: statuses, redirects and CORS preflights.
 
-use crate::policy::CorsPolicy;
-use pingora::http::{RequestHeader, ResponseHeader};
+use crate::policy::{CorsPolicy, FieldOp};
+use pingora::http::{IntoCaseHeaderName, RequestHeader, ResponseHeader};
 use pingora::prelude::Session;
+use std::borrow::Cow;
 
 /// The answer to a preflight: 204, with the Access-Control-* headers when the origin is
 /// allowed and without them otherwise (the browser then refuses the real request).
@@ -31,14 +32,24 @@ pub(super) fn add_fields(
     fields: Vec<crate::policy::PolicyField>,
 ) -> pingora::Result<()> {
     for (name, value, op) in fields {
-        match op {
-            crate::policy::FieldOp::Set => resp.insert_header(name, value)?,
-            crate::policy::FieldOp::Add => {
-                resp.append_header(name, value)?;
-            }
+        match name {
+            Cow::Borrowed(name) => add_field(resp, name, value, op)?,
+            Cow::Owned(name) => add_field(resp, name, value, op)?,
         }
     }
     Ok(())
+}
+
+fn add_field(
+    resp: &mut ResponseHeader,
+    name: impl IntoCaseHeaderName,
+    value: String,
+    op: FieldOp,
+) -> pingora::Result<()> {
+    match op {
+        FieldOp::Set => resp.insert_header(name, value),
+        FieldOp::Add => resp.append_header(name, value).map(drop),
+    }
 }
 
 /// Content-Length, when present and a number.

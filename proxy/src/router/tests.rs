@@ -303,6 +303,14 @@ listeners:
       match: {path: {kind: KIND_PREFIX, value: /cors}}
       filters: [{kind: {cors: {allowOrigins: ["*"]}}}]
       backends: [{cluster: "web/up:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: web, name: sticky, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /sticky}}
+      sessionPersistence: {kind: COOKIE, name: s}
+      backends: [{cluster: "web/up:80", weight: 1}]
+    - source: {kind: HTTPRoute, namespace: web, name: retried, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /retried}}
+      retry: {codes: [503], attempts: 2}
+      backends: [{cluster: "web/up:80", weight: 1}]
     - source: {kind: HTTPRoute, namespace: web, name: plain, rule: 0}
       backends: [{cluster: "web/up:80", weight: 1}]
 clusters:
@@ -342,6 +350,9 @@ clusters:
     assert!(route("/gone").passthrough);
     assert!(route("/inside").passthrough);
     assert!(route("/cors").passthrough);
+    // The request layer picks a session's endpoint; a retry holds the answer back: Pingora's.
+    assert!(route("/sticky").passthrough);
+    assert!(!route("/retried").passthrough);
     let plain = route("/plain");
     assert!(plain.passthrough);
     assert!(plain.backends[0].response_edits.is_none());

@@ -290,9 +290,10 @@ async fn relay<R: AsyncRead + Unpin>(
         plan.in_flight = None;
     }
     let edited;
-    let response_head = if plan.response_edits.is_some() || !plan.policy_fields.is_empty() {
+    let fields = plan.added_fields();
+    let response_head = if plan.response_edits.is_some() || !fields.is_empty() {
         let edits = plan.response_edits.as_deref().unwrap_or_default();
-        let added = (&plan.policy_fields[..], edits);
+        let added = (&fields[..], edits);
         edited = edited_response_head(&resp[..head.len], head.drop_length, added, false)
             .ok_or(502u16)?;
         &edited[..]
