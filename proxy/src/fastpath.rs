@@ -220,7 +220,8 @@ async fn request(
             Err(e) => return stream::refuse_body(conn, env, &plan, e, started).await,
         }
     }
-    if !plan.chunked && plan.body > MAX_BODY as usize {
+    let held_back = plan.awaits_continue && req.len() < len + plan.body;
+    if !plan.chunked && (plan.body > MAX_BODY as usize || held_back) {
         return stream::request(conn, env, (req, len), &up_head, None, plan, started).await;
     }
     if plan.body > 0 {
@@ -405,6 +406,10 @@ struct Plan {
     /// The body is chunked: forwarded re-framed, whole with the head when it came with it,
     /// else streamed (`stream`).
     chunked: bool,
+    /// The client waits for a 100 Continue before it sends the body (`Expect: 100-continue`):
+    /// unless the body came with the head anyway, the head goes up at once and the body
+    /// streams after it (`stream`), the backend's 100 relayed as any interim answer.
+    awaits_continue: bool,
     /// The client asked to close after this request: the answer says so and the client
     /// connection ends with it.
     close_client: bool,
@@ -460,6 +465,7 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
         Body::Chunked => None,
     };
     let mut close = false;
+    let mut awaits_continue = false;
     let mut codings = 0;
     for h in head.0.headers.iter() {
         let name = h.name;
@@ -479,22 +485,29 @@ fn plan(head: &FastHead<'_, '_>, env: &Env<'_>, up_head: &mut Vec<u8>) -> Step {
             h.value.trim_ascii().eq_ignore_ascii_case(b"chunked")
         } else if name.eq_ignore_ascii_case("content-length") {
             body.is_some()
+        } else if name.eq_ignore_ascii_case("expect") {
+            // The one expectation there is, on a request with a body to hold back, once.
+            // Others (and a second field) are Pingora's to forward or refuse.
+            let continues = h.value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
+            let first = !awaits_continue;
+            awaits_continue = true;
+            continues && first && body != Some(0)
         } else {
-            !(name.eq_ignore_ascii_case("upgrade")
-                || name.eq_ignore_ascii_case("expect")
-                || name.eq_ignore_ascii_case("te"))
+            !(name.eq_ignore_ascii_case("upgrade") || name.eq_ignore_ascii_case("te"))
         };
         if !plain || codings > 1 {
             return Step::Pingora;
         }
     }
-    let mut step = plan_checked(head, &checked, body, None, env, up_head);
+    let mut step = plan_checked(head, &checked, body, awaits_continue, None, env, up_head);
     match &mut step {
         Step::Forward(plan) => plan.close_client = close,
-        // A body too large to read and drop here, or of a length not known, stays unread:
-        // the connection ends after the answer.
+        // A body too large to read and drop here, of a length not known, or that the client
+        // holds back until a 100 Continue it will not get, stays unread: the connection ends
+        // after the answer.
         Step::Answer(answer) => {
-            answer.close_client = close || answer.body.is_none_or(|n| n > MAX_BODY as usize);
+            answer.close_client =
+                close || awaits_continue || answer.body.is_none_or(|n| n > MAX_BODY as usize);
         }
         Step::Pingora | Step::Reject(_) => {}
     }
@@ -568,7 +581,9 @@ where
         } else {
             write_head(conn, &resp[..h.len], h.version).await
         };
-        if written.is_err() {
+        // At once: a client may wait for a 100 Continue before it sends its body, and a 103's
+        // hints are worth something only before the answer.
+        if written.is_err() || conn.flush().await.is_err() {
             return Ok((Exchange::client_done(h.status), false));
         }
         resp.drain(..h.len);

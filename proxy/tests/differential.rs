@@ -323,6 +323,14 @@ fn generate(rng: &mut Rng, session: &str) -> Vec<u8> {
             ],
         );
     }
+    // A client that would hold its body back for a 100 Continue (this one sends it at once),
+    // and an expectation no one knows.
+    rng.field(
+        &mut req,
+        10,
+        "Expect: ",
+        &["100-continue", "100-Continue", "100-continue", "x-other"],
+    );
     // Sessions naming the backend, or no endpoint of it.
     if rng.chance(30) {
         let field = match rng.below(5) {

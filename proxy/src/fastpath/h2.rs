@@ -442,7 +442,7 @@ fn plan(req: &Request<'_>, end_stream: bool, env: &Env<'_>, up_head: &mut Vec<u8
             _ => None,
         }
     };
-    let step = plan_checked(req, &checked, body, Some(checked.host), env, up_head);
+    let step = plan_checked(req, &checked, body, false, Some(checked.host), env, up_head);
     if matches!(&step, Step::Forward(plan) if plan.chunked) {
         // As Pingora frames an HTTP/1 request for a body of unknown length.
         super::heads::append_field(up_head, b"transfer-encoding", b"chunked");

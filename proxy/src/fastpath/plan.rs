@@ -11,11 +11,13 @@ use coxswain_api::snapshot as snap;
 /// What `plan` does once a head met the conditions of its protocol (HTTP/1 here, HTTP/2 in
 /// `h2`): route it, decide it, and write the HTTP/1.1 head to send upstream, led by `host`
 /// when the request named its host elsewhere than in a field (HTTP/2's :authority). `body`:
-/// its length, None for a chunked one.
+/// its length, None for a chunked one. `awaits_continue`: the client sends its body after a
+/// 100 Continue (`Expect: 100-continue`), so the head goes up before it, whatever its size.
 pub(super) fn plan_checked<H: Head + ?Sized>(
     head: &H,
     checked: &request::Checked<'_>,
     body: Option<usize>,
+    awaits_continue: bool,
     host: Option<&str>,
     env: &Env<'_>,
     up_head: &mut Vec<u8>,
@@ -74,7 +76,7 @@ pub(super) fn plan_checked<H: Head + ?Sized>(
     let bounds = Bounds::new(route.route.timeouts, env.limits);
     // A body that streams on a route whose time runs out while it arrives: Pingora answers
     // 504 at its next piece past the deadline; this path bounds only what it reads whole.
-    if bounds.timed() && body.is_none_or(|n| n > MAX_BODY as usize) {
+    if bounds.timed() && (awaits_continue || body.is_none_or(|n| n > MAX_BODY as usize)) {
         return Step::Pingora;
     }
     let metrics = env.table.metrics();
@@ -162,6 +164,7 @@ pub(super) fn plan_checked<H: Head + ?Sized>(
         }),
         body: body.unwrap_or(0),
         chunked: body.is_none(),
+        awaits_continue,
         close_client: false,
         bounds,
         _slots: forward.slots,
