@@ -400,6 +400,8 @@ struct Plan {
     /// Session persistence: the answer names the endpoint that served it, unless the request
     /// named that one.
     session: Option<SessionAnswer>,
+    /// The route's retry policy, and this request's retries under it.
+    retry: Option<retry::Retrying>,
     /// The Content-Length body after the head: read whole up to `MAX_BODY`, streamed past it.
     /// For a chunked body, the bytes of it read with the head once it was found whole there.
     body: usize,
@@ -539,7 +541,26 @@ async fn exchange(
     resp: &mut Vec<u8>,
     env: &Env<'_>,
 ) -> Result<Exchange, u16> {
-    let (mut upstream, sent) = send(request, plan, resp, env).await?;
+    let (mut upstream, sent) = loop {
+        let (mut upstream, sent) = match send(request, plan, resp, env).await {
+            Ok(sent) => sent,
+            Err(failed) if plan.send_again(Some(failed), env).await => continue,
+            Err(failed) => return Err(failed.into()),
+        };
+        // An answer the route's retry policy retries is dropped before any of it goes out,
+        // with its connection.
+        if let Some(retrying) = &plan.retry {
+            let head = next_head(&mut upstream, resp, plan, env).await?;
+            if retrying.retries(head.status) {
+                plan.cluster
+                    .record(plan.endpoint, head.status >= 500, &env.limits.outlier);
+                if plan.send_again(None, env).await {
+                    continue;
+                }
+            }
+        }
+        break (upstream, sent);
+    };
     let (exchange, reusable) = relay(conn, &mut upstream, sent, plan, resp, env).await?;
     if reusable {
         pool::put(plan.upstream, upstream, env.limits.upstream_idle);
@@ -696,6 +717,7 @@ pub mod h2;
 mod heads;
 mod plan;
 mod read;
+mod retry;
 mod stream;
 #[cfg(test)]
 mod tests;

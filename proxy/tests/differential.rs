@@ -123,6 +123,10 @@ listeners:
       match: {path: {kind: KIND_PREFIX, value: /stuck}}
       sessionPersistence: {kind: HEADER, name: X-Session}
       backends: [{cluster: "t/a:80", weight: 1}]
+    - source: {kind: Ingress, namespace: t, name: again, rule: 0}
+      match: {path: {kind: KIND_PREFIX, value: /again}}
+      retry: {codes: [503], attempts: 2, nonIdempotent: true}
+      backends: [{cluster: "t/a:80", weight: 1}]
     - source: {kind: HTTPRoute, namespace: t, name: rest, rule: 0}
       backends: [{cluster: "t/a:80", weight: 1}]
   - hostname: "*.wild.example"
@@ -205,10 +209,10 @@ impl Rng {
 /// persistence writes it.
 fn generate(rng: &mut Rng, session: &str) -> Vec<u8> {
     const METHODS: [&str; 7] = ["GET", "GET", "GET", "HEAD", "DELETE", "OPTIONS", "POST"];
-    const SEGMENTS: [&str; 28] = [
+    const SEGMENTS: [&str; 30] = [
         "admin", "p", "x", "..", ".", "", "%61dmin", "%2e%2e", "a%2fb", "exact", "old", "gone",
         "small", "empty", "%7E", "a.b", "P", "%41", "q=1", "auth", "edit", "rw", "full", "re",
-        "cors", "anycors", "sticky", "stuck",
+        "cors", "anycors", "sticky", "stuck", "again", "busy",
     ];
     const HOSTS: [&str; 8] = [
         "a.example",
@@ -858,8 +862,14 @@ async fn run(transport: Transport, default_count: usize) {
     let cert = cert(SNI);
     let (backend, _seen, _) = raw_backend(move |r| {
         let body = canonical(&r.head, listeners);
+        // A target with /busy in it is answered 503, which the /again route retries.
+        let status = if r.path.contains("/busy") {
+            "503 Service Unavailable"
+        } else {
+            "200 OK"
+        };
         let mut resp = format!(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\nx-backend: raw\r\nx-answer: backend-own\r\ncontent-length: {}\r\n\r\n",
+            "HTTP/1.1 {status}\r\ncontent-type: text/plain\r\nx-backend: raw\r\nx-answer: backend-own\r\ncontent-length: {}\r\n\r\n",
             body.len()
         )
         .into_bytes();
@@ -983,6 +993,17 @@ async fn run(transport: Transport, default_count: usize) {
         sessions.iter().all(|n| *n > sent / 1000),
         "{sessions:?} sessions kept and named"
     );
+    // Both engines retried the same answers of the /again route, as often.
+    let mut retried = Vec::new();
+    for p in &proxies {
+        retried.push(p.metric("coxswain_proxy_upstream_retries_total").await);
+    }
+    eprintln!("differential ({over}): retries {retried:?}");
+    assert_eq!(
+        retried[0], retried[1],
+        "retries on the fast path and on Pingora"
+    );
+    assert!(retried[0] > 0, "no answer was retried");
     if http2 {
         // Streams took the fast path on one proxy and never on the other.
         let fast = proxies[0]

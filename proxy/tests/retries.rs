@@ -1,6 +1,8 @@
 //! Retries and outlier ejection on both engines: a request whose backend connection cannot be
 //! opened has sent nothing, so it goes to another endpoint, whatever its method; an endpoint
-//! that keeps failing is taken out of rotation for a while.
+//! that keeps failing is taken out of rotation for a while. A route's retry policy (answers,
+//! timeouts, broken connections) is applied by both engines alike; the fast path keeps such
+//! routes unless a body streams.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
 mod support;
@@ -8,6 +10,16 @@ mod support;
 use coxswain_proxy::limits::Limits;
 use std::sync::atomic::Ordering;
 use support::*;
+
+/// On the fast path, a test's requests all stayed there (retry routes included).
+async fn assert_fast_path_kept_all(proxy: &Proxy, fast_path: bool) {
+    if fast_path {
+        let handed = proxy
+            .metric("coxswain_proxy_http1_requests_pingora_total")
+            .await;
+        assert_eq!(handed, 0, "fast path: requests handed to Pingora");
+    }
+}
 
 /// One route on `port` to one cluster whose endpoints are these 127.0.0.1 ports, all ready.
 fn one_route_snapshot(port: u16, endpoints: &[u16]) -> coxswain_api::snapshot::Snapshot {
@@ -421,6 +433,7 @@ async fn answers_the_route_retries_go_to_another_endpoint_and_posts_only_when_al
         );
         let retries = proxy.metric("coxswain_proxy_upstream_retries_total").await;
         assert!(retries >= 100, "{engine}: {retries}");
+        assert_fast_path_kept_all(&proxy, fast_path).await;
         eprintln!(
             "{engine}: good {} bad {} retries {retries}; POST without policy: {posts_failed} of 200 failed",
             good_hits.load(Ordering::Relaxed),
@@ -581,6 +594,7 @@ clusters:
         // Round robin: half the requests reach the slow endpoint first.
         assert_eq!(failed.get("/bounded"), Some(&5), "{engine}");
         assert_eq!(failed.get("/unbounded"), None, "{engine}");
+        assert_fast_path_kept_all(&proxy, fast_path).await;
         proxy.stop().await;
     }
 }
@@ -707,6 +721,7 @@ clusters:
         }
         let retries = proxy.metric("coxswain_proxy_upstream_retries_total").await;
         assert_eq!(retries, 5, "{engine}: retries counted");
+        assert_fast_path_kept_all(&proxy, fast_path).await;
         proxy.stop().await;
     }
 }
@@ -804,6 +819,7 @@ clusters:
             r.as_ref().ok().map(|r| (r.status, r.body.clone()))
         );
         assert_eq!(drain(), 1, "{engine}: a truncated answer is not retried");
+        assert_fast_path_kept_all(&proxy, fast_path).await;
         proxy.stop().await;
     }
 }

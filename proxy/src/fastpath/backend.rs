@@ -99,6 +99,18 @@ impl Bounds {
         self.wait(self.write)
     }
 
+    /// The request timeout ran out (no attempt may start).
+    pub(super) fn expired(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
+    /// How long a wait of `wanted` may last before the request timeout.
+    pub(super) fn until_deadline(&self, wanted: Duration) -> Duration {
+        self.deadline.map_or(wanted, |d| {
+            wanted.min(d.saturating_duration_since(Instant::now()))
+        })
+    }
+
     /// The attempt's time is up: a response still streaming is cut, as Pingora's body filter
     /// cuts it.
     pub(super) fn past(&self) -> bool {
@@ -184,15 +196,38 @@ impl Plan {
     }
 }
 
+/// Why an attempt got no answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Failed {
+    /// No connection could be opened (to any endpoint the request could move to): nothing
+    /// was sent.
+    Connect,
+    /// The connection broke before any of the answer came.
+    Broken,
+    /// The backend sent nothing in time, or the request's time was up before it went.
+    TimedOut,
+}
+
+impl From<Failed> for u16 {
+    /// The status the client gets.
+    fn from(f: Failed) -> u16 {
+        match f {
+            Failed::Connect | Failed::Broken => 502,
+            Failed::TimedOut => 504,
+        }
+    }
+}
+
 /// Writes a request to `plan`'s endpoint, over a pooled connection or a new one, until the
 /// first bytes of an answer are in `resp`; returns the connection and when the request went.
-/// Err(status): no answer came, and nothing was sent to the client.
+/// Err: no answer came, and nothing was sent to the client. On a route with a retry policy a
+/// broken connection is the policy's to send again (`Plan::send_again`), not this loop's.
 pub(super) async fn send(
     (head, body): (&[u8], &[u8]),
     plan: &mut Plan,
     resp: &mut Vec<u8>,
     env: &Env<'_>,
-) -> Result<(TcpStream, Instant), u16> {
+) -> Result<(TcpStream, Instant), Failed> {
     // A pooled connection the backend closed meanwhile fails on first use, and a new one to a
     // Pod shutting down may be reset: an idempotent request is sent again (at most
     // `policy::BROKEN_RESENDS` times); any other may have been acted on. A connection that
@@ -201,9 +236,11 @@ pub(super) async fn send(
     let mut attempts = Attempts::default();
     loop {
         if !plan.bounds.start_attempt() {
-            return Err(504);
+            return Err(Failed::TimedOut);
         }
-        let (mut up, reused) = open(plan, env, &mut attempts).await?;
+        let (mut up, reused) = open(plan, env, &mut attempts)
+            .await
+            .map_err(|_| Failed::Connect)?;
         let sent = Instant::now();
         resp.clear();
         let answered = match write_both(&mut up, head, body, plan.bounds.write()).await {
@@ -212,8 +249,12 @@ pub(super) async fn send(
         };
         match answered {
             Ok(n) if n > 0 => return Ok((up, sent)),
-            // The backend may be at work on the request: it is not sent again.
-            Err(e) if e.kind() == ErrorKind::TimedOut => return Err(plan.timed_out(env)),
+            // The backend may be at work on the request: it is not sent again (but by a
+            // retry policy, which says it may be).
+            Err(e) if e.kind() == ErrorKind::TimedOut => {
+                plan.timed_out(env);
+                return Err(Failed::TimedOut);
+            }
             _ => {}
         }
         // A new connection that broke without an answer is the endpoint failing (as on
@@ -222,8 +263,9 @@ pub(super) async fn send(
             plan.cluster
                 .record(plan.endpoint, true, &env.limits.outlier);
         }
-        if resent >= crate::request::BROKEN_RESENDS || !plan.idempotent {
-            return Err(502);
+        let policy_decides = plan.retry.as_ref().is_some_and(|r| r.decides_broken());
+        if policy_decides || resent >= crate::request::BROKEN_RESENDS || !plan.idempotent {
+            return Err(Failed::Broken);
         }
         resent += 1;
         // Nothing of the answer came: on a new connection, an idempotent request goes again
@@ -231,7 +273,7 @@ pub(super) async fn send(
         // why).
         if !reused {
             if !plan.move_on(env, &mut attempts.tried) {
-                return Err(502);
+                return Err(Failed::Broken);
             }
             Metrics::count(&env.table.metrics().broken_resends);
         }
@@ -275,6 +317,7 @@ pub(super) async fn open(
                     attempts.slow += 1;
                 }
                 if may_connect_again(attempts.failed, attempts.slow)
+                    && plan.retry.as_ref().is_none_or(|r| r.in_time())
                     && plan.move_on(env, &mut attempts.tried)
                 {
                     Metrics::count(&env.table.metrics().connect_retries);

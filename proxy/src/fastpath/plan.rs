@@ -3,6 +3,7 @@
 //! answered here, or left to Pingora.
 
 use super::heads::{RequestEdit, rewritten, write_upstream_head};
+use super::retry::Retrying;
 use super::{AccessFields, Answered, Bounds, Env, MAX_BODY, Plan, Record, SessionAnswer, Step};
 use crate::policy::FieldOp;
 use crate::request::{self, Arrival, Decision, Head};
@@ -76,7 +77,13 @@ pub(super) fn plan_checked<H: Head + ?Sized>(
     let bounds = Bounds::new(route.route.timeouts, env.limits);
     // A body that streams on a route whose time runs out while it arrives: Pingora answers
     // 504 at its next piece past the deadline; this path bounds only what it reads whole.
-    if bounds.timed() && (awaits_continue || body.is_none_or(|n| n > MAX_BODY as usize)) {
+    let streams = awaits_continue || body.is_none_or(|n| n > MAX_BODY as usize);
+    if bounds.timed() && streams {
+        return Step::Pingora;
+    }
+    // A retry sends the request again: only one whose body is read whole here has it all
+    // (Pingora keeps what fits its retry buffer). HTTP/2 streams are Pingora's too.
+    if route.policy.retry.is_some() && (streams || host.is_some()) {
         return Step::Pingora;
     }
     let metrics = env.table.metrics();
@@ -158,6 +165,7 @@ pub(super) fn plan_checked<H: Head + ?Sized>(
             }
             fields
         },
+        retry: Retrying::new(&route.policy),
         session: route.policy.session.is_some().then(|| SessionAnswer {
             policy: route.policy.clone(),
             named: forward.session.is_none().then_some(forward.endpoint),

@@ -149,7 +149,7 @@ impl Gateway {
 
     /// A connection that could not be opened sent nothing: the request goes to another
     /// endpoint, while `upstream::may_connect_again` allows (as on the fast path), then
-    /// within the route's retry policy if it has one (such routes never take the fast path).
+    /// within the route's retry policy if it has one (as the fast path's `Plan::send_again`).
     pub(super) fn connect_failure(
         &self,
         ctx: &mut Ctx,

@@ -189,7 +189,7 @@ pub(super) fn compile_route(
     // redirect (its one filter) or a fixed status, is answered by `decide` before any backend
     // matters: the fast path writes that answer as it writes a 401. Session persistence is
     // `decide`'s too (the endpoint a request names); the fast path names the endpoint that
-    // served in the answer.
+    // served in the answer. A retry policy is applied there as well (`fastpath::retry`).
     let services = policy.external_auth.is_none()
         && policy.global_limit.is_none()
         && policy.jwt.as_ref().is_none_or(|j| !j.sets_fields());
@@ -200,7 +200,6 @@ pub(super) fn compile_route(
     };
     let forwards = r.filters.iter().all(crate::filters::fast_path_filter)
         && r.direct_status == 0
-        && r.retry.is_none()
         && !backends.is_empty()
         && backends.iter().all(|b| {
             b.filters.iter().all(crate::filters::fast_path_filter)
