@@ -23,6 +23,10 @@
 #              names the endpoint in a Set-Cookie. HAProxy inserts its server cookie; nginx
 #              (no sticky cookies in its open source build) hashes the cookie to pick the
 #              server and adds the same Set-Cookie
+#   retry      a route with a retry policy (503 retried twice, as the Ingress retry annotations
+#              or an HTTPRoute retry compile to) whose backend answers 200: the cost of holding
+#              each answer's head until its status is known. nginx proxy_next_upstream
+#              http_503 with 3 tries, HAProxy retry-on 503 with 2 retries
 #   latency    HTTP/1.1 cleartext keep-alive at a fixed rate every proxy sustains (BENCH_RATE,
 #              default 40,000 req/s, h2load --h1 --rps): latency at equal load, which the
 #              saturated scenarios' p99 cannot compare (there it mostly follows req/s). The
@@ -71,7 +75,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 seconds="${BENCH_SECONDS:-10}"
 connections="${BENCH_CONNECTIONS:-50}"
-scenarios="${BENCH_SCENARIOS:-http https tls-new h2 h2-upload headers rewrite session post-1k post-64k post-256k latency latency-tls auth idle idle-tls idle-h2}"
+scenarios="${BENCH_SCENARIOS:-http https tls-new h2 h2-upload headers rewrite session retry post-1k post-64k post-256k latency latency-tls auth idle idle-tls idle-h2}"
 rate="${BENCH_RATE:-40000}"
 latency_rounds="${BENCH_LATENCY_ROUNDS:-5}"
 latency_seconds="${BENCH_LATENCY_SECONDS:-4}"
@@ -463,6 +467,9 @@ run_coxswain() { # scenario workers
   if [[ $scenario == session ]]; then
     filters="sessionPersistence: {sessionName: app-session, type: Cookie}"
   fi
+  if [[ $scenario == retry ]]; then
+    filters="retry: {codes: [503], attempts: 2}"
+  fi
   if [[ $scenario == rewrite ]]; then
     filters="matches: [{path: {type: PathPrefix, value: /api}}]
     filters:
@@ -571,6 +578,10 @@ run_nginx() { # scenario workers
       proxy_read_timeout 10s;"
   fi
   local balance=""
+  if [[ $scenario == retry ]]; then
+    extra="proxy_next_upstream error timeout http_503;
+      proxy_next_upstream_tries 3;"
+  fi
   if [[ $scenario == session ]]; then
     balance="hash \$cookie_app_session consistent;"
     extra="add_header Set-Cookie \"app-session=b1; Path=/; HttpOnly\" always;"
@@ -632,6 +643,10 @@ run_haproxy() { # scenario workers
   timeout server 10s"
   fi
   local server_cookie=""
+  if [[ $scenario == retry ]]; then
+    extra="retries 2
+  retry-on 503 conn-failure"
+  fi
   if [[ $scenario == session ]]; then
     extra="cookie app-session insert indirect httponly"
     server_cookie="cookie b1"
