@@ -551,12 +551,12 @@ async fn exchange(
         // with its connection.
         if let Some(retrying) = &plan.retry {
             let head = next_head(&mut upstream, resp, plan, env).await?;
-            if retrying.retries(head.status) {
+            // The last answer is recorded against its endpoint as it is relayed.
+            let answered = plan.endpoint;
+            if retrying.retries(head.status) && plan.send_again(None, env).await {
                 plan.cluster
-                    .record(plan.endpoint, head.status >= 500, &env.limits.outlier);
-                if plan.send_again(None, env).await {
-                    continue;
-                }
+                    .record(answered, head.status >= 500, &env.limits.outlier);
+                continue;
             }
         }
         break (upstream, sent);
