@@ -541,27 +541,29 @@ async fn exchange(
     resp: &mut Vec<u8>,
     env: &Env<'_>,
 ) -> Result<Exchange, u16> {
+    let mut attempts = backend::Attempts::default();
     let (mut upstream, sent) = loop {
-        let (mut upstream, sent) = match send(request, plan, resp, env).await {
+        let (mut upstream, sent) = match send(request, plan, resp, env, &mut attempts).await {
             Ok(sent) => sent,
-            Err(failed) if plan.send_again(Some(failed), env).await => continue,
+            Err(failed) if plan.send_again(Some(failed), &mut attempts, env).await => continue,
             Err(failed) => return Err(failed.into()),
         };
         // An answer the route's retry policy retries is dropped before any of it goes out,
-        // with its connection.
+        // with its connection, and held against its endpoint before the next one is picked
+        // (the last answer is, as it is relayed).
         if let Some(retrying) = &plan.retry {
             let head = next_head(&mut upstream, resp, plan, env).await?;
-            // The last answer is recorded against its endpoint as it is relayed.
-            let answered = plan.endpoint;
-            if retrying.retries(head.status) && plan.send_again(None, env).await {
+            if retrying.retries(head.status) && plan.may_send_again(None) {
                 plan.cluster
-                    .record(answered, head.status >= 500, &env.limits.outlier);
-                continue;
+                    .record(plan.endpoint, head.status >= 500, &env.limits.outlier);
+                if plan.send_again(None, &mut attempts, env).await {
+                    continue;
+                }
             }
         }
         break (upstream, sent);
     };
-    let (exchange, reusable) = relay(conn, &mut upstream, sent, plan, resp, env).await?;
+    let (exchange, reusable) = relay(conn, &mut upstream, sent, plan, resp, env, None).await?;
     if reusable {
         pool::put(plan.upstream, upstream, env.limits.upstream_idle);
     }
@@ -570,8 +572,9 @@ async fn exchange(
 
 /// Copies the answer whose first bytes are in `resp` from `upstream` to the client, for a
 /// request sent at `sent`; with it, whether the backend connection ended the answer cleanly
-/// (it may go back to the pool if the request went whole). Err(status): nothing was sent to
-/// the client, which gets that status.
+/// (it may go back to the pool if the request went whole). Err(status): nothing but interim
+/// answers was sent to the client, which gets that status. `final_head` is set once the final
+/// answer's head came (a client may still be told 408 after a 100 Continue).
 async fn relay<W, R>(
     conn: &mut W,
     upstream: &mut R,
@@ -579,6 +582,7 @@ async fn relay<W, R>(
     plan: &mut Plan,
     resp: &mut Vec<u8>,
     env: &Env<'_>,
+    final_head: Option<&std::sync::atomic::AtomicBool>,
 ) -> Result<(Exchange, bool), u16>
 where
     W: tokio::io::AsyncWrite + Unpin,
@@ -611,6 +615,9 @@ where
     };
     let status = head.status;
     plan.answered(env, sent, status);
+    if let Some(flag) = final_head {
+        flag.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 
     // The head, then the body as it arrives: each read is flushed to the client at once,
     // so streamed responses (server-sent events, long polls) are not held back.

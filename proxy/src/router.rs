@@ -214,8 +214,9 @@ pub struct CompiledRoute {
     /// The rule's RequestMirror filters, in order.
     pub mirrors: Vec<Mirror>,
     /// Requests only need forwarding, with at most plain header field edits, URL rewrites,
-    /// timeouts and the request layer's policies (see `compile_route`): no other filter, no
-    /// retry, mirror or outside service, and every backend an HTTP/1 cluster with endpoints.
+    /// timeouts, retries and the request layer's policies (see `compile_route`): no other
+    /// filter, no mirror or outside service, and every backend an HTTP/1 cluster with
+    /// endpoints.
     pub passthrough: bool,
 }
 

@@ -2,9 +2,10 @@
 //! until it hears 100 Continue (curl does so for uploads, waiting a second before it gives
 //! up and sends anyway): the proxy forwards the head at once, relays the backend's 100, and
 //! the body then reaches the backend whole, with a Content-Length or chunked, the connection
-//! staying usable (on the fast path: Pingora closes it after such an exchange). An answer the request layer gives before the body (a 401) comes at once and
-//! closes the connection, since the client may never send the body. On the fast path none of
-//! these go to Pingora.
+//! staying usable (on the fast path; Pingora closes it after such an exchange). An answer the
+//! request layer gives before the body (a 401) comes at once and closes the connection, since
+//! the client may never send the body. On the fast path none of these go to Pingora, and a
+//! client that stops after the 100 gets 408 without the backend being blamed for the wait.
 #![allow(clippy::unwrap_used)] // a failed unwrap in a test is a failed assertion
 
 mod support;
@@ -235,4 +236,45 @@ async fn an_answer_before_the_body_comes_at_once_and_closes_the_connection() {
         }
         proxy.stop().await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_silent_after_the_100_gets_408_and_the_backend_is_not_blamed() {
+    let backend = reading_backend().await;
+    let port = free_port();
+    let snap = snapshot(
+        ROUTES,
+        &[
+            ("PORT", port.to_string()),
+            ("B", backend.port().to_string()),
+        ],
+    );
+    // A short wait for each read of a body, so the test does not sit out the default.
+    let limits = Limits {
+        request_head: Duration::from_millis(300),
+        ..Limits::default()
+    };
+    let proxy = Proxy::start_with(&snap, limits).await;
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+    let mut buf = Vec::new();
+    conn.write_all(
+        b"POST /upload HTTP/1.1\r\nhost: gw.example\r\ncontent-length: 1000\r\nexpect: 100-continue\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let (interim, _) = read_answer(&mut conn, &mut buf).await;
+    assert!(interim.starts_with("HTTP/1.1 100 "), "{interim}");
+    // The body never comes: the client is told so once the body's wait ran out.
+    let (head, _) = read_answer(&mut conn, &mut buf).await;
+    assert!(head.starts_with("HTTP/1.1 408 "), "{head}");
+    let timeouts = proxy.metric("coxswain_proxy_upstream_timeouts_total").await;
+    assert_eq!(
+        timeouts, 0,
+        "the backend waiting for the body was counted as slow"
+    );
+    let handed = proxy
+        .metric("coxswain_proxy_http1_requests_pingora_total")
+        .await;
+    assert_eq!(handed, 0);
+    proxy.stop().await;
 }

@@ -227,18 +227,18 @@ pub(super) async fn send(
     plan: &mut Plan,
     resp: &mut Vec<u8>,
     env: &Env<'_>,
+    attempts: &mut Attempts,
 ) -> Result<(TcpStream, Instant), Failed> {
     // A pooled connection the backend closed meanwhile fails on first use, and a new one to a
     // Pod shutting down may be reset: an idempotent request is sent again (at most
     // `policy::BROKEN_RESENDS` times); any other may have been acted on. A connection that
     // cannot be opened sent nothing: another endpoint is tried.
     let mut resent = 0;
-    let mut attempts = Attempts::default();
     loop {
         if !plan.bounds.start_attempt() {
             return Err(Failed::TimedOut);
         }
-        let (mut up, reused) = open(plan, env, &mut attempts)
+        let (mut up, reused) = open(plan, env, attempts)
             .await
             .map_err(|_| Failed::Connect)?;
         let sent = Instant::now();
@@ -280,11 +280,12 @@ pub(super) async fn send(
     }
 }
 
-/// The endpoints a request was moved away from, and its failed connects.
+/// The endpoints a request was moved away from, and its failed connects, over all its
+/// attempts (a retry policy's too, as Pingora counts them).
 #[derive(Default)]
 pub(super) struct Attempts {
     /// Endpoints already tried; allocated only when one failed.
-    tried: Vec<usize>,
+    pub(super) tried: Vec<usize>,
     failed: usize,
     /// Failed connects that did not fail at once (timed out rather than refused).
     slow: usize,

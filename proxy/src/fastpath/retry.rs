@@ -1,13 +1,13 @@
 //! A route's retry policy on the fast path (GEP-1731, the Ingress retry annotations), by
 //! Pingora's rules (`handler::retries`): an answer with one of the policy's codes is dropped
 //! before any of it goes out, and a connection that broke or outlasted the backend request
-//! timeout before the answer is given up; either way the request goes again, to an endpoint
+//! timeout before any of the answer came is given up; either way the request goes again, to an endpoint
 //! not tried yet when there is one, after the backoff, while attempts, the retry timeout and
 //! the request timeout allow. A connection that could not be opened is tried elsewhere first
 //! (`backend::open`), then counts as an attempt too. Only requests whose body was read whole
 //! take this path (`plan::plan_checked`), so every attempt sends the same bytes.
 
-use super::backend::Failed;
+use super::backend::{Attempts, Failed};
 use super::{Env, Plan};
 use crate::metrics::Metrics;
 use crate::policy::RoutePolicy;
@@ -21,8 +21,6 @@ pub(super) struct Retrying {
     arrived: Instant,
     /// Retries so far.
     count: u32,
-    /// Endpoints tried.
-    tried: Vec<usize>,
 }
 
 impl Retrying {
@@ -33,7 +31,6 @@ impl Retrying {
             policy: policy.clone(),
             arrived: Instant::now(),
             count: 0,
-            tried: Vec::new(),
         })
     }
 
@@ -64,35 +61,54 @@ impl Retrying {
 }
 
 impl Plan {
-    /// Sets up the next attempt under the route's retry policy, after `failed` (None: the
-    /// answer had a status the policy retries), and waits out its backoff. False when the
-    /// policy allows no more: no policy, attempts used up, a method it does not send again
-    /// (any may go when nothing of the request went), or out of time.
-    pub(super) async fn send_again(&mut self, failed: Option<Failed>, env: &Env<'_>) -> bool {
-        let Some(retrying) = self.retry.as_mut() else {
+    /// The route's retry policy allows another attempt after `failed` (None: the answer had a
+    /// status the policy retries): attempts left, a method it sends again (any may go when
+    /// nothing of the request went), and in time.
+    pub(super) fn may_send_again(&self, failed: Option<Failed>) -> bool {
+        let Some(retrying) = &self.retry else {
             return false;
         };
         let Some(policy) = retrying.policy.retry.as_ref() else {
             return false;
         };
         let sent = failed != Some(Failed::Connect);
-        if retrying.count >= policy.attempts
-            || (sent && !(policy.non_idempotent || self.idempotent))
-            || !policy.in_time(Some(retrying.arrived))
-            || self.bounds.expired()
-        {
+        retrying.count < policy.attempts
+            && (!sent || policy.non_idempotent || self.idempotent)
+            && policy.in_time(Some(retrying.arrived))
+            && !self.bounds.expired()
+    }
+
+    /// Sets up the next attempt under the route's retry policy, after `failed` (as
+    /// `may_send_again`), and waits out its backoff. False when the policy allows no more, or
+    /// the backend has no endpoint. `attempts`: the endpoints tried so far, which the next
+    /// attempt avoids when it can.
+    pub(super) async fn send_again(
+        &mut self,
+        failed: Option<Failed>,
+        attempts: &mut Attempts,
+        env: &Env<'_>,
+    ) -> bool {
+        if !self.may_send_again(failed) {
             return false;
         }
-        retrying.tried.push(self.endpoint);
+        attempts.tried.push(self.endpoint);
         let Some(next) = self
             .cluster
-            .pick_excluding(&retrying.tried)
+            .pick_excluding(&attempts.tried)
             .or_else(|| self.cluster.pick_endpoint())
         else {
             return false;
         };
+        let Some(retrying) = self.retry.as_mut() else {
+            return false;
+        };
         retrying.count += 1;
-        let backoff = policy.backoff;
+        let backoff = retrying
+            .policy
+            .retry
+            .as_ref()
+            .map(|r| r.backoff)
+            .unwrap_or_default();
         self.endpoint = next;
         self.upstream = self.cluster.addr(next);
         self.in_flight = None;

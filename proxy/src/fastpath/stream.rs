@@ -1,6 +1,7 @@
-//! Requests whose Content-Length body is larger than `MAX_BODY`, and chunked ones whose body
-//! did not come whole with the head: the head goes upstream at once and the body follows as
-//! it arrives, at most `CHUNK` of it held at a time. An upload costs the proxy one bounded
+//! Requests whose Content-Length body is larger than `MAX_BODY`, chunked ones whose body did
+//! not come whole with the head, and ones whose client holds the body back for a 100 Continue
+//! (`Expect: 100-continue`): the head goes upstream at once and the body follows as it
+//! arrives, at most `CHUNK` of it held at a time. An upload costs the proxy one bounded
 //! buffer whatever its size, and stays on this path.
 //!
 //! - A chunked body is decoded (`http1::Chunked`, strict: hex sizes, CRLF line ends, bounded
@@ -165,9 +166,13 @@ async fn forward(
     env: &Env<'_>,
 ) -> Result<Exchange, u16> {
     let (mut upstream, sent) = send_head(request, plan, env).await?;
-    // Set once the backend's answer began: past it, a client that stops sending can no
-    // longer be told 408.
+    // Set once the backend's final answer began: past it, a client that stops sending can
+    // no longer be told 408 (after a 100 Continue it still can, and the backend, which asked
+    // for the body, is not blamed for the wait).
     let answering = AtomicBool::new(false);
+    // A client that held its body back for a 100 and got a final answer instead may never
+    // send it: the connection is not kept waiting for the rest.
+    let awaits_continue = plan.awaits_continue;
     let target = plan.upstream;
     let ((exchange, reusable), body_whole) = {
         let (client_in, mut client_out) = tokio::io::split(&mut *conn);
@@ -175,13 +180,24 @@ async fn forward(
         let pump = pump(client_in, (up_out, plan.bounds.write()), rest, next, env);
         let answer = async {
             match read_more(&mut up_in, resp, plan.bounds.read()).await {
-                Ok(n) if n > 0 => answering.store(true, Ordering::Relaxed),
+                Ok(n) if n > 0 => {}
                 Err(e) if e.kind() == ErrorKind::TimedOut => return Err(plan.timed_out(env)),
                 _ => return Err(backend_failed(plan, env)),
             }
-            relay(&mut client_out, &mut up_in, sent, plan, resp, env).await
+            relay(
+                &mut client_out,
+                &mut up_in,
+                sent,
+                plan,
+                resp,
+                env,
+                Some(&answering),
+            )
+            .await
         };
-        let reusable = |(exchange, reusable): &(Exchange, bool)| *reusable && exchange.keep_client;
+        let reusable = |(exchange, reusable): &(Exchange, bool)| {
+            *reusable && exchange.keep_client && !awaits_continue
+        };
         both_ways(pump, answer, reusable, &answering, target, env).await?
     };
     if !body_whole {

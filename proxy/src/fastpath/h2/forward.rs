@@ -112,7 +112,8 @@ async fn exchange(
     resp: &mut Vec<u8>,
     env: &Env<'_>,
 ) -> Result<u16, u16> {
-    let (mut upstream, sent) = send(request, plan, resp, env).await?;
+    let mut attempts = crate::fastpath::backend::Attempts::default();
+    let (mut upstream, sent) = send(request, plan, resp, env, &mut attempts).await?;
     let (status, reusable) = relay(shared, stream, &mut upstream, sent, plan, resp, env).await?;
     if reusable {
         pool::put(plan.upstream, upstream, env.limits.upstream_idle);
